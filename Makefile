@@ -1,0 +1,56 @@
+# oarlock: `make serve` runs the relay, `make test` runs every check. Both set up what they need.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DATA ?= ./data
+
+.PHONY: serve migrate test lint format bench clean chromium
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+serve: $(VENV)/.installed
+	$(PY) -m app migrate --data-dir $(DATA)
+	$(PY) -m app serve --host $(HOST) --port $(PORT) --data-dir $(DATA)
+
+migrate: $(VENV)/.installed
+	$(PY) -m app migrate --data-dir $(DATA)
+
+# Debian's Chromium for the browser tests (Playwright never downloads a browser here).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { echo "chromium is missing" >&2; exit 1; }
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check app tests bench alembic/env.py
+	$(VENV)/bin/ruff format --check app tests bench alembic/env.py
+
+format: $(VENV)/.installed-test
+	$(VENV)/bin/ruff format app tests bench alembic/env.py
+	$(VENV)/bin/ruff check --fix app tests bench alembic/env.py
+
+test: $(VENV)/.installed-test chromium lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+bench: $(VENV)/.installed-test
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+"""oarlock: a web relay for coding agents."""
+
+__version__ = "0.1.0"

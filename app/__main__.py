@@ -1,0 +1,5 @@
+"""python -m app → the oarlock CLI."""
+
+from app.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Agent providers: one module per outside system, behind the protocol in base.py."""

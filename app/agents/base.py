@@ -1,0 +1,171 @@
+"""The agent protocol: normalized events every provider emits, and the Agent interface.
+
+The supervisor only ever sees these types; each provider module translates its
+outside system (the Claude Code CLI, the built-in demo) into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SessionStarted:
+    """The agent's own session id is known (store it; resume with it later)."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of an agent message's text, as it is written."""
+
+    message_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class MessageDone:
+    """One agent message is complete; text is its text blocks only (may be empty)."""
+
+    message_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Activity:
+    """A tool call (phase "call") or its result (phase "result"), shown in the turn."""
+
+    tool_id: str
+    name: str
+    phase: Literal["call", "result"]
+    summary: str = ""
+    output: str = ""
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Context now used by the agent (input + cache read + cache creation tokens)."""
+
+    context_tokens: int
+    model: str | None = None
+    model_window: int | None = None
+
+
+@dataclass(frozen=True)
+class CompactionStarted:
+    """The agent began compacting its own context."""
+
+    trigger: str | None = None
+
+
+@dataclass(frozen=True)
+class CompactionFinished:
+    """The agent's compaction succeeded; token counts when it reports them."""
+
+    trigger: str | None = None
+    pre_tokens: int | None = None
+    post_tokens: int | None = None
+    messages_removed: int | None = None
+    tokens_removed: int | None = None
+
+
+@dataclass(frozen=True)
+class CompactionFailed:
+    """The agent's compaction ended without a result (failed or aborted)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A full-width line for the timeline (an API retry, a resumed session...)."""
+
+    text: str
+    level: Literal["info", "warning", "error"] = "info"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """The turn ended: normally, interrupted, or with an error."""
+
+    interrupted: bool = False
+    error: str | None = None
+    cost_usd: float | None = None
+    duration_ms: int | None = None
+
+
+AgentEvent = (
+    SessionStarted
+    | TextDelta
+    | MessageDone
+    | Activity
+    | Usage
+    | CompactionStarted
+    | CompactionFinished
+    | CompactionFailed
+    | Notice
+    | TurnDone
+)
+
+
+@dataclass(frozen=True)
+class PermissionRequest:
+    """An agent asks whether it may run a tool."""
+
+    tool_name: str
+    tool_input: dict[str, Any]
+    tool_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PermissionDecision:
+    """The user's answer to a PermissionRequest."""
+
+    allow: bool
+    message: str = ""
+
+
+AskPermission = Callable[[PermissionRequest], Awaitable[PermissionDecision]]
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything a provider needs to start (or resume) one conversation's agent."""
+
+    conversation_id: int
+    cwd: Path
+    session_id: str | None
+    permission_mode: str
+    auto_compact_window: int | None
+    env: dict[str, str]  # the agent process's whole environment (built by the relay)
+    ask_permission: AskPermission
+    context_tokens: int | None = None  # what the relay last knew (lets the demo resume)
+
+
+class AgentError(Exception):
+    """The agent could not start or crashed; the message is shown as an error line."""
+
+
+class Agent(Protocol):
+    """One live agent session. One turn at a time; the supervisor guarantees that."""
+
+    async def start(self) -> None:
+        """Start the agent (spawn its process, resume its session)."""
+
+    def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Run one turn for prompt, yielding events; the last one is TurnDone."""
+
+    async def interrupt(self) -> None:
+        """Ask the running turn to stop; the turn still ends with TurnDone."""
+
+    async def context_usage(self) -> dict[str, Any] | None:
+        """What the agent reports about its context window, when it can say."""
+
+    async def close(self) -> None:
+        """Stop the agent and release its process."""

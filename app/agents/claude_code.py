@@ -1,0 +1,598 @@
+"""The Claude Code agent: one long-lived `claude` CLI process per conversation.
+
+The only module that imports claude_agent_sdk. `EventMapper` turns the SDK's messages into
+AgentEvents without I/O; `ClaudeCodeAgent` owns the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from subprocess import PIPE
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream, TextSendStream
+from claude_agent_sdk import (
+    AssistantMessage,
+    ClaudeAgentOptions,
+    ClaudeSDKClient,
+    PermissionResultAllow,
+    PermissionResultDeny,
+    RateLimitEvent,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+    TextBlock,
+    ToolPermissionContext,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+)
+from claude_agent_sdk import __version__ as sdk_version
+from claude_agent_sdk._errors import CLIConnectionError, ProcessError
+from claude_agent_sdk._internal._task_compat import spawn_detached
+from claude_agent_sdk._internal.message_parser import parse_message
+from claude_agent_sdk._internal.transport.subprocess_cli import (
+    _ACTIVE_CHILDREN,
+    SubprocessCLITransport,
+)
+
+from app.agents.base import (
+    Activity,
+    AgentError,
+    AgentEvent,
+    AgentSpec,
+    CompactionFailed,
+    CompactionFinished,
+    CompactionStarted,
+    MessageDone,
+    Notice,
+    PermissionDecision,
+    PermissionRequest,
+    SessionStarted,
+    TextDelta,
+    TurnDone,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+RESUME_FAILED = (
+    "Could not resume the previous Claude Code session (its transcript is gone); "
+    "started a new session."
+)
+DENIED = "Denied by the user in oarlock"
+SUMMARY_KEYS = ("command", "file_path", "notebook_path", "path", "pattern", "url", "query")
+MAX_OUTPUT = 2000
+START_TIMEOUT = 90.0
+CLOSE_TIMEOUT = 10.0
+CONTROL_TIMEOUT = 15.0
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """Return text's first line, whitespace collapsed, cut to limit characters."""
+    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def summarize_input(tool_input: dict[str, Any]) -> str:
+    """Return a one-line summary of a tool call's input (the command, the path...)."""
+    for key in SUMMARY_KEYS:
+        if isinstance(value := tool_input.get(key), str) and value.strip():
+            return one_line(value)
+    return one_line(json.dumps(tool_input, ensure_ascii=False)) if tool_input else ""
+
+
+def result_text(content: Any) -> str:
+    """Return the text of a tool_result's content (a string or a list of blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [b.get("text", "") if isinstance(b, dict) else str(b) for b in content]
+        return "\n".join(p for p in parts if p)
+    return "" if content is None else str(content)
+
+
+def shorten(text: str, limit: int = MAX_OUTPUT) -> str:
+    """Cut text to limit characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… ({len(text) - limit} more characters)"
+
+
+def context_tokens(usage: dict[str, Any]) -> int:
+    """Return the context size an API usage reports (input + cache read + cache creation)."""
+    keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    return sum(int(usage.get(k) or 0) for k in keys)
+
+
+class _Message:
+    """One assistant message (one API reply) while its content arrives."""
+
+    def __init__(self) -> None:
+        self.streamed: list[str] = []
+        self.blocks: list[str] = []
+        self.seen_assistant = False
+        self.text_blocks_started = 0
+
+    def text(self) -> str:
+        return "\n\n".join(self.blocks) if self.seen_assistant else "".join(self.streamed)
+
+
+class EventMapper:
+    """Translate one CLI process's SDK messages into AgentEvents; pure, no I/O.
+
+    Feed every message of a turn in order; `finish()` closes what a crash left open.
+    """
+
+    def __init__(self, session_id: str | None = None) -> None:
+        self.session_id = session_id
+        self.interrupt_requested = False
+        self._open: dict[str, _Message] = {}
+        self._done: set[str] = set()
+        self._current: str | None = None
+        self._tools: dict[str, str] = {}
+        self._usage_seen: set[str] = set()
+        self._last_usage: tuple[int, str | None] | None = None
+        self._compacted_without_boundary = False
+        self._retry_status: int | None = None
+        self._cost_so_far = 0.0
+
+    def begin_turn(self) -> None:
+        """Reset what belongs to one turn."""
+        self.interrupt_requested = False
+        self._retry_status = None
+
+    def feed(self, message: Any) -> list[AgentEvent]:
+        """Return the events one SDK message means (often none)."""
+        if getattr(message, "parent_tool_use_id", None):
+            return []  # a subagent's inner messages: its tool call and result are shown
+        if isinstance(message, StreamEvent):
+            return self._stream_event(message.event)
+        if isinstance(message, AssistantMessage):
+            return self._assistant(message)
+        if isinstance(message, UserMessage):
+            return self._user(message)
+        if isinstance(message, SystemMessage):
+            return self._system(message.subtype, message.data)
+        if isinstance(message, ResultMessage):
+            return self._result(message)
+        if isinstance(message, RateLimitEvent):
+            info = message.rate_limit_info
+            if info.status != "allowed":
+                text = f"Rate limit status: {info.status}"
+                return [Notice(text, level="warning", data={"rate_limit": info.raw})]
+        return []
+
+    def feed_json(self, data: dict[str, Any]) -> list[AgentEvent]:
+        """Return the events one raw stream-json line of the CLI means (for recorded runs)."""
+        message = parse_message(data)
+        return self.feed(message) if message is not None else []
+
+    def finish(self) -> list[AgentEvent]:
+        """Close every open message (the process ended without a result)."""
+        return self._finalize_all()
+
+    def _finalize(self, message_id: str) -> list[AgentEvent]:
+        message = self._open.pop(message_id, None)
+        if message is None:
+            return []
+        self._done.add(message_id)
+        if self._current == message_id:
+            self._current = None
+        return [MessageDone(message_id, message.text())]
+
+    def _finalize_all(self, keep: str | None = None) -> list[AgentEvent]:
+        return [e for mid in list(self._open) if mid != keep for e in self._finalize(mid)]
+
+    def _open_message(self, message_id: str) -> tuple[list[AgentEvent], _Message | None]:
+        if message_id in self._done:
+            return [], None
+        events = self._finalize_all(keep=message_id)
+        return events, self._open.setdefault(message_id, _Message())
+
+    def _usage(
+        self, message_id: str, usage: dict[str, Any] | None, model: str | None
+    ) -> list[AgentEvent]:
+        if not usage or message_id in self._usage_seen:
+            return []
+        self._usage_seen.add(message_id)
+        self._last_usage = (context_tokens(usage), model)
+        return [Usage(context_tokens=self._last_usage[0], model=model)]
+
+    def _stream_event(self, event: dict[str, Any]) -> list[AgentEvent]:
+        kind = event.get("type")
+        if kind == "message_start":
+            raw = event.get("message") or {}
+            message_id = raw.get("id")
+            if not message_id:
+                return []
+            events, _ = self._open_message(message_id)
+            self._current = message_id
+            return events + self._usage(message_id, raw.get("usage"), raw.get("model"))
+        current = self._current
+        message = self._open.get(current) if current else None
+        if current is None or message is None:
+            return []
+        if kind == "content_block_start" and event.get("content_block", {}).get("type") == "text":
+            message.text_blocks_started += 1
+            if message.text_blocks_started > 1 and message.streamed:
+                message.streamed.append("\n\n")  # the separator MessageDone puts between blocks
+                return [TextDelta(current, "\n\n")]
+        if kind == "content_block_delta" and event.get("delta", {}).get("type") == "text_delta":
+            text = event["delta"].get("text", "")
+            message.streamed.append(text)
+            return [TextDelta(current, text)] if text else []
+        if kind == "message_stop":
+            return self._finalize(current)
+        return []
+
+    def _assistant(self, message: AssistantMessage) -> list[AgentEvent]:
+        text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+        if message.model == "<synthetic>":
+            return self._api_error(text, message.error)
+        message_id = message.message_id or message.uuid or "assistant"
+        events, current = self._open_message(message_id)
+        events += self._usage(message_id, message.usage, message.model)
+        if current is not None:
+            current.seen_assistant = True
+            current.blocks += [b.text for b in message.content if isinstance(b, TextBlock)]
+        for block in message.content:
+            if isinstance(block, ToolUseBlock):
+                self._tools[block.id] = block.name
+                summary = summarize_input(block.input)
+                events.append(Activity(block.id, block.name, "call", summary=summary))
+        return events
+
+    def _api_error(self, text: str, error: str | None) -> list[AgentEvent]:
+        status = self._retry_status
+        if status is None and (found := re.search(r"\b([45]\d\d)\b", text)):
+            status = int(found[1])
+        events = self._finalize_all()
+        return [*events, Notice(text, level="error", data={"status": status, "error": error})]
+
+    def _user(self, message: UserMessage) -> list[AgentEvent]:
+        if not isinstance(message.content, list):
+            return []  # a compaction summary or a replayed prompt: not a message of the turn
+        results = [b for b in message.content if isinstance(b, ToolResultBlock)]
+        events = self._finalize_all() if results else []
+        for block in results:
+            events.append(
+                Activity(
+                    block.tool_use_id,
+                    self._tools.get(block.tool_use_id, "tool"),
+                    "result",
+                    output=shorten(result_text(block.content)),
+                    is_error=bool(block.is_error),
+                )
+            )
+        return events
+
+    def _system(self, subtype: str, data: dict[str, Any]) -> list[AgentEvent]:
+        if subtype == "init":
+            session_id = data.get("session_id")
+            if session_id and session_id != self.session_id:
+                self.session_id = session_id
+                return [SessionStarted(session_id)]
+        elif subtype == "api_retry":
+            self._retry_status = data.get("error_status")
+            text = (
+                f"API error {data.get('error_status')} ({data.get('error')}), retrying "
+                f"(attempt {data.get('attempt')} of {data.get('max_retries')})"
+            )
+            keys = ("attempt", "max_retries", "retry_delay_ms", "error")
+            return [
+                Notice(
+                    text,
+                    level="warning",
+                    data={"status": data.get("error_status")} | {k: data.get(k) for k in keys},
+                )
+            ]
+        elif subtype == "status" and data.get("status") == "compacting":
+            self._compacted_without_boundary = False
+            return [CompactionStarted()]
+        elif subtype == "status" and data.get("compact_result") == "failed":
+            return [CompactionFailed(reason=data.get("compact_error") or "failed")]
+        elif subtype == "status" and data.get("compact_result") == "success":
+            self._compacted_without_boundary = True
+        elif subtype == "compact_boundary":
+            self._compacted_without_boundary = False
+            meta = data.get("compact_metadata") or {}
+            return [
+                CompactionFinished(
+                    trigger=meta.get("trigger"),
+                    pre_tokens=meta.get("pre_tokens"),
+                    post_tokens=meta.get("post_tokens"),
+                )
+            ]
+        return []
+
+    def _result(self, result: ResultMessage) -> list[AgentEvent]:
+        events = self._finalize_all()
+        if result.session_id and self.session_id is None:
+            self.session_id = result.session_id
+            events.append(SessionStarted(result.session_id))
+        if self._compacted_without_boundary:
+            self._compacted_without_boundary = False
+            events.append(CompactionFinished())
+        if self._last_usage is not None:
+            tokens, model = self._last_usage
+            usage = (result.model_usage or {}).get(model or "") or next(
+                iter((result.model_usage or {}).values()), {}
+            )
+            window = usage.get("contextWindow") if isinstance(usage, dict) else None
+            events.append(Usage(context_tokens=tokens, model=model, model_window=window))
+        aborted = (result.terminal_reason or "").startswith("aborted")
+        interrupted = result.subtype == "error_during_execution" and (
+            self.interrupt_requested or aborted
+        )
+        error = None
+        if result.is_error and not interrupted:
+            error = "; ".join(result.errors or []) or result.result or result.subtype
+        cost = None
+        if result.total_cost_usd is not None:  # cumulative over the process: report this turn's
+            cost = round(max(result.total_cost_usd - self._cost_so_far, 0.0), 6)
+            self._cost_so_far = result.total_cost_usd
+        done = TurnDone(interrupted, error, cost_usd=cost, duration_ms=result.duration_ms)
+        return [*events, done]
+
+
+class _ExactEnvTransport(SubprocessCLITransport):
+    """The SDK's subprocess transport, spawning the CLI with exactly the given environment.
+
+    SubprocessCLITransport.connect() merges os.environ under ClaudeAgentOptions.env, which
+    would hand the relay's own variables (its token, unrelated secrets) to the agent. Only
+    the spawn is replaced; command line, stream framing and shutdown stay the SDK's.
+    """
+
+    def __init__(self, options: ClaudeAgentOptions, env: dict[str, str]) -> None:
+        super().__init__(prompt="", options=options)
+        self.env = {
+            "CLAUDE_CODE_ENTRYPOINT": "sdk-py",
+            # the SDK asks for these frames to know when a run is over; it drops them
+            "CLAUDE_CODE_SDK_READS_SESSION_STATE": "1",
+            **{k: v for k, v in env.items() if k != "CLAUDECODE"},
+            "CLAUDE_AGENT_SDK_VERSION": sdk_version,
+        }
+        if self._cwd:
+            self.env["PWD"] = self._cwd
+        self.process: Process | None = None
+
+    async def connect(self) -> None:
+        if self._process:
+            return
+        if self._cli_path is None:
+            self._cli_path = await anyio.to_thread.run_sync(self._find_cli)
+        try:
+            process = await anyio.open_process(
+                self._build_command(), stdin=PIPE, stdout=PIPE, stderr=PIPE, cwd=self._cwd,
+                env=self.env,
+            )  # fmt: skip
+        except OSError as e:
+            self._exit_error = CLIConnectionError(f"Failed to start Claude Code: {e}")
+            raise self._exit_error from e
+        self._process = self.process = process
+        _ACTIVE_CHILDREN.add(process)
+        assert process.stdout and process.stdin and process.stderr
+        self._stdout_stream = TextReceiveStream(process.stdout)
+        self._stdin_stream = TextSendStream(process.stdin)
+        self._stderr_stream = TextReceiveStream(process.stderr)
+        self._stderr_task = spawn_detached(self._handle_stderr())
+        self._ready = True
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def kill(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await self.process.wait()
+
+
+def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
+    """Whether any project directory holds this session's transcript."""
+    config = env.get("CLAUDE_CONFIG_DIR") or str(Path(env.get("HOME", "~")) / ".claude")
+    projects = Path(config).expanduser() / "projects"
+    return any(projects.glob(f"*/{session_id}.jsonl"))
+
+
+class ClaudeCodeAgent:
+    """One conversation's Claude Code CLI, driven through claude_agent_sdk."""
+
+    def __init__(
+        self, spec: AgentSpec, *, cli_path: str | None = None, model: str | None = None
+    ) -> None:
+        self.spec = spec
+        self.session_id = spec.session_id
+        self._cli_path = cli_path
+        self._model = model
+        self._client: ClaudeSDKClient | None = None
+        self._transport: _ExactEnvTransport | None = None
+        self._mapper = EventMapper()
+        self._pending: list[AgentEvent] = []
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._in_turn = False
+        self._dirty = False
+
+    @property
+    def pid(self) -> int | None:
+        """The CLI process id while one runs."""
+        transport = self._transport
+        return transport.process.pid if transport and transport.process else None
+
+    def is_alive(self) -> bool:
+        """Whether the CLI process is running."""
+        return self._transport is not None and self._transport.running()
+
+    async def start(self) -> None:
+        """Spawn the CLI, resuming the session; start afresh if its transcript is gone."""
+        if self._client is not None and self.is_alive():
+            return
+        await self.close()
+        try:
+            await self._connect(self.session_id)
+        except Exception as e:
+            if not self.session_id or not self._resume_refused(e):
+                raise AgentError(f"Could not start Claude Code: {e}") from e
+            log.warning("session %s cannot be resumed: %s", self.session_id, e)
+            self._pending.append(
+                Notice(RESUME_FAILED, level="warning", data={"session_id": self.session_id})
+            )
+            self.session_id = None
+            try:
+                await self._connect(None)
+            except Exception as e2:
+                raise AgentError(f"Could not start Claude Code: {e2}") from e2
+
+    def _resume_refused(self, error: Exception) -> bool:
+        if "No conversation found" in str(error):
+            return True
+        return self.session_id is not None and not _transcript_exists(
+            self.spec.env, self.session_id
+        )
+
+    async def _connect(self, resume: str | None) -> None:
+        spec = self.spec
+        ask = spec.permission_mode != "bypassPermissions"  # the CLI would never ask
+        options = ClaudeAgentOptions(
+            cwd=str(spec.cwd),
+            resume=resume,
+            permission_mode=spec.permission_mode,  # type: ignore[arg-type]
+            can_use_tool=self._can_use_tool if ask else None,
+            include_partial_messages=True,
+            cli_path=self._cli_path,
+            model=self._model,
+            system_prompt={"type": "preset", "preset": "claude_code"},
+            env=dict(spec.env),
+            stderr=self._stderr.append,
+        )
+        # a custom transport gets no option rewriting: route permission prompts here ourselves
+        wire = replace(options, permission_prompt_tool_name="stdio") if ask else options
+        transport = _ExactEnvTransport(wire, spec.env)
+        client = ClaudeSDKClient(options, transport=transport)
+        self._transport = transport
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                await client.connect()
+        except BaseException:
+            await transport.kill()
+            raise
+        self._client = client
+        self._mapper = EventMapper(resume)
+        self._dirty = False
+
+    async def _can_use_tool(
+        self, tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
+    ) -> PermissionResultAllow | PermissionResultDeny:
+        request = PermissionRequest(tool_name, tool_input, context.tool_use_id)
+        try:
+            decision: PermissionDecision = await self.spec.ask_permission(request)
+        except Exception as e:
+            log.exception("asking permission for %s failed", tool_name)
+            return PermissionResultDeny(message=f"Could not ask the user: {e}")
+        if decision.allow:
+            return PermissionResultAllow()
+        return PermissionResultDeny(message=decision.message or DENIED)
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Run one turn: send prompt, yield events until TurnDone."""
+        if self._dirty or not self.is_alive():
+            try:
+                if self._dirty:  # a turn abandoned midway left its messages in the stream
+                    await self.close()
+                await self.start()
+            except AgentError as e:
+                for event in self._take_pending():
+                    yield event
+                yield TurnDone(error=str(e))
+                return
+        for event in self._take_pending():
+            yield event
+        client, mapper = self._client, self._mapper
+        assert client is not None
+        mapper.begin_turn()
+        self._in_turn, finished = True, False
+        try:
+            await client.query(prompt)
+            async for message in client.receive_response():
+                for event in mapper.feed(message):
+                    if isinstance(event, SessionStarted):
+                        self.session_id = event.session_id
+                    finished = isinstance(event, TurnDone)
+                    yield event
+            if not finished:
+                raise CLIConnectionError("the message stream ended without a result")
+        except Exception as e:
+            log.warning("Claude Code turn failed", exc_info=True)
+            finished = True
+            for event in mapper.finish():
+                yield event
+            yield TurnDone(error=self._failure_text(e))
+        finally:
+            self._in_turn = False
+            self._dirty = self._dirty or not finished
+
+    def _take_pending(self) -> list[AgentEvent]:
+        events, self._pending = self._pending, []
+        return events
+
+    def _failure_text(self, error: Exception) -> str:
+        if self.is_alive() and not isinstance(error, ProcessError):
+            return f"Claude Code failed: {error}"
+        process = self._transport.process if self._transport else None
+        code = process.returncode if process else getattr(error, "exit_code", None)
+        text = "The Claude Code process exited unexpectedly"
+        text += f" (exit code {code})." if code is not None else "."
+        if self._stderr:
+            text += f" Its last output: {one_line(self._stderr[-1], 300)}"
+        return text
+
+    async def interrupt(self) -> None:
+        """Ask the running turn to stop; the process stays alive."""
+        if self._client is None or not self._in_turn:
+            return
+        self._mapper.interrupt_requested = True
+        try:
+            async with asyncio.timeout(CONTROL_TIMEOUT):
+                await self._client.interrupt()
+        except Exception:
+            log.warning("interrupt failed", exc_info=True)
+
+    async def context_usage(self) -> dict[str, Any] | None:
+        """Return the CLI's context-window report, or None when it cannot say."""
+        if self._client is None or not self.is_alive():
+            return None
+        try:
+            async with asyncio.timeout(CONTROL_TIMEOUT):
+                return dict(await self._client.get_context_usage())
+        except Exception:
+            log.warning("get_context_usage failed", exc_info=True)
+            return None
+
+    async def close(self) -> None:
+        """Stop the CLI (stdin closed, then killed if it lingers); never hangs."""
+        client, transport = self._client, self._transport
+        if client is not None and self._in_turn and self.is_alive():
+            await self.interrupt()  # lets the CLI write its transcript before it exits
+        self._client, self._transport = None, None
+        if client is not None:
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await client.disconnect()
+            except Exception:
+                log.warning("closing Claude Code did not finish cleanly", exc_info=True)
+        if transport is not None:
+            await transport.kill()

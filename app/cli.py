@@ -1,0 +1,79 @@
+"""The command line: `oarlock serve` (the default) and `oarlock migrate`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import uvicorn
+
+from app.config import Settings
+from app.security import is_loopback
+
+
+def _settings(**options: Any) -> Settings:
+    """Settings from the environment, with the options given on the command line on top."""
+    return Settings(**{name: value for name, value in options.items() if value is not None})
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def main(context: click.Context) -> None:
+    """oarlock: a web relay for coding agents."""
+    if context.invoked_subcommand is None:
+        context.invoke(serve)
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to listen on [OARLOCK_HOST, 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Port [OARLOCK_PORT, 8000].")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Data [OARLOCK_DATA_DIR, ./data].",
+)
+def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
+    """Migrate the database and run the relay."""
+    from app.main import create_app
+    from app.migrate import upgrade
+
+    settings = _settings(host=host, port=port, data_dir=data_dir)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    if settings.no_auth and not is_loopback(settings.host):
+        sys.exit(
+            f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"
+            "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1."
+        )
+    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.db_url)
+    app = create_app(settings)
+    shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = f"http://{shown_host}:{settings.port}/"
+    token = app.state.token
+    click.echo("")
+    click.echo("  oarlock is running. Open this URL in your browser:")
+    click.echo(f"    {url}?token={token}" if token else f"    {url}")
+    if not is_loopback(settings.host) and not settings.allowed_hosts:
+        click.echo(
+            "  Listening beyond this machine: set OARLOCK_ALLOWED_HOSTS to the name you use."
+        )
+    click.echo("")
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data directory.")
+def migrate(data_dir: Path | None) -> None:
+    """Create or upgrade the database schema."""
+    from app.migrate import upgrade
+
+    settings = _settings(data_dir=data_dir)
+    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.db_url)
+    click.echo(f"Database is up to date: {settings.db_url}")

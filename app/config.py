@@ -1,0 +1,69 @@
+"""Settings, read from OARLOCK_* environment variables and the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PermissionMode = Literal["default", "acceptEdits", "bypassPermissions", "plan"]
+
+
+class Settings(BaseSettings):
+    """Everything the relay can be configured with; built by the CLI, never at import."""
+
+    model_config = SettingsConfigDict(env_prefix="OARLOCK_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("./data")
+    database_url: str | None = None  # default: sqlite under data_dir
+    token: str | None = None  # default: generated into data_dir/token on first start
+    no_auth: bool = False  # only honoured on a loopback host
+    allowed_hosts: list[str] = Field(default_factory=list)  # extra Host names (reverse proxies)
+    allowed_origins: list[str] = Field(default_factory=list)  # extra Origins (reverse proxies)
+    max_message_bytes: int = 256 * 1024
+    workspace_roots: list[Path] = Field(default_factory=list)  # default: the user's home
+    default_cwd: Path | None = None
+    default_provider: str | None = None
+    permission_mode: PermissionMode = "default"
+    agent_idle_timeout: float = 600.0
+    agent_env_passthrough: str = ""
+    claude_cli: str | None = None
+    claude_model: str | None = None
+    deepseek_base_url: str = "https://api.deepseek.com/anthropic"
+    deepseek_model: str = "deepseek-chat"
+    deepseek_small_model: str = "deepseek-chat"
+    demo_delay: float = 0.04  # seconds between the demo agent's streamed pieces
+    log_level: str = "info"
+
+    @field_validator("allowed_hosts", "allowed_origins", "workspace_roots", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        """Accept a comma-separated string where a list is expected."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        """The data directory as an absolute path."""
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def db_url(self) -> str:
+        """The database URL: the configured one, or SQLite in the data directory."""
+        return self.database_url or f"sqlite:///{self.resolved_data_dir / 'oarlock.db'}"
+
+    @property
+    def roots(self) -> list[Path]:
+        """Directories agents may work in (resolved)."""
+        roots = self.workspace_roots or [Path.home()]
+        return [root.expanduser().resolve() for root in roots]
+
+    @property
+    def cwd_default(self) -> Path:
+        """The working directory given to new conversations that name none."""
+        return (self.default_cwd or self.roots[0]).expanduser().resolve()

@@ -1,0 +1,138 @@
+"""In-process fan-out of conversation events to every subscribed browser tab.
+
+Each event of a conversation carries the next number of that conversation's
+sequence. The hub keeps the most recent events so that a tab that reconnects
+gets exactly what it missed; one that asks for more than is kept, or that falls
+behind, is told to resync (reload its state) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Event = dict[str, Any]
+
+REPLAY_EVENTS = 2048  # events kept per conversation for reconnecting tabs
+SUBSCRIBER_QUEUE = 4096  # events a tab may fall behind before it is dropped
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One tab's view: a bounded queue the socket's sender drains."""
+
+    queue: asyncio.Queue[Event] = field(
+        default_factory=lambda: asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
+    )
+    conversation_id: int | None = None
+    overflowed: bool = False
+
+    def offer(self, event: Event) -> None:
+        """Queue an event without waiting; a full queue marks the tab as fallen behind."""
+        if self.overflowed:
+            return
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.overflowed = True
+            # Make room for the one message that tells the tab to reload.
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait({"type": "resync", "reason": "fell behind"})
+
+
+class Hub:
+    """Conversation event streams and the global conversation-list stream."""
+
+    def __init__(self, load_seq: Callable[[int], int]) -> None:
+        self.epoch = secrets.token_hex(6)  # a new epoch per relay start: old seqs are void
+        self._load_seq = load_seq
+        self._seq: dict[int, int] = {}
+        self._recent: dict[int, deque[Event]] = {}
+        self._by_conversation: dict[int, set[Subscriber]] = {}
+        self._everyone: set[Subscriber] = set()
+
+    def next_seq(self, conversation_id: int) -> int:
+        """Take the next sequence number of a conversation."""
+        current = self._seq.get(conversation_id)
+        if current is None:
+            current = self._load_seq(conversation_id)
+        self._seq[conversation_id] = current + 1
+        return current + 1
+
+    def current_seq(self, conversation_id: int) -> int:
+        """The last sequence number given out for a conversation."""
+        if conversation_id not in self._seq:
+            self._seq[conversation_id] = self._load_seq(conversation_id)
+        return self._seq[conversation_id]
+
+    def publish(self, conversation_id: int, event: Event) -> Event:
+        """Send an event (which must carry its seq) to the conversation's tabs."""
+        event["conversation_id"] = conversation_id
+        recent = self._recent.setdefault(conversation_id, deque(maxlen=REPLAY_EVENTS))
+        recent.append(event)
+        for subscriber in self._by_conversation.get(conversation_id, ()):
+            subscriber.offer(event)
+        return event
+
+    def emit(self, conversation_id: int, event: Event) -> Event:
+        """Number an ephemeral event (not stored) and publish it."""
+        event["seq"] = self.next_seq(conversation_id)
+        return self.publish(conversation_id, event)
+
+    def broadcast(self, event: Event) -> None:
+        """Send an event to every connected tab (conversation list changes)."""
+        for subscriber in self._everyone:
+            subscriber.offer(event)
+
+    def connect(self) -> Subscriber:
+        """Register a new tab."""
+        subscriber = Subscriber()
+        self._everyone.add(subscriber)
+        return subscriber
+
+    def disconnect(self, subscriber: Subscriber) -> None:
+        """Forget a tab."""
+        self._everyone.discard(subscriber)
+        self._leave(subscriber)
+
+    def missed(
+        self, conversation_id: int, epoch: str | None, seq: int | None
+    ) -> list[Event] | None:
+        """Events after seq, or None when they cannot be replayed exactly."""
+        if epoch != self.epoch or seq is None:
+            return None
+        current = self.current_seq(conversation_id)
+        if seq == current:
+            return []
+        if seq > current:
+            return None
+        recent = self._recent.get(conversation_id)
+        if not recent or recent[0]["seq"] > seq + 1:
+            return None
+        return [event for event in recent if event["seq"] > seq]
+
+    def follow(self, subscriber: Subscriber, conversation_id: int) -> None:
+        """Make a tab receive a conversation's events from now on (and no other's)."""
+        self._leave(subscriber)
+        subscriber.conversation_id = conversation_id
+        subscriber.overflowed = False
+        self._by_conversation.setdefault(conversation_id, set()).add(subscriber)
+
+    def subscribers(self, conversation_id: int) -> int:
+        """How many tabs follow a conversation."""
+        return len(self._by_conversation.get(conversation_id, ()))
+
+    def _leave(self, subscriber: Subscriber) -> None:
+        if subscriber.conversation_id is None:
+            return
+        followers = self._by_conversation.get(subscriber.conversation_id)
+        if followers is not None:
+            followers.discard(subscriber)
+            if not followers:
+                del self._by_conversation[subscriber.conversation_id]
+        subscriber.conversation_id = None

@@ -1,0 +1,135 @@
+"""Database tables and the API's request/response schemas."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import ConfigDict
+from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+EntryKind = Literal["user", "agent", "activity", "line"]
+TurnState = Literal["idle", "running", "compacting"]
+
+
+def utcnow() -> datetime:
+    """Now, in UTC."""
+    return datetime.now(UTC)
+
+
+class Conversation(SQLModel, table=True):
+    """A titled thread with one agent session; archived ones are read-only."""
+
+    __table_args__ = (Index("ix_conversation_status_updated", "status", "updated_at", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    title: str
+    provider: str
+    status: str = "active"  # active | archived
+    cwd: str
+    permission_mode: str = "default"
+    session_id: str | None = None  # the agent's own session id, for resume
+    context_tokens: int | None = None
+    model: str | None = None
+    model_window: int | None = None
+    auto_compact_window: int | None = None  # the user's setting; None = Auto
+    applied_window: int | None = None  # the setting the agent process was started with
+    pending_summary: str | None = None  # /compact carry-over, consumed by the first message
+    compacted_from_id: int | None = Field(default=None, foreign_key="conversation.id")
+    compacted_into_id: int | None = Field(default=None, foreign_key="conversation.id")
+    turn_active: bool = False  # a turn was running: lets a restart tell it was cut short
+    last_seq: int = 0  # the highest sequence number stored for this conversation
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class Entry(SQLModel, table=True):
+    """One item of a conversation's timeline, ordered by seq."""
+
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "seq", name="uq_entry_conversation_seq"),
+        Index("ix_entry_conversation_kind_seq", "conversation_id", "kind", "seq"),
+        Index("ix_entry_conversation_state", "conversation_id", "state"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    conversation_id: int = Field(foreign_key="conversation.id")
+    seq: int
+    kind: str  # user | agent | activity | line
+    text: str = ""
+    state: str = "done"  # user: queued|sent; agent: streaming|done|interrupted; line: running|done
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ConversationCreate(SQLModel):
+    """What a client may say when it creates a conversation."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    title: str | None = Field(default=None, max_length=200)
+    provider: str | None = None
+    cwd: str | None = Field(default=None, max_length=4096)
+    permission_mode: str | None = None
+
+
+class ConversationUpdate(SQLModel):
+    """What a client may change on a conversation."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    title: str | None = Field(default=None, max_length=200)
+    permission_mode: str | None = None
+    auto_compact_window: int | None = None
+
+
+class MessageCreate(SQLModel):
+    """A message typed by the user."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    text: str
+
+
+class PermissionAnswer(SQLModel):
+    """The user's answer to an agent's permission question."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    allow: bool
+    message: str = Field(default="", max_length=2000)
+
+
+class EntryPublic(SQLModel):
+    """A timeline entry as clients see it."""
+
+    id: int
+    seq: int
+    kind: str
+    text: str
+    state: str
+    data: dict[str, Any]
+    html: str | None = None
+    created_at: datetime
+
+
+class ConversationPublic(SQLModel):
+    """A conversation as clients see it (without its timeline)."""
+
+    id: int
+    title: str
+    provider: str
+    status: str
+    cwd: str
+    permission_mode: str
+    session_id: str | None
+    context_tokens: int | None
+    model: str | None
+    model_window: int | None
+    auto_compact_window: int | None
+    pending_summary: str | None
+    compacted_from_id: int | None
+    compacted_into_id: int | None
+    created_at: datetime
+    updated_at: datetime

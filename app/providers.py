@@ -1,0 +1,113 @@
+"""The providers a conversation can run on, whether each can run here, and their agents."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app.agent_env import agent_environment, parse_passthrough
+from app.agents.base import Agent, AgentSpec
+from app.config import Settings
+
+WINDOW_ENV = "CLAUDE_CODE_AUTO_COMPACT_WINDOW"
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """A provider as the UI offers it."""
+
+    id: str
+    name: str
+    available: bool
+    reason: str = ""
+    compact_window: bool = False  # has the per-conversation auto-compact window
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+
+def _claude_logged_in(environ: Mapping[str, str]) -> bool:
+    home = Path(environ.get("HOME") or Path.home())
+    config = Path(environ.get("CLAUDE_CONFIG_DIR") or home / ".claude")
+    return (config / ".credentials.json").is_file()
+
+
+def provider_infos(environ: Mapping[str, str] | None = None) -> list[ProviderInfo]:
+    """Every provider, with whether it can run and why not."""
+    env = os.environ if environ is None else environ
+    claude_ready = any(
+        env.get(name)
+        for name in (
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_AUTH_TOKEN",
+            "CLAUDE_CODE_OAUTH_TOKEN",
+            "ANTHROPIC_BASE_URL",
+        )
+    ) or _claude_logged_in(env)
+    return [
+        ProviderInfo(
+            "claude",
+            "Claude Code",
+            claude_ready,
+            "" if claude_ready else "Set ANTHROPIC_API_KEY or run `claude login` first.",
+            compact_window=True,
+        ),
+        ProviderInfo(
+            "deepseek",
+            "DeepSeek",
+            bool(env.get("DEEPSEEK_API_KEY")),
+            "" if env.get("DEEPSEEK_API_KEY") else "Set DEEPSEEK_API_KEY first.",
+            compact_window=True,
+        ),
+        ProviderInfo("demo", "Demo (offline)", True, compact_window=True),
+    ]
+
+
+def default_provider(settings: Settings, infos: list[ProviderInfo]) -> str:
+    """The configured default if it can run, else Claude Code if it can, else demo."""
+    ready = {info.id for info in infos if info.available}
+    if settings.default_provider in ready:
+        return settings.default_provider or "demo"
+    return "claude" if "claude" in ready else "demo"
+
+
+def agent_env(
+    provider: str,
+    settings: Settings,
+    window: int | None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The whole environment an agent process of this provider gets."""
+    source = os.environ if environ is None else environ
+    env = agent_environment(source, parse_passthrough(settings.agent_env_passthrough))
+    if provider == "deepseek":
+        for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"):
+            env.pop(name, None)
+        env.update(
+            ANTHROPIC_BASE_URL=settings.deepseek_base_url,
+            ANTHROPIC_AUTH_TOKEN=source.get("DEEPSEEK_API_KEY", ""),
+            ANTHROPIC_MODEL=settings.deepseek_model,
+            ANTHROPIC_SMALL_FAST_MODEL=settings.deepseek_small_model,
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        )
+    if window is not None:
+        env[WINDOW_ENV] = str(window)
+    return env
+
+
+def make_agent(provider: str, spec: AgentSpec, settings: Settings) -> Agent:
+    """Build (not start) the agent for a conversation."""
+    if provider == "demo":
+        from app.agents.demo import DemoAgent
+
+        return DemoAgent(spec, delay=settings.demo_delay)
+    if provider in ("claude", "deepseek"):
+        from app.agents.claude_code import ClaudeCodeAgent
+
+        model = settings.claude_model if provider == "claude" else None
+        return ClaudeCodeAgent(spec, cli_path=settings.claude_cli, model=model)
+    raise ValueError(f"unknown provider {provider!r}")

@@ -1,0 +1,1 @@
+"""HTTP pages, the JSON API and the WebSocket."""

@@ -1,0 +1,221 @@
+"""The JSON API under /api (see docs/api.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+
+from app import store
+from app.agents.base import PermissionDecision
+from app.config import Settings
+from app.context import context_view
+from app.models import (
+    ConversationCreate,
+    ConversationUpdate,
+    MessageCreate,
+    PermissionAnswer,
+)
+from app.providers import default_provider, provider_infos
+from app.routes.deps import load_conversation, supervisor_of
+from app.supervisor import ConversationError, Supervisor, is_compact_command
+from app.views import conversation_view, entry_view
+from app.window import validate_setting
+
+PERMISSION_MODES = ("default", "acceptEdits", "bypassPermissions", "plan")
+DEFAULT_TITLE = "New conversation"
+
+router = APIRouter(prefix="/api")
+SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
+    """The conversation's working directory: inside the allowed roots, existing; else 400."""
+    raw = Path(cwd).expanduser() if cwd else settings.cwd_default
+    if not raw.is_absolute():
+        raise HTTPException(400, "The working directory must be an absolute path.")
+    path = raw.resolve()  # follows symlinks and "..", so escapes show as outside the roots
+    if not any(path == root or root in path.parents for root in settings.roots):
+        roots = ", ".join(str(root) for root in settings.roots)
+        raise HTTPException(
+            400, f"The working directory must be inside {roots} (OARLOCK_WORKSPACE_ROOTS)."
+        )
+    if not path.is_dir():
+        raise HTTPException(400, f"The working directory {path} does not exist.")
+    return path
+
+
+@router.get("/providers")
+async def providers(request: Request) -> dict[str, Any]:
+    """Every provider, whether it can run here, and the default."""
+    infos = provider_infos()
+    return {
+        "providers": [info.as_dict() for info in infos],
+        "default": default_provider(_settings(request), infos),
+    }
+
+
+@router.get("/conversations")
+async def list_conversations(
+    supervisor: SupervisorDep,
+    status: Literal["active", "archived"] = "active",
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    before: int | None = None,
+) -> dict[str, Any]:
+    """Conversations, most recently updated first, one page at a time."""
+    with supervisor.session() as session:
+        cursor = store.get_conversation(session=session, conversation_id=before) if before else None
+        page = store.list_conversations(session=session, status=status, limit=limit, before=cursor)
+    return {
+        "conversations": [conversation_view(c) for c in page],
+        "next": page[-1].id if len(page) == limit else None,
+    }
+
+
+@router.post("/conversations", status_code=201)
+async def create_conversation(
+    body: ConversationCreate, request: Request, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Start a conversation."""
+    settings = _settings(request)
+    infos = {info.id: info for info in provider_infos()}
+    provider = body.provider or default_provider(settings, list(infos.values()))
+    if provider not in infos:
+        raise HTTPException(
+            422, f"Unknown provider {provider!r}; choose one of {', '.join(infos)}."
+        )
+    if not infos[provider].available:
+        raise HTTPException(
+            409, f"{infos[provider].name} cannot run here: {infos[provider].reason}"
+        )
+    mode = body.permission_mode or settings.permission_mode
+    if mode not in PERMISSION_MODES:
+        raise HTTPException(422, f"permission_mode must be one of: {', '.join(PERMISSION_MODES)}.")
+    title = " ".join((body.title or "").split()) or DEFAULT_TITLE
+    conversation = supervisor.create_conversation(
+        title=title, provider=provider, cwd=resolve_cwd(settings, body.cwd), permission_mode=mode
+    )
+    return conversation_view(conversation)
+
+
+@router.get("/conversations/{conversation_id}")
+async def get_conversation(
+    conversation_id: int,
+    supervisor: SupervisorDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    before: int | None = None,
+) -> dict[str, Any]:
+    """A conversation with its latest timeline page and its turn."""
+    conversation = load_conversation(supervisor, conversation_id)
+    with supervisor.session() as session:
+        return supervisor.snapshot(conversation, session, limit=limit, before_seq=before)
+
+
+@router.patch("/conversations/{conversation_id}")
+async def update_conversation(
+    conversation_id: int, body: ConversationUpdate, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Rename a conversation, change its permission mode or its auto-compact window."""
+    conversation = load_conversation(supervisor, conversation_id)
+    changes: dict[str, Any] = {}
+    given = body.model_fields_set
+    if "title" in given:
+        title = " ".join((body.title or "").split())
+        if not title:
+            raise HTTPException(422, "The title cannot be empty.")
+        changes["title"] = title
+    if "permission_mode" in given:
+        if body.permission_mode not in PERMISSION_MODES:
+            raise HTTPException(
+                422, f"permission_mode must be one of: {', '.join(PERMISSION_MODES)}."
+            )
+        changes["permission_mode"] = body.permission_mode
+    if "auto_compact_window" in given:
+        try:
+            changes["auto_compact_window"] = validate_setting(body.auto_compact_window)
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        if conversation.provider not in ("claude", "deepseek", "demo"):
+            raise HTTPException(409, "This provider has no auto-compact window setting.")
+    if changes and conversation.status != "active":
+        raise HTTPException(409, "This conversation is archived; it can be read, not changed.")
+    if changes:
+        conversation = supervisor.update_conversation(conversation, **changes)
+    return conversation_view(conversation)
+
+
+@router.get("/conversations/{conversation_id}/context")
+async def get_context(conversation_id: int, supervisor: SupervisorDep) -> dict[str, Any]:
+    """Everything the 🧠 modal shows."""
+    conversation = load_conversation(supervisor, conversation_id)
+    runner = supervisor.runners.get(conversation_id)
+    return context_view(
+        conversation,
+        env_value=os.environ.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW"),
+        turn_running=bool(runner and runner.state != "idle"),
+        background_work=False,
+        agent_report=runner.context_report if runner else None,
+    )
+
+
+@router.post("/conversations/{conversation_id}/messages", status_code=202)
+async def send_message(
+    conversation_id: int, body: MessageCreate, request: Request, supervisor: SupervisorDep
+) -> Any:
+    """Store a message and queue it for the agent; `/compact` alone compacts instead."""
+    conversation = load_conversation(supervisor, conversation_id)
+    limit = _settings(request).max_message_bytes
+    if len(body.text.encode()) > limit:
+        raise HTTPException(413, f"The message is over the limit of {limit} bytes.")
+    if not body.text.strip():
+        raise HTTPException(422, "The message is empty.")
+    try:
+        if is_compact_command(body.text):
+            new = supervisor.compact(conversation)
+            return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
+        if conversation.title == DEFAULT_TITLE and conversation.last_seq == 0:
+            conversation = supervisor.update_conversation(
+                conversation, title=_title_from(body.text)
+            )
+        entry = supervisor.submit(conversation, body.text)
+    except ConversationError as error:
+        raise HTTPException(409, str(error)) from None
+    return entry_view(entry)
+
+
+def _title_from(text: str) -> str:
+    """A conversation title from its first message."""
+    line = " ".join(text.split())
+    return line if len(line) <= 60 else line[:59].rstrip() + "…"
+
+
+@router.post("/conversations/{conversation_id}/interrupt", status_code=202)
+async def interrupt(conversation_id: int, supervisor: SupervisorDep) -> dict[str, bool]:
+    """Stop the running turn (Stop button)."""
+    load_conversation(supervisor, conversation_id)
+    return {"interrupted": await supervisor.interrupt(conversation_id)}
+
+
+@router.post("/conversations/{conversation_id}/permissions/{entry_id}")
+async def answer_permission(
+    conversation_id: int, entry_id: int, body: PermissionAnswer, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Allow or deny a tool the agent asked to run; the first answer wins."""
+    conversation = load_conversation(supervisor, conversation_id)
+    try:
+        entry = supervisor.answer(
+            conversation, entry_id, PermissionDecision(body.allow, body.message)
+        )
+    except LookupError as error:
+        raise HTTPException(404, str(error)) from None
+    except ConversationError as error:
+        raise HTTPException(409, str(error)) from None
+    return entry_view(entry)

@@ -1,0 +1,24 @@
+"""What the routes share: the supervisor, and loading a conversation or failing with 404."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, Request
+
+from app import store
+from app.models import Conversation
+from app.supervisor import Supervisor
+
+
+def supervisor_of(request: Request) -> Supervisor:
+    """The running supervisor."""
+    supervisor: Supervisor = request.app.state.supervisor
+    return supervisor
+
+
+def load_conversation(supervisor: Supervisor, conversation_id: int) -> Conversation:
+    """The conversation, or 404."""
+    with supervisor.session() as session:
+        conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+    if conversation is None:
+        raise HTTPException(404, f"No conversation {conversation_id}.")
+    return conversation

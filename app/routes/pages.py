@@ -1,0 +1,47 @@
+"""The HTML pages: the app shell and the login form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from app import __version__
+from app.security import check_login, session_cookie
+
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/", response_class=HTMLResponse)
+@router.get("/c/{conversation_id}", response_class=HTMLResponse)
+async def index(request: Request) -> Response:
+    """The single-page app."""
+    return TEMPLATES.TemplateResponse(
+        request, "index.html", {"version": __version__, "static_url": "/static"}
+    )
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request, failed: int = 0) -> Response:
+    """The form to paste the access token into."""
+    error = "That token is not valid." if failed else None
+    return TEMPLATES.TemplateResponse(request, "login.html", {"error": error})
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Check the pasted token; on success set the session cookie and go to the app."""
+    body = (await request.body())[:4096].decode("utf-8", "replace")
+    token = parse_qs(body).get("token", [""])[0].strip()
+    state = request.app.state
+    if not token or not check_login(state.token, token, state.limiter, request.scope):
+        return RedirectResponse("/login?failed=1", status_code=303)
+    response = RedirectResponse("/", status_code=303)
+    cookie = session_cookie(token, secure=request.url.scheme == "https").decode()
+    response.headers.append("set-cookie", cookie)
+    return response

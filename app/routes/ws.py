@@ -1,0 +1,103 @@
+"""The WebSocket at /ws: one per tab, following one conversation at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from app import store
+from app.hub import Subscriber
+from app.supervisor import Supervisor
+
+MAX_FRAME = 16 * 1024  # clients only send small control messages
+
+router = APIRouter()
+
+
+@router.websocket("/ws")
+async def websocket(socket: WebSocket) -> None:
+    """Run a receiver and a sender together; when either ends, both end."""
+    supervisor: Supervisor = socket.app.state.supervisor
+    await socket.accept()
+    subscriber = supervisor.hub.connect()
+    try:
+        await socket.send_json({"type": "hello", "epoch": supervisor.hub.epoch})
+        async with anyio.create_task_group() as group:
+
+            async def receive() -> None:
+                with contextlib.suppress(WebSocketDisconnect):
+                    await _receive(socket, supervisor, subscriber)
+                group.cancel_scope.cancel()
+
+            async def send() -> None:
+                with contextlib.suppress(WebSocketDisconnect):
+                    await _send(socket, subscriber)
+                group.cancel_scope.cancel()
+
+            group.start_soon(receive)
+            group.start_soon(send)
+    finally:
+        supervisor.hub.disconnect(subscriber)
+
+
+async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
+    while True:
+        event = await subscriber.queue.get()
+        await socket.send_text(json.dumps(event, separators=(",", ":")))
+
+
+async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscriber) -> None:
+    while True:
+        message = await socket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        raw = message.get("text")
+        if raw is None:
+            raw = (message.get("bytes") or b"").decode("utf-8", "replace")
+        if len(raw) > MAX_FRAME:
+            await socket.close(code=1009, reason="Message too big.")
+            return
+        try:
+            request = json.loads(raw)
+        except ValueError:
+            subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
+            continue
+        if not isinstance(request, dict):
+            subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
+            continue
+        subscriber.offer(_answer(supervisor, subscriber, request))
+
+
+def _answer(
+    supervisor: Supervisor, subscriber: Subscriber, request: dict[str, Any]
+) -> dict[str, Any]:
+    kind = request.get("type")
+    if kind == "ping":
+        return {"type": "pong"}
+    if kind != "subscribe":
+        return {"type": "error", "detail": f"Unknown message type {kind!r}."}
+    conversation_id = request.get("conversation_id")
+    seq = request.get("seq")
+    if not isinstance(conversation_id, int) or (seq is not None and not isinstance(seq, int)):
+        return {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
+    hub = supervisor.hub
+    with supervisor.session() as session:
+        conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+        if conversation is None:
+            return {"type": "error", "detail": f"No conversation {conversation_id}."}
+        # No await from here on: the replay and the live stream join without a gap.
+        missed = hub.missed(conversation_id, request.get("epoch"), seq)
+        hub.follow(subscriber, conversation_id)
+        if missed is None:
+            return {
+                "type": "snapshot",
+                "conversation_id": conversation_id,
+                "conversation": supervisor.snapshot(conversation, session),
+            }
+    for event in missed[:-1]:
+        subscriber.offer(event)
+    return missed[-1] if missed else {"type": "subscribed", "conversation_id": conversation_id}

@@ -1,0 +1,200 @@
+"""Database access: plain functions over a Session, each one transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from app.models import Conversation, Entry, utcnow
+from app.summary import SUMMARY_WINDOW
+
+MESSAGE_KINDS = ("user", "agent")
+
+
+def create_conversation(
+    *, session: Session, title: str, provider: str, cwd: str, permission_mode: str
+) -> Conversation:
+    """Create an active conversation."""
+    conversation = Conversation(
+        title=title, provider=provider, cwd=cwd, permission_mode=permission_mode
+    )
+    session.add(conversation)
+    session.commit()
+    session.refresh(conversation)
+    return conversation
+
+
+def get_conversation(*, session: Session, conversation_id: int) -> Conversation | None:
+    """The conversation with this id, or None."""
+    return session.get(Conversation, conversation_id)
+
+
+def list_conversations(
+    *, session: Session, status: str, limit: int = 100, before: Conversation | None = None
+) -> list[Conversation]:
+    """Conversations with this status, most recently updated first, one page."""
+    query = select(Conversation).where(Conversation.status == status)
+    if before is not None:
+        query = query.where(
+            (col(Conversation.updated_at) < before.updated_at)
+            | (
+                (col(Conversation.updated_at) == before.updated_at)
+                & (col(Conversation.id) < before.id)
+            )
+        )
+    query = query.order_by(col(Conversation.updated_at).desc(), col(Conversation.id).desc())
+    return list(session.exec(query.limit(limit)))
+
+
+def update_conversation(
+    *, session: Session, conversation: Conversation, **changes: Any
+) -> Conversation:
+    """Change fields of a conversation and save it."""
+    for name, value in changes.items():
+        setattr(conversation, name, value)
+    conversation.updated_at = utcnow()
+    session.add(conversation)
+    session.commit()
+    return conversation
+
+
+def add_entry(
+    *,
+    session: Session,
+    conversation: Conversation,
+    seq: int,
+    kind: str,
+    text: str = "",
+    state: str = "done",
+    data: dict[str, Any] | None = None,
+    touch: bool = True,
+) -> Entry:
+    """Append an entry at position seq; the conversation remembers its last seq."""
+    entry = Entry(
+        conversation_id=conversation.id or 0,
+        seq=seq,
+        kind=kind,
+        text=text,
+        state=state,
+        data=data or {},
+    )
+    session.add(entry)
+    conversation.last_seq = max(conversation.last_seq, seq)
+    if touch:
+        conversation.updated_at = utcnow()
+    session.add(conversation)
+    session.commit()
+    session.refresh(entry)
+    return entry
+
+
+def save_entry(
+    *, session: Session, entry: Entry, conversation: Conversation, seq: int, **changes: Any
+) -> Entry:
+    """Change an entry; seq is the event's number, recorded as the conversation's last."""
+    for name, value in changes.items():
+        setattr(entry, name, dict(value) if name == "data" else value)
+    session.add(entry)
+    conversation.last_seq = max(conversation.last_seq, seq)
+    session.add(conversation)
+    session.commit()
+    return entry
+
+
+def delete_entry(*, session: Session, entry: Entry) -> None:
+    """Remove an entry from the timeline."""
+    session.delete(entry)
+    session.commit()
+
+
+def get_entry(*, session: Session, entry_id: int) -> Entry | None:
+    """The entry with this id, or None."""
+    return session.get(Entry, entry_id)
+
+
+def last_entries(
+    *, session: Session, conversation_id: int, limit: int, before_seq: int | None = None
+) -> list[Entry]:
+    """The last `limit` entries (before before_seq), oldest first; one index range scan."""
+    query = select(Entry).where(Entry.conversation_id == conversation_id)
+    if before_seq is not None:
+        query = query.where(Entry.seq < before_seq)
+    query = query.order_by(col(Entry.seq).desc()).limit(limit)
+    return list(reversed(session.exec(query).all()))
+
+
+def entries_in_state(*, session: Session, conversation_id: int, state: str) -> list[Entry]:
+    """Entries of a conversation in one state (queued messages, streaming text...), by seq."""
+    query = (
+        select(Entry)
+        .where(Entry.conversation_id == conversation_id, Entry.state == state)
+        .order_by(col(Entry.seq))
+    )
+    return list(session.exec(query))
+
+
+def recent_messages(
+    *, session: Session, conversation_id: int, limit: int = SUMMARY_WINDOW
+) -> list[Entry]:
+    """The last `limit` user/agent messages that reached the agent, oldest first."""
+    found: list[Entry] = []
+    for kind in MESSAGE_KINDS:
+        query = (
+            select(Entry)
+            .where(
+                Entry.conversation_id == conversation_id,
+                Entry.kind == kind,
+                Entry.state != "queued",
+            )
+            .order_by(col(Entry.seq).desc())
+            .limit(limit)
+        )
+        found.extend(session.exec(query))
+    found.sort(key=lambda entry: entry.seq)
+    return found[-limit:]
+
+
+def count_queued(*, session: Session, conversation_id: int) -> int:
+    """How many user messages wait for the agent."""
+    query = select(func.count()).where(
+        Entry.conversation_id == conversation_id, Entry.state == "queued"
+    )
+    return int(session.exec(query).one())
+
+
+def conversations_with_work(*, session: Session) -> list[Conversation]:
+    """Active conversations with a turn cut short or messages still queued."""
+    queued = select(Entry.conversation_id).where(Entry.state.in_(["queued", "streaming"]))  # type: ignore[attr-defined]
+    query = select(Conversation).where(
+        Conversation.status == "active",
+        col(Conversation.turn_active) | col(Conversation.id).in_(queued),
+    )
+    return list(session.exec(query))
+
+
+def compact_conversation(
+    *, session: Session, old: Conversation, summary: str, title: str
+) -> Conversation:
+    """Archive old and create its successor with the pending summary, in one transaction."""
+    new = Conversation(
+        title=title,
+        provider=old.provider,
+        cwd=old.cwd,
+        permission_mode=old.permission_mode,
+        auto_compact_window=old.auto_compact_window,
+        model=old.model,
+        model_window=old.model_window,
+        pending_summary=summary,
+        compacted_from_id=old.id,
+    )
+    session.add(new)
+    session.flush()  # gives new its id, still inside the transaction
+    old.status = "archived"
+    old.compacted_into_id = new.id
+    old.updated_at = utcnow()
+    session.add(old)
+    session.commit()
+    session.refresh(new)
+    return new

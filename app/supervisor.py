@@ -1,0 +1,724 @@
+"""One runner per conversation: stores messages, delivers them to the agent, records its events.
+
+A user message is stored (state "queued") before it is acknowledged. The
+conversation's runner delivers queued messages one turn at a time, in order,
+and turns every agent event into stored entries and live events for the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from app import store
+from app.agents.base import (
+    Activity,
+    Agent,
+    AgentEvent,
+    AgentSpec,
+    CompactionFailed,
+    CompactionFinished,
+    CompactionStarted,
+    MessageDone,
+    Notice,
+    PermissionDecision,
+    PermissionRequest,
+    SessionStarted,
+    TextDelta,
+    TurnDone,
+    Usage,
+)
+from app.config import Settings
+from app.db import get_session
+from app.hub import Hub
+from app.models import Conversation, Entry
+from app.providers import agent_env, make_agent
+from app.summary import SummaryMessage, build_summary, compose_first_message
+from app.tokens import format_tokens
+from app.views import conversation_view, entry_view
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least this often
+TIMELINE_PAGE = 200
+COMPACT_COMMAND = "/compact"
+RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
+
+
+class ConversationError(Exception):
+    """A request the conversation's state does not allow (HTTP 409)."""
+
+
+def compaction_text(pre: int | None, post: int | None) -> str:
+    """The final text of a compaction line."""
+    if pre is not None and post is not None:
+        return f"Context compacted · {format_tokens(pre)} → {format_tokens(post)} tokens"
+    if pre is not None:
+        return f"Context compacted · was {format_tokens(pre)} tokens"
+    return "Context compacted"
+
+
+def is_compact_command(text: str) -> bool:
+    """True when the whole message is the /compact command."""
+    return text.strip() == COMPACT_COMMAND
+
+
+@dataclass
+class Streaming:
+    """An agent message being written."""
+
+    entry: Entry
+    text: str = ""
+    checkpoint_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Runner:
+    """A conversation's live state: its agent, its turn, its open questions."""
+
+    conversation_id: int
+    agent: Agent | None = None
+    task: asyncio.Task[None] | None = None
+    state: str = "idle"  # idle | running | compacting
+    streaming: dict[str, Streaming] = field(default_factory=dict)
+    tools: dict[str, Entry] = field(default_factory=dict)
+    compaction: Entry | None = None
+    questions: dict[int, asyncio.Future[PermissionDecision]] = field(default_factory=dict)
+    last_agent_entry: Entry | None = None
+    context_report: dict[str, Any] | None = None  # what the agent last said of its window
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class Supervisor:
+    """Owns every conversation's runner; the HTTP and WebSocket layers call into it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        hub: Hub,
+        agent_factory: Callable[[str, AgentSpec, Settings], Agent] = make_agent,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.hub = hub
+        self.agent_factory = agent_factory
+        self.runners: dict[int, Runner] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Recover from a previous run, deliver what was queued, start the idle reaper."""
+        with self.session() as session:
+            for conversation in store.conversations_with_work(session=session):
+                self._recover(session, conversation)
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    async def stop(self) -> None:
+        """Interrupt running turns, keep what was streamed, stop every agent."""
+        self._closing = True
+        if self._reaper:
+            self._reaper.cancel()
+        for runner in list(self.runners.values()):
+            if runner.task and not runner.task.done():
+                with contextlib.suppress(Exception):
+                    await self._interrupt_agent(runner)
+        tasks = [r.task for r in self.runners.values() if r.task and not r.task.done()]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=5)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2)
+        for runner in self.runners.values():
+            await self._close_agent(runner)
+
+    def session(self) -> Session:
+        """A database session."""
+        return get_session(self.engine)
+
+    def runner(self, conversation_id: int) -> Runner:
+        """The runner of a conversation (created on first use)."""
+        runner = self.runners.get(conversation_id)
+        if runner is None:
+            runner = self.runners[conversation_id] = Runner(conversation_id)
+        return runner
+
+    def _recover(self, session: Session, conversation: Conversation) -> None:
+        """Close what a crash left open in one conversation, and resume its queue."""
+        conversation_id = conversation.id or 0
+        for entry in store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="streaming"
+        ):
+            self._save(session, conversation, entry, state="interrupted")
+        for entry in store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="pending"
+        ):
+            self._save(session, conversation, entry, state="expired", data=entry.data)
+        if conversation.turn_active:
+            self._line(session, conversation, RESTART_LINE, level="warning")
+            store.update_conversation(session=session, conversation=conversation, turn_active=False)
+        if store.count_queued(session=session, conversation_id=conversation_id):
+            self._wake(conversation_id)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def turn_view(self, conversation_id: int, session: Session) -> dict[str, Any]:
+        """The turn state and the number of queued messages."""
+        runner = self.runners.get(conversation_id)
+        return {
+            "state": runner.state if runner else "idle",
+            "queued": store.count_queued(session=session, conversation_id=conversation_id),
+        }
+
+    def snapshot(
+        self,
+        conversation: Conversation,
+        session: Session,
+        *,
+        limit: int = TIMELINE_PAGE,
+        before_seq: int | None = None,
+    ) -> dict[str, Any]:
+        """A conversation with its latest timeline page and turn; live text included."""
+        conversation_id = conversation.id or 0
+        entries = store.last_entries(
+            session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
+        )
+        has_more = len(entries) > limit
+        entries = entries[-limit:]
+        live = {
+            s.entry.id: s.text
+            for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
+        }
+        # Queued messages are shown at the end, whichever page is asked for.
+        queued = store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="queued"
+        )
+        seen = {entry.id for entry in entries}
+        entries += [entry for entry in queued if entry.id not in seen]
+        view = conversation_view(conversation)
+        view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
+        view["has_more"] = has_more
+        view["turn"] = self.turn_view(conversation_id, session)
+        view["seq"] = self.hub.current_seq(conversation_id)
+        view["epoch"] = self.hub.epoch
+        return view
+
+    # -- writing helpers (each stores, then publishes) ---------------------------------------
+
+    def _add(
+        self,
+        session: Session,
+        conversation: Conversation,
+        kind: str,
+        text: str = "",
+        *,
+        state: str = "done",
+        data: dict[str, Any] | None = None,
+    ) -> Entry:
+        seq = self.hub.next_seq(conversation.id or 0)
+        entry = store.add_entry(
+            session=session,
+            conversation=conversation,
+            seq=seq,
+            kind=kind,
+            text=text,
+            state=state,
+            data=data,
+        )
+        self.hub.publish(
+            conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
+        )
+        return entry
+
+    def _save(
+        self, session: Session, conversation: Conversation, entry: Entry, **changes: Any
+    ) -> Entry:
+        seq = self.hub.next_seq(conversation.id or 0)
+        store.save_entry(
+            session=session, entry=entry, conversation=conversation, seq=seq, **changes
+        )
+        self.hub.publish(
+            conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
+        )
+        return entry
+
+    def _line(
+        self,
+        session: Session,
+        conversation: Conversation,
+        text: str,
+        *,
+        level: str = "info",
+        data: dict[str, Any] | None = None,
+        state: str = "done",
+    ) -> Entry:
+        return self._add(
+            session, conversation, "line", text, state=state, data={"level": level, **(data or {})}
+        )
+
+    def publish_turn(self, conversation_id: int, session: Session) -> None:
+        """Tell every tab the turn state and queue length."""
+        self.hub.emit(
+            conversation_id, {"type": "turn", "turn": self.turn_view(conversation_id, session)}
+        )
+
+    def publish_conversation(self, conversation: Conversation) -> None:
+        """Tell every tab a conversation's fields changed (sidebar and header)."""
+        view = conversation_view(conversation)
+        self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": view})
+        self.hub.broadcast({"type": "conversation", "conversation": view})
+
+    # -- commands from the API ---------------------------------------------------------------
+
+    def create_conversation(
+        self, *, title: str, provider: str, cwd: Path, permission_mode: str
+    ) -> Conversation:
+        """Create a conversation and announce it."""
+        with self.session() as session:
+            conversation = store.create_conversation(
+                session=session,
+                title=title,
+                provider=provider,
+                cwd=str(cwd),
+                permission_mode=permission_mode,
+            )
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return conversation
+
+    def update_conversation(self, conversation: Conversation, **changes: Any) -> Conversation:
+        """Change a conversation's fields and announce it."""
+        with self.session() as session:
+            session.add(conversation)
+            store.update_conversation(session=session, conversation=conversation, **changes)
+        self.publish_conversation(conversation)
+        return conversation
+
+    def submit(self, conversation: Conversation, text: str) -> Entry:
+        """Store a user message (queued), then hand it to the conversation's runner."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+        with self.session() as session:
+            session.add(conversation)
+            entry = self._add(session, conversation, "user", text, state="queued")
+            self._wake(conversation.id or 0)
+            self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return entry
+
+    def compact(self, conversation: Conversation) -> Conversation:
+        """Archive a conversation and open its successor with a carry-over summary."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it cannot be compacted again.")
+        with self.session() as session:
+            session.add(conversation)
+            messages = store.recent_messages(session=session, conversation_id=conversation.id or 0)
+            summary = build_summary(
+                conversation.title,
+                [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
+            )
+            new = store.compact_conversation(
+                session=session,
+                old=conversation,
+                summary=summary,
+                title=f"{conversation.title} (compacted)",
+            )
+        old_view = conversation_view(conversation)
+        self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": old_view})
+        self.hub.emit(conversation.id or 0, {"type": "compacted", "into": conversation_view(new)})
+        self.hub.broadcast({"type": "conversation", "conversation": old_view})
+        self.hub.broadcast({"type": "conversation", "conversation": conversation_view(new)})
+        return new
+
+    async def interrupt(self, conversation_id: int) -> bool:
+        """Stop the running turn, if any (queued messages stay queued)."""
+        runner = self.runners.get(conversation_id)
+        if runner is None or runner.state == "idle":
+            return False
+        await self._interrupt_agent(runner)
+        return True
+
+    def answer(
+        self, conversation: Conversation, entry_id: int, decision: PermissionDecision
+    ) -> Entry:
+        """Answer a permission question; the first answer wins."""
+        with self.session() as session:
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if entry is None or entry.conversation_id != conversation.id:
+                raise LookupError("No such question in this conversation.")
+            if entry.data.get("type") != "permission":
+                raise LookupError("That entry is not a permission question.")
+            if entry.state != "pending":
+                raise ConversationError(f"This question was already answered ({entry.state}).")
+            future = self.runner(conversation.id or 0).questions.pop(entry_id, None)
+            state = "allowed" if decision.allow else "denied"
+            session.add(conversation)
+            self._save(session, conversation, entry, state=state, data=entry.data)
+        if future is not None and not future.done():
+            future.set_result(decision)
+        return entry
+
+    # -- delivery --------------------------------------------------------------------------
+
+    def _wake(self, conversation_id: int) -> None:
+        runner = self.runner(conversation_id)
+        if self._closing or (runner.task and not runner.task.done()):
+            return
+        runner.state = "running"  # from now until the queue is empty
+        runner.task = asyncio.create_task(self._deliver(runner), name=f"deliver-{conversation_id}")
+
+    async def _deliver(self, runner: Runner) -> None:
+        """Deliver queued messages one turn at a time until none is left."""
+        try:
+            await self._deliver_queue(runner)
+        finally:
+            runner.state = "idle"
+            with self.session() as session:
+                self.publish_turn(runner.conversation_id, session)
+
+    async def _deliver_queue(self, runner: Runner) -> None:
+        while not self._closing:
+            with self.session() as session:
+                conversation = store.get_conversation(
+                    session=session, conversation_id=runner.conversation_id
+                )
+                if conversation is None or conversation.status != "active":
+                    return
+                queued = store.entries_in_state(
+                    session=session, conversation_id=runner.conversation_id, state="queued"
+                )
+                if not queued:
+                    return
+                entry = queued[0]
+                prompt = self._begin_turn(session, runner, conversation, entry)
+            try:
+                await self._run_turn(runner, prompt)
+            except Exception:  # one failing turn must not stop the queue
+                log.exception("turn failed in conversation %s", runner.conversation_id)
+            finally:
+                self._end_turn(runner)
+
+    def _begin_turn(
+        self, session: Session, runner: Runner, conversation: Conversation, entry: Entry
+    ) -> str:
+        """Mark a message delivered (at the end of the timeline) and build the agent's prompt."""
+        prompt = entry.text
+        changes: dict[str, Any] = {"turn_active": True}
+        if conversation.pending_summary is not None:
+            # Consumed in the same transaction that marks the message sent: never sent twice.
+            prompt = compose_first_message(conversation.pending_summary, entry.text)
+            changes["pending_summary"] = None
+        seq = self.hub.next_seq(conversation.id or 0)
+        entry.seq = seq
+        entry.state = "sent"
+        for name, value in changes.items():
+            setattr(conversation, name, value)
+        session.add(conversation)
+        store.save_entry(session=session, entry=entry, conversation=conversation, seq=seq)
+        self.hub.publish(
+            conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
+        )
+        if "pending_summary" in changes:
+            self.publish_conversation(conversation)
+        runner.state = "running"
+        runner.last_agent_entry = None
+        self.publish_turn(conversation.id or 0, session)
+        return prompt
+
+    def _end_turn(self, runner: Runner) -> None:
+        runner.state = "running"  # _deliver sets idle once the queue is empty
+        runner.last_used = time.monotonic()
+        for future in runner.questions.values():
+            if not future.done():
+                future.set_result(PermissionDecision(False, "The turn ended."))
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is None:
+                return
+            for streaming in list(runner.streaming.values()):
+                self._save(
+                    session, conversation, streaming.entry, text=streaming.text, state="interrupted"
+                )
+            runner.streaming.clear()
+            for entry in store.entries_in_state(
+                session=session, conversation_id=runner.conversation_id, state="pending"
+            ):
+                self._save(session, conversation, entry, state="expired", data=entry.data)
+            runner.questions.clear()
+            if runner.compaction is not None:
+                self._remove(session, conversation, runner.compaction)
+                runner.compaction = None
+            runner.tools.clear()
+            store.update_conversation(session=session, conversation=conversation, turn_active=False)
+
+    async def _ensure_agent(self, runner: Runner) -> Agent:
+        if runner.agent is not None:
+            return runner.agent
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            assert conversation is not None
+        spec = AgentSpec(
+            conversation_id=runner.conversation_id,
+            cwd=Path(conversation.cwd),
+            session_id=conversation.session_id,
+            permission_mode=conversation.permission_mode,
+            auto_compact_window=conversation.auto_compact_window,
+            env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
+            ask_permission=lambda request: self._ask(runner, request),
+            context_tokens=conversation.context_tokens,
+        )
+        agent = self.agent_factory(conversation.provider, spec, self.settings)
+        await agent.start()
+        runner.agent = agent
+        return agent
+
+    async def _run_turn(self, runner: Runner, prompt: str) -> None:
+        try:
+            agent = await self._ensure_agent(runner)
+        except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
+            log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
+            self._error_line(runner, f"The agent could not start: {error}")
+            return
+        try:
+            async for event in agent.turn(prompt):
+                self._handle(runner, event)
+                if isinstance(event, TurnDone):
+                    break
+        except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
+            log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
+            self._error_line(runner, f"The agent stopped unexpectedly: {error}")
+            await self._close_agent(runner)
+
+    def _error_line(self, runner: Runner, text: str) -> None:
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is not None:
+                self._line(session, conversation, text, level="error")
+
+    async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
+        """Put a permission question in the timeline and wait for the first answer."""
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            assert conversation is not None
+            entry = self._add(
+                session,
+                conversation,
+                "activity",
+                f"{request.tool_name} wants permission",
+                state="pending",
+                data={
+                    "type": "permission",
+                    "tool": request.tool_name,
+                    "input": request.tool_input,
+                    "tool_id": request.tool_id,
+                },
+            )
+        future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
+        runner.questions[entry.id or 0] = future
+        return await future
+
+    async def _interrupt_agent(self, runner: Runner) -> None:
+        for entry_id, future in list(runner.questions.items()):
+            if not future.done():
+                future.set_result(PermissionDecision(False, "Stopped by the user."))
+            runner.questions.pop(entry_id, None)
+        if runner.agent is not None:
+            await runner.agent.interrupt()
+
+    async def _close_agent(self, runner: Runner) -> None:
+        agent, runner.agent = runner.agent, None
+        if agent is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(agent.close(), timeout=10)
+
+    async def _reap_idle(self) -> None:
+        """Stop agent processes of conversations idle for longer than the idle timeout."""
+        timeout = self.settings.agent_idle_timeout
+        while True:
+            await asyncio.sleep(max(0.5, min(timeout / 4, 30)))
+            now = time.monotonic()
+            for runner in list(self.runners.values()):
+                idle = runner.state == "idle" and not (runner.task and not runner.task.done())
+                if runner.agent is not None and idle and now - runner.last_used > timeout:
+                    log.info("stopping idle agent of conversation %s", runner.conversation_id)
+                    await self._close_agent(runner)
+
+    # -- agent events ----------------------------------------------------------------------
+
+    def _handle(self, runner: Runner, event: AgentEvent) -> None:
+        """Record one agent event: store what lasts, publish everything."""
+        runner.last_used = time.monotonic()
+        cid = runner.conversation_id
+        if isinstance(event, TextDelta):
+            self._on_delta(runner, event)
+            return
+        with self.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=cid)
+            assert conversation is not None
+            match event:
+                case SessionStarted(session_id=session_id):
+                    if conversation.session_id != session_id:
+                        store.update_conversation(
+                            session=session, conversation=conversation, session_id=session_id
+                        )
+                case MessageDone(message_id=message_id, text=text):
+                    streaming = runner.streaming.pop(message_id, None)
+                    if streaming is None:
+                        entry = self._add(session, conversation, "agent", text)
+                    else:
+                        entry = self._save(
+                            session, conversation, streaming.entry, text=text, state="done"
+                        )
+                    runner.last_agent_entry = entry
+                case Activity(phase="call"):
+                    runner.tools[event.tool_id] = self._add(
+                        session,
+                        conversation,
+                        "activity",
+                        event.summary,
+                        state="running",
+                        data={"type": "tool", "tool": event.name, "tool_id": event.tool_id},
+                    )
+                case Activity(phase="result"):
+                    entry = runner.tools.pop(event.tool_id, None)
+                    data = {
+                        "type": "tool",
+                        "tool": event.name,
+                        "tool_id": event.tool_id,
+                        "output": event.output,
+                        "is_error": event.is_error,
+                    }
+                    state = "error" if event.is_error else "done"
+                    if entry is None:
+                        self._add(
+                            session, conversation, "activity", event.summary, state=state, data=data
+                        )
+                    else:
+                        self._save(
+                            session, conversation, entry, state=state, data={**entry.data, **data}
+                        )
+                case Usage():
+                    changes: dict[str, Any] = {"context_tokens": event.context_tokens}
+                    if event.model:
+                        changes["model"] = event.model
+                    if event.model_window:
+                        changes["model_window"] = event.model_window
+                    store.update_conversation(session=session, conversation=conversation, **changes)
+                    self.publish_conversation(conversation)
+                case CompactionStarted(trigger=trigger):
+                    runner.state = "compacting"
+                    runner.compaction = self._line(
+                        session,
+                        conversation,
+                        "Compacting context…",
+                        state="running",
+                        data={"type": "compaction", "trigger": trigger},
+                    )
+                    self.publish_turn(cid, session)
+                case CompactionFinished():
+                    self._on_compacted(session, runner, conversation, event)
+                case CompactionFailed():
+                    if runner.compaction is not None:
+                        self._remove(session, conversation, runner.compaction)
+                        runner.compaction = None
+                    runner.state = "running"
+                    self.publish_turn(cid, session)
+                case Notice(text=text, level=level, data=data):
+                    self._line(session, conversation, text, level=level, data=data)
+                case TurnDone():
+                    self._on_turn_done(session, runner, conversation, event)
+
+    def _on_delta(self, runner: Runner, event: TextDelta) -> None:
+        streaming = runner.streaming.get(event.message_id)
+        with self.session() as session:
+            if streaming is None:
+                conversation = store.get_conversation(
+                    session=session, conversation_id=runner.conversation_id
+                )
+                assert conversation is not None
+                entry = self._add(session, conversation, "agent", "", state="streaming")
+                streaming = runner.streaming[event.message_id] = Streaming(entry)
+            streaming.text += event.text
+            self.hub.emit(
+                runner.conversation_id,
+                {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
+            )
+            now = time.monotonic()
+            if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+                # A crash-safe checkpoint of the partial text, not a write per delta.
+                streaming.checkpoint_at = now
+                streaming.entry.text = streaming.text
+                session.add(streaming.entry)
+                session.commit()
+
+    def _on_compacted(
+        self,
+        session: Session,
+        runner: Runner,
+        conversation: Conversation,
+        event: CompactionFinished,
+    ) -> None:
+        data = {
+            "type": "compaction",
+            "trigger": event.trigger,
+            "pre_tokens": event.pre_tokens,
+            "post_tokens": event.post_tokens,
+        }
+        text = compaction_text(event.pre_tokens, event.post_tokens)
+        if runner.compaction is None:
+            self._line(session, conversation, text, data=data)
+        else:
+            merged = {**runner.compaction.data, **data}
+            self._save(
+                session, conversation, runner.compaction, text=text, state="done", data=merged
+            )
+            runner.compaction = None
+        if event.post_tokens is not None:
+            store.update_conversation(
+                session=session, conversation=conversation, context_tokens=event.post_tokens
+            )
+            self.publish_conversation(conversation)
+        runner.state = "running"
+        self.publish_turn(runner.conversation_id, session)
+
+    def _on_turn_done(
+        self, session: Session, runner: Runner, conversation: Conversation, event: TurnDone
+    ) -> None:
+        if event.error:
+            self._line(session, conversation, event.error, level="error")
+        if event.interrupted:
+            self._line(
+                session, conversation, "Interrupted by the user.", data={"type": "interrupted"}
+            )
+        last = runner.last_agent_entry
+        if last is not None and (event.cost_usd is not None or event.duration_ms is not None):
+            result = {"cost_usd": event.cost_usd, "duration_ms": event.duration_ms}
+            self._save(session, conversation, last, data={**last.data, "result": result})
+
+    def _remove(self, session: Session, conversation: Conversation, entry: Entry) -> None:
+        entry_id = entry.id
+        store.delete_entry(session=session, entry=entry)
+        self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})

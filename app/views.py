@@ -1,0 +1,34 @@
+"""How stored rows look to clients (HTTP responses and WebSocket events)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from app.models import Conversation, ConversationPublic, Entry, EntryPublic
+from app.render import render_markdown
+from app.window import ENV_VAR, ResolvedWindow, resolve_window
+
+
+def entry_view(entry: Entry, text: str | None = None) -> dict[str, Any]:
+    """An entry as JSON; text overrides the stored text (live streaming text)."""
+    body = entry.text if text is None else text
+    html = render_markdown(body) if entry.kind == "agent" and entry.state != "streaming" else None
+    public = EntryPublic.model_validate(entry, update={"text": body, "html": html})
+    return public.model_dump(mode="json")
+
+
+def effective_window(conversation: Conversation, env_value: str | None) -> ResolvedWindow | None:
+    """The auto-compact window in force for a conversation, once its model is known."""
+    if conversation.model_window is None:
+        return None
+    return resolve_window(conversation.auto_compact_window, env_value, conversation.model_window)
+
+
+def conversation_view(conversation: Conversation) -> dict[str, Any]:
+    """A conversation's fields as JSON (no timeline), with its effective window."""
+    view = ConversationPublic.model_validate(conversation).model_dump(mode="json")
+    resolved = effective_window(conversation, os.environ.get(ENV_VAR))
+    view["window"] = resolved.window if resolved else None
+    view["threshold"] = resolved.threshold if resolved else None
+    return view

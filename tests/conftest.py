@@ -1,0 +1,31 @@
+"""Shared fixtures: a live relay per test, and Debian's Chromium for Playwright."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.relay import LiveRelay, make_settings
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[LiveRelay]:
+    """A running relay with the demo agent, on a fresh SQLite file."""
+    live = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    """Launch Debian's Chromium (Playwright's own browsers are never downloaded)."""
+    executable = os.environ.get("OARLOCK_TEST_CHROMIUM") or shutil.which("chromium")
+    args = [*browser_type_launch_args.get("args", []), "--disable-gpu", "--disable-quic"]
+    return {**browser_type_launch_args, "executable_path": executable, "args": args}

@@ -1,0 +1,316 @@
+"""A fake Anthropic Messages API on 127.0.0.1, for running the real Claude Code CLI offline.
+
+Replies (the model answers whatever was asked, so tests can check what reached it):
+
+* by default the text ``You said: <last user text>``, where the last user text is the last
+  text block of the last user message that is not a ``<system-reminder>``;
+* a compaction request (its last user message asks for "a detailed summary of the
+  conversation so far") gets ``<analysis>…</analysis><summary>FAKE SUMMARY of N
+  messages</summary>`` after ``summary_delay`` seconds, reporting ``summary_input_tokens``;
+* a request whose last message carries a tool_result gets ``The tool returned: <content>``;
+* markers in the last user message: ``[[BASH:cmd]]`` → a text block plus a ``Bash`` tool_use
+  for ``cmd``; ``[[LONG:N]]`` → N words streamed ``long_word_delay`` seconds apart;
+  ``[[SLOW:s]]`` → the reply starts after s seconds.
+
+Controls, as attributes or through ``POST /_admin`` with a JSON object of the same names:
+``input_tokens``, ``output_tokens``, ``cache_read``, ``cache_creation`` (the usage every
+reply reports), ``delta_delay`` (seconds before each streamed delta), ``summary_delay``,
+``summary_input_tokens``, ``long_word_delay``; ``fail(*statuses, retry=True)`` (or
+``{"errors": [429], "should_retry": false}``) queues error replies for the next requests.
+Every request is recorded in ``requests`` (path, lowercased headers, JSON body).
+Message ids are unique: ``msg_fake_000001``, ``msg_fake_000002``…
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+SUMMARY_MARKER = "Your task is to create a detailed summary of the conversation so far"
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+CONTROLS = {
+    "input_tokens": int,
+    "output_tokens": int,
+    "cache_read": int,
+    "cache_creation": int,
+    "delta_delay": float,
+    "summary_delay": float,
+    "summary_input_tokens": int,
+    "long_word_delay": float,
+}
+LOREM = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request the fake received."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+def block_text(content: Any) -> str:
+    """Return the text of a message or tool_result content (a string or a list of blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return ""
+
+
+def user_texts(message: dict[str, Any]) -> list[str]:
+    """Return the text blocks of one message, without system reminders."""
+    content = message.get("content")
+    blocks = [content] if isinstance(content, str) else [block_text([b]) for b in content or []]
+    return [t for t in blocks if t and not t.lstrip().startswith("<system-reminder>")]
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    """Return the last non-reminder text of the last user message of a request body."""
+    users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+    texts = user_texts(users[-1]) if users else []
+    return texts[-1].strip() if texts else ""
+
+
+class FakeAnthropic:
+    """A threaded HTTP server answering like the Anthropic Messages API; a context manager."""
+
+    def __init__(self, *, input_tokens: int = 1000, output_tokens: int = 10) -> None:
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cache_read = 0
+        self.cache_creation = 0
+        self.delta_delay = 0.0
+        self.summary_delay = 0.0
+        self.summary_input_tokens = 5000
+        self.long_word_delay = 0.05
+        self.requests: list[Request] = []
+        self._errors: deque[tuple[int, bool]] = deque()
+        self._lock = threading.Lock()
+        self._count = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._server.block_on_close = False
+        self.port: int = self._server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> FakeAnthropic:
+        """Serve in a background thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FakeAnthropic:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def fail(self, *statuses: int, retry: bool = True) -> None:
+        """Answer the next Messages requests with these HTTP error statuses, in order."""
+        with self._lock:
+            self._errors.extend((s, retry) for s in statuses)
+
+    def configure(self, **controls: Any) -> None:
+        """Set controls by name (what ``POST /_admin`` does)."""
+        for name, value in controls.items():
+            if name == "errors":
+                self.fail(*map(int, value), retry=bool(controls.get("should_retry", True)))
+            elif name in CONTROLS:
+                setattr(self, name, CONTROLS[name](value))
+            elif name != "should_retry":
+                raise ValueError(f"unknown control {name!r}")
+
+    def message_bodies(self) -> list[dict[str, Any]]:
+        """Return the JSON bodies of the Messages requests (not count_tokens), in order."""
+        with self._lock:
+            return [r.body for r in self.requests if r.path.split("?")[0] == "/v1/messages"]
+
+    def user_texts_sent(self) -> list[str]:
+        """Return every user text of the last Messages request (the history the model saw)."""
+        bodies = self.message_bodies()
+        msgs = bodies[-1]["messages"] if bodies else []
+        return [t for m in msgs if m.get("role") == "user" for t in user_texts(m)]
+
+    def _record(self, request: Request) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def _next_id(self) -> int:
+        with self._lock:
+            self._count += 1
+            return self._count
+
+    def _next_error(self) -> tuple[int, bool] | None:
+        with self._lock:
+            return self._errors.popleft() if self._errors else None
+
+    def _usage(self, input_tokens: int | None = None) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens if input_tokens is None else input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_input_tokens": self.cache_read,
+            "cache_creation_input_tokens": self.cache_creation,
+        }
+
+    def plan(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        """Decide the reply to a Messages request: blocks, stop reason, delays, usage."""
+        messages = body.get("messages") or [{}]
+        last = messages[-1]
+        text = last_user_text(body)
+        reply: dict[str, Any] = {"wait": 0.0, "word_delay": self.delta_delay, "usage": None}
+        if SUMMARY_MARKER in block_text(last.get("content")):
+            summary = f"FAKE SUMMARY of {len(messages) - 1} messages"
+            analysis = "<analysis>Fake analysis.</analysis>\n"
+            reply.update(wait=self.summary_delay, usage=self._usage(self.summary_input_tokens))
+            return reply | {"blocks": [("text", f"{analysis}<summary>{summary}</summary>")]}
+        results = [
+            b
+            for b in last.get("content") or []
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        ]
+        if results:
+            returned = "\n".join(block_text(b.get("content")) for b in results)
+            return reply | {"blocks": [("text", f"The tool returned: {returned}")]}
+        if slow := re.search(r"\[\[SLOW:([\d.]+)\]\]", text):
+            reply["wait"] = float(slow[1])
+        if bash := re.search(r"\[\[BASH:(.*?)\]\]", text, re.DOTALL):
+            tool = {"command": bash[1], "description": "Run the requested command"}
+            tool_use = ("tool_use", f"toolu_fake_{n:04d}", tool)
+            return reply | {"blocks": [("text", "I will run the command."), tool_use]}
+        if long := re.search(r"\[\[LONG:(\d+)\]\]", text):
+            words = [LOREM[i % len(LOREM)] for i in range(int(long[1]))]
+            reply["word_delay"] = max(self.delta_delay, self.long_word_delay)
+            return reply | {"blocks": [("text", " ".join(words))], "split_words": True}
+        return reply | {"blocks": [("text", f"You said: {text}")]}
+
+
+def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.loads(raw or b"{}")
+            path = self.path.split("?")[0]
+            fake._record(Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            if path == "/_admin":
+                fake.configure(**body)
+                self._json(200, {"ok": True})
+            elif path == "/v1/messages/count_tokens":
+                self._json(200, {"input_tokens": len(raw) // 4})
+            elif path == "/v1/messages":
+                self._messages(body)
+            else:
+                self._error(404, "not_found_error", f"no route {path}")
+
+        def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, status: int, kind: str, message: str, retry: bool = True) -> None:
+            payload = {"type": "error", "error": {"type": kind, "message": message}}
+            self._json(status, payload, {} if retry else {"x-should-retry": "false"})
+
+        def _messages(self, body: dict[str, Any]) -> None:
+            if error := fake._next_error():
+                status, retry = error
+                kind = ERROR_TYPES.get(status, "api_error")
+                self._error(status, kind, f"fake {kind} ({status})", retry)
+                return
+            n = fake._next_id()
+            plan = fake.plan(body, n)
+            time.sleep(plan["wait"])
+            message = {
+                "id": f"msg_fake_{n:06d}",
+                "type": "message",
+                "role": "assistant",
+                "model": body.get("model", "claude-fake"),
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": plan["usage"] or fake._usage(),
+            }
+            has_tool = any(b[0] == "tool_use" for b in plan["blocks"])
+            stop = "tool_use" if has_tool else "end_turn"
+            if not body.get("stream"):
+                content = [
+                    {"type": "text", "text": b[1]}
+                    if b[0] == "text"
+                    else {"type": "tool_use", "id": b[1], "name": "Bash", "input": b[2]}
+                    for b in plan["blocks"]
+                ]
+                self._json(200, message | {"content": content, "stop_reason": stop})
+                return
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("request-id", f"req_fake_{n:06d}")
+            self.end_headers()
+            # the client may go away mid-stream (an interrupt): stop writing then
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._stream(message, plan, stop)
+
+        def _event(self, kind: str, data: dict[str, Any], delay: float = 0.0) -> None:
+            if delay:
+                time.sleep(delay)
+            self.wfile.write(f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
+
+        def _stream(self, message: dict[str, Any], plan: dict[str, Any], stop: str) -> None:
+            self._event("message_start", {"type": "message_start", "message": message})
+            delay = plan["word_delay"]
+            for i, block in enumerate(plan["blocks"]):
+                if block[0] == "text":
+                    start = {"type": "text", "text": ""}
+                    words = re.findall(r"\S+\s*", block[1]) if plan.get("split_words") else []
+                    chunks = words or [block[1][j : j + 20] for j in range(0, len(block[1]), 20)]
+                    deltas = [{"type": "text_delta", "text": c} for c in chunks]
+                else:
+                    start = {"type": "tool_use", "id": block[1], "name": "Bash", "input": {}}
+                    deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block[2])}]
+                self._event(
+                    "content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": start},
+                )
+                for delta in deltas:
+                    payload = {"type": "content_block_delta", "index": i, "delta": delta}
+                    self._event("content_block_delta", payload, delay)
+                self._event("content_block_stop", {"type": "content_block_stop", "index": i})
+            self._event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": message["usage"]["output_tokens"]},
+                },
+            )
+            self._event("message_stop", {"type": "message_stop"})
+
+    return Handler

@@ -1,0 +1,148 @@
+"""A real relay for tests: uvicorn in a thread on a free port, a fresh SQLite file."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from websockets.sync.client import ClientConnection, connect
+
+from app.config import Settings
+from app.main import create_app
+from app.migrate import upgrade
+
+TOKEN = "test-token-0123456789"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test relay living in data_dir."""
+    workspace = data_dir / "work"
+    workspace.mkdir(parents=True, exist_ok=True)
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "token": TOKEN,
+        "workspace_roots": [data_dir],
+        "default_cwd": workspace,
+        "demo_delay": 0.005,
+        "port": free_port(),
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+class LiveRelay:
+    """A running relay and clients that talk to it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        upgrade(settings.db_url)
+        self.app = create_app(settings)
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.base = f"http://127.0.0.1:{settings.port}"
+        self.http = httpx.Client(
+            base_url=self.base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        )
+
+    def start(self) -> LiveRelay:
+        """Start serving and wait until it answers."""
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the relay did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Shut down (lifespan included) and wait for the thread."""
+        self.http.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    @property
+    def supervisor(self) -> Any:
+        """The relay's supervisor (to read state, never to drive it)."""
+        return self.app.state.supervisor
+
+    def create(self, **body: Any) -> dict[str, Any]:
+        """Create a conversation (demo agent unless told otherwise)."""
+        body.setdefault("provider", "demo")
+        response = self.http.post("/api/conversations", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def send(self, conversation_id: int, text: str) -> httpx.Response:
+        """Post a message."""
+        return self.http.post(f"/api/conversations/{conversation_id}/messages", json={"text": text})
+
+    def get(self, conversation_id: int) -> dict[str, Any]:
+        """The conversation with its timeline."""
+        response = self.http.get(f"/api/conversations/{conversation_id}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def wait_idle(self, conversation_id: int, timeout: float = 30) -> dict[str, Any]:
+        """Wait until the conversation has no running turn and nothing queued."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.get(conversation_id)
+            if view["turn"] == {"state": "idle", "queued": 0}:
+                return view
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"conversation {conversation_id} still busy: {view['turn']}")
+            time.sleep(0.02)
+
+    def wait_for(self, conversation_id: int, predicate: Any, timeout: float = 30) -> dict[str, Any]:
+        """Wait until predicate(conversation view) is true."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.get(conversation_id)
+            if predicate(view):
+                return view
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"condition not met: {json.dumps(view)[:2000]}")
+            time.sleep(0.02)
+
+    @contextmanager
+    def socket(self, origin: str | None = None) -> Iterator[ClientConnection]:
+        """A WebSocket logged in with the cookie, from the relay's own origin."""
+        headers = {"Cookie": f"oarlock_token={TOKEN}", "Origin": origin or self.base}
+        url = f"ws://127.0.0.1:{self.settings.port}/ws"
+        with connect(url, additional_headers=headers, open_timeout=10) as ws:
+            yield ws
+
+
+def receive(ws: ClientConnection, timeout: float = 10) -> dict[str, Any]:
+    """The next JSON message of a socket."""
+    return json.loads(ws.recv(timeout=timeout))
+
+
+def receive_until(
+    ws: ClientConnection, predicate: Any, timeout: float = 30
+) -> list[dict[str, Any]]:
+    """Every message up to and including the first one matching predicate."""
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        message = receive(ws, max(0.01, deadline - time.monotonic()))
+        seen.append(message)
+        if predicate(message):
+            return seen
