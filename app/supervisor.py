@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ from app.models import Conversation, Entry
 from app.providers import agent_env, make_agent
 from app.summary import SummaryMessage, build_summary, compose_first_message
 from app.tokens import format_tokens
-from app.views import conversation_view, entry_view
+from app.views import conversation_view, effective_window, entry_view
+from app.window import ENV_VAR, restart_line
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class Runner:
     questions: dict[int, asyncio.Future[PermissionDecision]] = field(default_factory=dict)
     last_agent_entry: Entry | None = None
     context_report: dict[str, Any] | None = None  # what the agent last said of its window
+    reporting: asyncio.Task[None] | None = None
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -147,6 +150,13 @@ class Supervisor:
     def session(self) -> Session:
         """A database session."""
         return get_session(self.engine)
+
+    def _load(self, session: Session, conversation_id: int) -> Conversation:
+        """A conversation that must exist (its runner is running)."""
+        conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+        if conversation is None:
+            raise LookupError(f"conversation {conversation_id} is gone")
+        return conversation
 
     def runner(self, conversation_id: int) -> Runner:
         """The runner of a conversation (created on first use)."""
@@ -472,10 +482,7 @@ class Supervisor:
         if runner.agent is not None:
             return runner.agent
         with self.session() as session:
-            conversation = store.get_conversation(
-                session=session, conversation_id=runner.conversation_id
-            )
-            assert conversation is not None
+            conversation = self._load(session, runner.conversation_id)
         spec = AgentSpec(
             conversation_id=runner.conversation_id,
             cwd=Path(conversation.cwd),
@@ -489,10 +496,64 @@ class Supervisor:
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         await agent.start()
         runner.agent = agent
+        if conversation.applied_window != conversation.auto_compact_window:
+            with self.session() as session:
+                session.add(conversation)
+                store.update_conversation(
+                    session=session,
+                    conversation=conversation,
+                    applied_window=conversation.auto_compact_window,
+                )
         return agent
+
+    async def _report_context(self, runner: Runner, agent: Agent) -> None:
+        """Ask the agent what window it really uses; warn when it disagrees with ours."""
+        try:
+            report = await asyncio.wait_for(agent.context_usage(), timeout=15)
+        except Exception as error:  # noqa: BLE001 - the report is informative only
+            log.info("no context report for conversation %s: %s", runner.conversation_id, error)
+            return
+        if not report:
+            return
+        runner.context_report = report
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+        if conversation is None:
+            return
+        resolved = effective_window(conversation, os.environ.get(ENV_VAR))
+        reported = report.get("maxTokens")
+        if resolved is not None and reported is not None and reported != resolved.window:
+            log.warning(
+                "conversation %s: agent window %s (%s), relay expected %s (%s)",
+                runner.conversation_id,
+                reported,
+                report.get("autocompactSource"),
+                resolved.window,
+                resolved.source,
+            )
+        self.hub.emit(runner.conversation_id, {"type": "context", "report": _public_report(report)})
+
+    async def _apply_window(self, runner: Runner) -> None:
+        """Restart the agent once when its conversation's window setting changed."""
+        with self.session() as session:
+            conversation = self._load(session, runner.conversation_id)
+            if conversation.session_id is None:
+                return
+            old, new = conversation.applied_window, conversation.auto_compact_window
+            if old == new:
+                return
+            # Claude Code reads the window only at start: resume the same session with the new one.
+            await self._close_agent(runner)
+            self._line(session, conversation, restart_line(old, new), data={"type": "restart"})
+            store.update_conversation(
+                session=session, conversation=conversation, applied_window=new
+            )
 
     async def _run_turn(self, runner: Runner, prompt: str) -> None:
         try:
+            await self._apply_window(runner)
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
@@ -503,6 +564,7 @@ class Supervisor:
                 self._handle(runner, event)
                 if isinstance(event, TurnDone):
                     break
+            runner.reporting = asyncio.create_task(self._report_context(runner, agent))
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
             self._error_line(runner, f"The agent stopped unexpectedly: {error}")
@@ -519,10 +581,7 @@ class Supervisor:
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
         with self.session() as session:
-            conversation = store.get_conversation(
-                session=session, conversation_id=runner.conversation_id
-            )
-            assert conversation is not None
+            conversation = self._load(session, runner.conversation_id)
             entry = self._add(
                 session,
                 conversation,
@@ -576,8 +635,7 @@ class Supervisor:
             self._on_delta(runner, event)
             return
         with self.session() as session:
-            conversation = store.get_conversation(session=session, conversation_id=cid)
-            assert conversation is not None
+            conversation = self._load(session, cid)
             match event:
                 case SessionStarted(session_id=session_id):
                     if conversation.session_id != session_id:
@@ -655,10 +713,7 @@ class Supervisor:
         streaming = runner.streaming.get(event.message_id)
         with self.session() as session:
             if streaming is None:
-                conversation = store.get_conversation(
-                    session=session, conversation_id=runner.conversation_id
-                )
-                assert conversation is not None
+                conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
                 streaming = runner.streaming[event.message_id] = Streaming(entry)
             streaming.text += event.text
@@ -722,3 +777,9 @@ class Supervisor:
         entry_id = entry.id
         store.delete_entry(session=session, entry=entry)
         self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})
+
+
+def _public_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an agent's context report that clients use."""
+    keys = ("maxTokens", "autoCompactThreshold", "autocompactSource", "totalTokens", "model")
+    return {key: report.get(key) for key in keys}

@@ -1,0 +1,194 @@
+"""The supervisor with the demo agent: turns, queue, compaction lines, window restarts, recovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app import store
+from app.db import get_session, make_engine
+from app.supervisor import RESTART_LINE, compaction_text, is_compact_command
+from tests.relay import LiveRelay, make_settings
+
+
+def texts(view: dict[str, Any], kind: str) -> list[str]:
+    """The texts of one kind of entry, in timeline order."""
+    return [entry["text"] for entry in view["timeline"] if entry["kind"] == kind]
+
+
+def test_compaction_text_with_both_numbers() -> None:
+    assert compaction_text(150_046, 3_012) == "Context compacted · 150k → 3k tokens"
+
+
+def test_compaction_text_with_size_before_only() -> None:
+    assert compaction_text(120_000, None) == "Context compacted · was 120k tokens"
+
+
+def test_is_compact_command_only_whole_message() -> None:
+    assert is_compact_command("  /compact \n")
+    assert not is_compact_command("/compact now")
+    assert not is_compact_command("please /compact")
+    assert not is_compact_command("/compactx")
+
+
+def test_turn_stores_user_agent_and_result(relay: LiveRelay) -> None:
+    conversation = relay.create(title="t")
+    assert relay.send(conversation["id"], "hello").status_code == 202
+    view = relay.wait_idle(conversation["id"])
+    assert [(e["kind"], e["state"]) for e in view["timeline"]] == [
+        ("user", "sent"),
+        ("agent", "done"),
+    ]
+    agent = view["timeline"][1]
+    assert agent["text"].startswith("You said: “hello”")
+    assert agent["html"].startswith("<p>You said: “hello”</p>")
+    assert agent["data"]["result"] == {"cost_usd": 0.0, "duration_ms": 0}
+    assert view["context_tokens"] == 9_000 + 12_000 + len("hello") // 4
+    assert view["session_id"] == f"demo-{conversation['id']}"
+
+
+def test_messages_during_a_turn_are_queued_then_delivered_in_order(relay: LiveRelay) -> None:
+    conversation = relay.create()
+    cid = conversation["id"]
+    relay.send(cid, "slow one")
+    relay.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]))
+    second = relay.send(cid, "second").json()
+    third = relay.send(cid, "third").json()
+    assert (second["state"], third["state"]) == ("queued", "queued")
+    busy = relay.get(cid)
+    assert busy["turn"] == {"state": "running", "queued": 2}
+    assert [e["text"] for e in busy["timeline"][-2:]] == ["second", "third"]
+    view = relay.wait_idle(cid, timeout=60)
+    kinds = [(e["kind"], e["text"].split("”")[0]) for e in view["timeline"]]
+    assert kinds == [
+        ("user", "slow one"),
+        ("agent", "You said: “slow one"),
+        ("user", "second"),
+        ("agent", "You said: “second"),
+        ("user", "third"),
+        ("agent", "You said: “third"),
+    ]
+
+
+def test_demo_compaction_line_and_meter(tmp_path: Path) -> None:
+    live = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        cid = live.create()["id"]
+        live.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+        # 9k + 12k per turn: the 6th turn starts at 69k ≥ 67k and compacts first.
+        for n in range(6):
+            live.send(cid, f"m{n}")
+            live.wait_idle(cid)
+        view = live.get(cid)
+        lines = [e for e in view["timeline"] if e["kind"] == "line"]
+        assert [line["text"] for line in lines] == ["Context compacted · 69k → 3k tokens"]
+        assert lines[0]["data"] == {
+            "level": "info",
+            "type": "compaction",
+            "trigger": "auto",
+            "pre_tokens": 69_000,
+            "post_tokens": 3_000,
+        }
+        kinds = [e["kind"] for e in view["timeline"]]
+        assert kinds[-3:] == ["user", "line", "agent"]  # above the turn's reply
+        assert view["context_tokens"] == 3_000 + 12_000
+    finally:
+        live.stop()
+
+
+def test_message_sent_during_compaction_is_queued(tmp_path: Path) -> None:
+    live = LiveRelay(make_settings(tmp_path / "data", demo_delay=0.3)).start()
+    try:
+        cid = live.create()["id"]
+        live.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+        with get_session(make_engine(live.settings.db_url)) as session:
+            conversation = store.get_conversation(session=session, conversation_id=cid)
+            assert conversation is not None
+            store.update_conversation(
+                session=session, conversation=conversation, context_tokens=90_000
+            )
+        live.send(cid, "go")
+        compacting = live.wait_for(cid, lambda v: v["turn"]["state"] == "compacting")
+        assert [e["text"] for e in compacting["timeline"] if e["kind"] == "line"] == [
+            "Compacting context…"
+        ]
+        queued = live.send(cid, "while compacting").json()
+        assert queued["state"] == "queued"
+        assert live.get(cid)["turn"] == {"state": "compacting", "queued": 1}
+        view = live.wait_idle(cid, timeout=60)
+        assert [e["text"] for e in view["timeline"] if e["kind"] == "user"] == [
+            "go",
+            "while compacting",
+        ]
+        assert texts(view, "line") == ["Context compacted · 90k → 3k tokens"]
+    finally:
+        live.stop()
+
+
+def test_window_change_restarts_once_with_old_and_final_values(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "first")
+    relay.wait_idle(cid)
+    for value in (300_000, 500_000, 100_000):
+        relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": value})
+    context = relay.http.get(f"/api/conversations/{cid}/context").json()
+    assert context["pending_restart"] is True
+    assert context["note"] == "Applies on the next message (the session restarts once)."
+    relay.send(cid, "second")
+    view = relay.wait_idle(cid)
+    assert texts(view, "line") == [
+        "Restarted the session to apply the compaction window (Auto → 100k)"
+    ]
+    assert view["session_id"] == f"demo-{cid}"
+    assert relay.http.get(f"/api/conversations/{cid}/context").json()["pending_restart"] is False
+
+
+def test_window_changed_back_restarts_nothing(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "first")
+    relay.wait_idle(cid)
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 200_000})
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": None})
+    relay.send(cid, "second")
+    assert texts(relay.wait_idle(cid), "line") == []
+
+
+def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data")
+    engine = make_engine(settings.db_url)
+    first = LiveRelay(settings).start()
+    cid = first.create()["id"]
+    first.stop()
+    # What a crash mid-turn leaves behind: a turn marked active, streamed text, a queued message.
+    with get_session(engine) as session:
+        conversation = store.get_conversation(session=session, conversation_id=cid)
+        assert conversation is not None
+        store.add_entry(
+            session=session, conversation=conversation, seq=1, kind="user", text="a", state="sent"
+        )
+        store.add_entry(
+            session=session,
+            conversation=conversation,
+            seq=2,
+            kind="agent",
+            text="par",
+            state="streaming",
+        )
+        store.add_entry(
+            session=session, conversation=conversation, seq=3, kind="user", text="b", state="queued"
+        )
+        store.update_conversation(session=session, conversation=conversation, turn_active=True)
+    engine.dispose()
+    second = LiveRelay(settings).start()
+    try:
+        view = second.wait_idle(cid)
+        shown = [(e["kind"], e["state"], e["text"].split("”")[0]) for e in view["timeline"]]
+        assert shown == [
+            ("user", "sent", "a"),
+            ("agent", "interrupted", "par"),
+            ("line", "done", RESTART_LINE),
+            ("user", "sent", "b"),
+            ("agent", "done", "You said: “b"),
+        ]
+    finally:
+        second.stop()
