@@ -38,13 +38,13 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.compaction import failed_text, finished_text, started_text, style_of
 from app.config import Settings
 from app.db import get_session
 from app.hub import Hub
 from app.models import Conversation, Entry
 from app.providers import agent_env, make_agent
 from app.summary import SummaryMessage, build_summary, compose_first_message
-from app.tokens import format_tokens
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
 
@@ -58,15 +58,6 @@ RESTART_LINE = "The relay restarted while this turn was running; its reply may b
 
 class ConversationError(Exception):
     """A request the conversation's state does not allow (HTTP 409)."""
-
-
-def compaction_text(pre: int | None, post: int | None) -> str:
-    """The final text of a compaction line."""
-    if pre is not None and post is not None:
-        return f"Context compacted · {format_tokens(pre)} → {format_tokens(post)} tokens"
-    if pre is not None:
-        return f"Context compacted · was {format_tokens(pre)} tokens"
-    return "Context compacted"
 
 
 def is_compact_command(text: str) -> bool:
@@ -687,21 +678,39 @@ class Supervisor:
                     store.update_conversation(session=session, conversation=conversation, **changes)
                     self.publish_conversation(conversation)
                 case CompactionStarted(trigger=trigger):
+                    style = style_of(conversation.provider)
                     runner.state = "compacting"
-                    runner.compaction = self._line(
+                    runner.compaction = self._add(
                         session,
                         conversation,
-                        "Compacting context…",
+                        style,
+                        started_text(style),
                         state="running",
-                        data={"type": "compaction", "trigger": trigger},
+                        data={"type": "compaction", "trigger": trigger, "level": "info"},
                     )
                     self.publish_turn(cid, session)
                 case CompactionFinished():
                     self._on_compacted(session, runner, conversation, event)
-                case CompactionFailed():
-                    if runner.compaction is not None:
+                case CompactionFailed(reason=reason):
+                    failed = failed_text(style_of(conversation.provider), reason)
+                    if runner.compaction is not None and failed is None:
                         self._remove(session, conversation, runner.compaction)
-                        runner.compaction = None
+                    elif runner.compaction is not None:
+                        data = {**runner.compaction.data, "reason": reason}
+                        self._save(
+                            session,
+                            conversation,
+                            runner.compaction,
+                            text=failed,
+                            state="error",
+                            data=data,
+                        )
+                    elif failed is not None:
+                        data = {"type": "compaction", "reason": reason}
+                        self._add(
+                            session, conversation, "activity", failed, state="error", data=data
+                        )
+                    runner.compaction = None
                     runner.state = "running"
                     self.publish_turn(cid, session)
                 case Notice(text=text, level=level, data=data):
@@ -736,15 +745,22 @@ class Supervisor:
         conversation: Conversation,
         event: CompactionFinished,
     ) -> None:
+        style = style_of(conversation.provider)
+        numbers = {
+            "pre_tokens": event.pre_tokens,
+            "post_tokens": event.post_tokens,
+            "messages_removed": event.messages_removed,
+            "tokens_removed": event.tokens_removed,
+        }
         data = {
             "type": "compaction",
             "trigger": event.trigger,
-            "pre_tokens": event.pre_tokens,
-            "post_tokens": event.post_tokens,
+            "level": "info",
+            **{key: value for key, value in numbers.items() if value is not None},
         }
-        text = compaction_text(event.pre_tokens, event.post_tokens)
+        text = finished_text(style, **numbers)
         if runner.compaction is None:
-            self._line(session, conversation, text, data=data)
+            self._add(session, conversation, style, text, data=data)
         else:
             merged = {**runner.compaction.data, **data}
             self._save(

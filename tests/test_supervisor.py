@@ -7,21 +7,13 @@ from typing import Any
 
 from app import store
 from app.db import get_session, make_engine
-from app.supervisor import RESTART_LINE, compaction_text, is_compact_command
+from app.supervisor import RESTART_LINE, is_compact_command
 from tests.relay import LiveRelay, make_settings
 
 
 def texts(view: dict[str, Any], kind: str) -> list[str]:
     """The texts of one kind of entry, in timeline order."""
     return [entry["text"] for entry in view["timeline"] if entry["kind"] == kind]
-
-
-def test_compaction_text_with_both_numbers() -> None:
-    assert compaction_text(150_046, 3_012) == "Context compacted · 150k → 3k tokens"
-
-
-def test_compaction_text_with_size_before_only() -> None:
-    assert compaction_text(120_000, None) == "Context compacted · was 120k tokens"
 
 
 def test_is_compact_command_only_whole_message() -> None:

@@ -1,0 +1,57 @@
+"""How an agent's own compaction reads in the timeline, per provider family.
+
+Claude Code's compactions are full-width lines; the SDK engine's are activity
+lines inside the turn (SPEC §3). The texts are fixed so tests can pin them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from app.tokens import format_tokens
+
+Style = Literal["line", "activity"]
+ACTIVITY_PROVIDERS = ("copilot", "openai")
+
+
+def style_of(provider: str) -> Style:
+    """How a provider's compactions are shown."""
+    return "activity" if provider in ACTIVITY_PROVIDERS else "line"
+
+
+def started_text(style: Style) -> str:
+    """The text while a compaction runs."""
+    return "Compacting context…" if style == "line" else "Compacting the conversation context…"
+
+
+def finished_text(
+    style: Style,
+    *,
+    pre_tokens: int | None = None,
+    post_tokens: int | None = None,
+    messages_removed: int | None = None,
+    tokens_removed: int | None = None,
+) -> str:
+    """The text of a compaction that succeeded, with the numbers the agent reported."""
+    if style == "activity":
+        if messages_removed is not None and tokens_removed is not None:
+            return (
+                f"Context compacted (removed {messages_removed} messages, "
+                f"{format_tokens(tokens_removed)} tokens)"
+            )
+        return "Context compacted"
+    if pre_tokens is not None and post_tokens is not None:
+        return (
+            f"Context compacted · {format_tokens(pre_tokens)} → {format_tokens(post_tokens)} tokens"
+        )
+    if pre_tokens is not None:
+        return f"Context compacted · was {format_tokens(pre_tokens)} tokens"
+    return "Context compacted"
+
+
+def failed_text(style: Style, reason: str) -> str | None:
+    """The text of a failed compaction; None when it leaves nothing (lines vanish)."""
+    if style == "line":
+        return None
+    short = " ".join(reason.split())[:200] or "unknown reason"
+    return f"Context compaction failed: {short}"
