@@ -3,11 +3,12 @@
 Replies (the model answers whatever was asked, so tests can check what reached it):
 
 * by default the text ``You said: <last user text>``, where the last user text is the last
-  text block of the last user message that is not a ``<system-reminder>``;
+  text block of the last user message, without the CLI's ``<system-reminder>`` parts;
 * a compaction request (its last user message asks for "a detailed summary of the
   conversation so far") gets ``<analysis>…</analysis><summary>FAKE SUMMARY of N
   messages</summary>`` after ``summary_delay`` seconds, reporting ``summary_input_tokens``;
-* a request whose last message carries a tool_result gets ``The tool returned: <content>``;
+* a request whose last message carries a tool_result (and no text) gets
+  ``The tool returned: <content>``;
 * markers in the last user message: ``[[BASH:cmd]]`` → a text block plus a ``Bash`` tool_use
   for ``cmd``; ``[[LONG:N]]`` → N words streamed ``long_word_delay`` seconds apart;
   ``[[SLOW:s]]`` → the reply starts after s seconds.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 SUMMARY_MARKER = "Your task is to create a detailed summary of the conversation so far"
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -73,10 +75,11 @@ def block_text(content: Any) -> str:
 
 
 def user_texts(message: dict[str, Any]) -> list[str]:
-    """Return the text blocks of one message, without system reminders."""
+    """Return the text blocks of one message, without the CLI's system reminders."""
     content = message.get("content")
     blocks = [content] if isinstance(content, str) else [block_text([b]) for b in content or []]
-    return [t for t in blocks if t and not t.lstrip().startswith("<system-reminder>")]
+    texts = [REMINDER.sub("", t).strip() for t in blocks]
+    return [t for t in texts if t]
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -107,7 +110,9 @@ class FakeAnthropic:
         self._server.block_on_close = False
         self.port: int = self._server.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def start(self) -> FakeAnthropic:
         """Serve in a background thread."""
@@ -188,8 +193,9 @@ class FakeAnthropic:
             for b in last.get("content") or []
             if isinstance(b, dict) and b.get("type") == "tool_result"
         ]
-        if results:
-            returned = "\n".join(block_text(b.get("content")) for b in results)
+        if results and not text:  # (a prompt queued after an interrupt joins the results)
+            texts = [t for b in results for t in user_texts({"content": b.get("content")})]
+            returned = "\n".join(texts)
             return reply | {"blocks": [("text", f"The tool returned: {returned}")]}
         if slow := re.search(r"\[\[SLOW:([\d.]+)\]\]", text):
             reply["wait"] = float(slow[1])

@@ -400,6 +400,7 @@ class _ExactEnvTransport(SubprocessCLITransport):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 await self.process.wait()
+                _ACTIVE_CHILDREN.discard(self.process)
 
 
 def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
@@ -410,7 +411,12 @@ def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
 
 
 class ClaudeCodeAgent:
-    """One conversation's Claude Code CLI, driven through claude_agent_sdk."""
+    """One conversation's Claude Code CLI, driven through claude_agent_sdk.
+
+    The process gets exactly spec.env (which carries CLAUDE_CODE_AUTO_COMPACT_WINDOW when a
+    window is set). turn() starts the process when needed: after a crash it resumes the
+    session, and when the session's transcript is gone it starts a new one and says so.
+    """
 
     def __init__(
         self, spec: AgentSpec, *, cli_path: str | None = None, model: str | None = None
@@ -426,6 +432,7 @@ class ClaudeCodeAgent:
         self._stderr: deque[str] = deque(maxlen=20)
         self._in_turn = False
         self._dirty = False
+        self._closing = False
 
     @property
     def pid(self) -> int | None:
@@ -492,7 +499,7 @@ class ClaudeCodeAgent:
             raise
         self._client = client
         self._mapper = EventMapper(resume)
-        self._dirty = False
+        self._dirty = self._closing = False
 
     async def _can_use_tool(
         self, tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
@@ -536,11 +543,14 @@ class ClaudeCodeAgent:
             if not finished:
                 raise CLIConnectionError("the message stream ended without a result")
         except Exception as e:
-            log.warning("Claude Code turn failed", exc_info=True)
             finished = True
             for event in mapper.finish():
                 yield event
-            yield TurnDone(error=self._failure_text(e))
+            if self._closing:  # close() stopped the process under this turn
+                yield TurnDone(interrupted=True)
+            else:
+                log.warning("Claude Code turn failed", exc_info=True)
+                yield TurnDone(error=self._failure_text(e))
         finally:
             self._in_turn = False
             self._dirty = self._dirty or not finished
@@ -562,7 +572,7 @@ class ClaudeCodeAgent:
 
     async def interrupt(self) -> None:
         """Ask the running turn to stop; the process stays alive."""
-        if self._client is None or not self._in_turn:
+        if self._client is None or not (self._in_turn or self._dirty):
             return
         self._mapper.interrupt_requested = True
         try:
@@ -585,8 +595,11 @@ class ClaudeCodeAgent:
     async def close(self) -> None:
         """Stop the CLI (stdin closed, then killed if it lingers); never hangs."""
         client, transport = self._client, self._transport
-        if client is not None and self._in_turn and self.is_alive():
-            await self.interrupt()  # lets the CLI write its transcript before it exits
+        self._closing = True
+        if client is not None and self.is_alive():
+            with contextlib.suppress(TimeoutError):  # a turn in flight would delay the exit
+                async with asyncio.timeout(3):
+                    await self.interrupt()
         self._client, self._transport = None, None
         if client is not None:
             try:
