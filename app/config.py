@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PermissionMode = Literal["default", "acceptEdits", "bypassPermissions", "plan"]
 
@@ -22,10 +22,13 @@ class Settings(BaseSettings):
     database_url: str | None = None  # default: sqlite under data_dir
     token: str | None = None  # default: generated into data_dir/token on first start
     no_auth: bool = False  # only honoured on a loopback host
-    allowed_hosts: list[str] = Field(default_factory=list)  # extra Host names (reverse proxies)
-    allowed_origins: list[str] = Field(default_factory=list)  # extra Origins (reverse proxies)
+    # Lists come from the environment as comma-separated strings (not JSON).
+    # Extra Host names and Origins to accept (reverse proxies, a server's name).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_message_bytes: int = 256 * 1024
-    workspace_roots: list[Path] = Field(default_factory=list)  # default: the user's home
+    # Directories agents may work in; default: the user's home.
+    workspace_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     default_cwd: Path | None = None
     default_provider: str | None = None
     permission_mode: PermissionMode = "default"

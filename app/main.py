@@ -6,10 +6,12 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from sqlmodel import select
+from starlette.responses import Response
 
 from app import __version__
 from app.config import Settings
@@ -22,6 +24,16 @@ from app.supervisor import Supervisor
 
 STATIC = Path(__file__).resolve().parents[1] / "static"
 log = logging.getLogger(__name__)
+
+
+class StaticAssets(StaticFiles):
+    """Static files that browsers revalidate (ETag) so an upgrade never mixes old modules."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        """Serve a file with Cache-Control: no-cache."""
+        response = super().file_response(*args, **kwargs)
+        response.headers["cache-control"] = "no-cache"
+        return response
 
 
 def allowed_hosts(settings: Settings) -> list[str]:
@@ -79,7 +91,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount("/static", StaticAssets(directory=STATIC), name="static")
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -1,0 +1,841 @@
+// app.js — the oarlock browser UI: state, the WebSocket, the sidebar, routing, the chat's
+// header and notices, the composer with /compact, and the dialogs.
+import { h, api, byId, fmtTokens, isBusy } from './util.js';
+import { Timeline } from './timeline.js';
+import { ContextModal } from './context.js';
+
+const IDLE = { state: 'idle', queued: 0 };
+const COMMANDS = [
+  { name: '/compact', description: 'Start a new conversation with a carry-over summary' },
+];
+
+// ---- state -------------------------------------------------------------------------------------
+
+const state = {
+  epoch: null, // the relay's epoch, from the socket's hello
+  providers: [],
+  defaultProvider: null,
+  providersLoaded: false,
+  convs: new Map(), // every conversation the sidebar knows, by id
+  archiveQuery: '',
+  // The open conversation: { id, loaded, conv, turn, seq, epoch, waiting, waitingSince }
+  current: null,
+  opening: 0, // bumps on every open, so a slow answer for an older open is dropped
+  drafts: new Map(), // unsent text per conversation
+};
+
+const isArchived = (conv) => Boolean(conv) && conv.status === 'archived';
+const newestFirst = (a, b) =>
+  (Date.parse(b.updated_at) || 0) - (Date.parse(a.updated_at) || 0) || b.id - a.id;
+const providerName = (id) => (state.providers.find((p) => p.id === id) || {}).name || id;
+
+// ---- dialogs -----------------------------------------------------------------------------------
+
+/** Native modal <dialog>s: focus goes in on open and back on close; a backdrop click closes. */
+const dialogs = {
+  register(dialog, onClosed) {
+    let downOnBackdrop = false;
+    dialog.addEventListener('pointerdown', (e) => { downOnBackdrop = e.target === dialog; });
+    dialog.addEventListener('click', (e) => {
+      if (e.target === dialog && downOnBackdrop) dialogs.close(dialog);
+      downOnBackdrop = false;
+    });
+    // Escape, the close button and the backdrop all end here.
+    dialog.addEventListener('close', () => {
+      if (onClosed) onClosed();
+      const back = dialog.returnFocus;
+      dialog.returnFocus = null;
+      if (back && back.isConnected && !document.querySelector('dialog[open]')) back.focus({ preventScroll: true });
+    });
+  },
+  open(dialog, focus) {
+    if (!dialog.open) {
+      dialog.returnFocus = document.activeElement;
+      dialog.showModal();
+    }
+    if (focus) focus.focus();
+  },
+  close(dialog) {
+    if (dialog.open) dialog.close();
+  },
+};
+
+let toastTimer = 0;
+function toast(message) {
+  const el = byId('toast');
+  el.textContent = message;
+  el.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { el.hidden = true; }, 6000);
+}
+
+const timeline = new Timeline({
+  onPermission: async (entry, allow) => {
+    const cur = state.current;
+    const { data } = await api(`/api/conversations/${cur.id}/permissions/${entry.id}`, {
+      method: 'POST', body: { allow },
+    });
+    if (state.current === cur && data && data.id != null) timeline.upsert(data);
+  },
+  onLoadEarlier: () => loadEarlier(),
+});
+
+const contextModal = new ContextModal({
+  onSave: async (id, value) => {
+    try {
+      const { data } = await api(`/api/conversations/${id}`, {
+        method: 'PATCH', body: { auto_compact_window: value },
+      });
+      onConversation(data);
+    } catch (err) {
+      toast(`The auto-compact window was not saved: ${err.message}`);
+    }
+  },
+}, dialogs);
+
+// ---- socket ------------------------------------------------------------------------------------
+
+const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false };
+
+function connect() {
+  clearTimeout(socket.retry);
+  const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss://' : 'ws://'}${location.host}/ws`);
+  socket.ws = ws;
+  ws.addEventListener('message', (event) => {
+    let message;
+    try {
+      message = JSON.parse(event.data);
+    } catch {
+      return;
+    }
+    onSocketMessage(message);
+  });
+  ws.addEventListener('close', (event) => {
+    if (socket.ws !== ws) return;
+    socket.ws = null;
+    clearInterval(socket.ping);
+    byId('connection-status').hidden = false;
+    // A refused socket may mean the session ended: an API call sends a logged-out tab to /login.
+    if ([1008, 4401, 4403].includes(event.code)) api('/api/providers').catch(() => {});
+    socket.retry = setTimeout(connect, socket.backoff);
+    socket.backoff = Math.min(socket.backoff * 2, 5000);
+  });
+}
+
+function send(message) {
+  if (!socket.ws || socket.ws.readyState !== WebSocket.OPEN) return false;
+  socket.ws.send(JSON.stringify(message));
+  return true;
+}
+
+function onSocketMessage(message) {
+  switch (message.type) {
+    case 'hello': {
+      const reconnected = socket.helloSeen;
+      socket.helloSeen = true;
+      state.epoch = message.epoch;
+      socket.backoff = 500;
+      byId('connection-status').hidden = true;
+      clearInterval(socket.ping);
+      socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
+      if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
+      subscribe(true);
+      return;
+    }
+    case 'snapshot':
+      onSnapshot(message.conversation);
+      return;
+    case 'resync':
+      subscribe(false);
+      return;
+    case 'pong':
+      return;
+    case 'error':
+      console.warn('oarlock relay:', message.detail);
+      return;
+    case 'conversation':
+      if (message.seq == null) { // the global feed: sidebar (and header) only
+        onConversation(message.conversation);
+        return;
+      }
+      break;
+    default:
+      break;
+  }
+  if (message.conversation_id != null && message.seq != null) onConversationEvent(message);
+}
+
+/** Follow the open conversation, from the last event applied (or ask for a snapshot). */
+function subscribe(withSeq) {
+  const cur = state.current;
+  if (!cur || !cur.loaded) return;
+  const message = { type: 'subscribe', conversation_id: cur.id };
+  if (withSeq && cur.epoch != null) {
+    message.epoch = cur.epoch;
+    message.seq = cur.seq;
+  }
+  if (send(message)) {
+    cur.waiting = true;
+    cur.waitingSince = Date.now();
+  }
+}
+
+function onConversationEvent(message) {
+  const cur = state.current;
+  if (!cur || !cur.loaded || message.conversation_id !== cur.id) {
+    if (message.type === 'conversation') onConversation(message.conversation);
+    return;
+  }
+  if (message.seq <= cur.seq) return; // already applied (a replay overlapping the live feed)
+  if (message.seq !== cur.seq + 1) {
+    // A gap: ask again from the last event applied; the relay replays or sends a snapshot.
+    if (!cur.waiting || Date.now() - cur.waitingSince > 3000) subscribe(true);
+    return;
+  }
+  cur.seq = message.seq;
+  cur.waiting = false;
+  switch (message.type) {
+    case 'entry': timeline.upsert(message.entry); break;
+    case 'entry_removed': timeline.remove(message.entry_id); break;
+    case 'delta': timeline.delta(message.entry_id, message.text); break;
+    case 'turn': setTurn(message.turn); break;
+    case 'conversation': onConversation(message.conversation); break;
+    case 'compacted':
+      onConversation(message.into);
+      navigate(message.into.id);
+      break;
+    default: break;
+  }
+}
+
+function onSnapshot(data) {
+  const cur = state.current;
+  if (!data || !cur || data.id !== cur.id) return;
+  showConversation(data, { keepScroll: true });
+}
+
+// ---- conversations (sidebar) -------------------------------------------------------------------
+
+/** A conversation's fields changed: sidebar, and the header if it is the open one. */
+function onConversation(conv) {
+  if (!conv || conv.id == null) return;
+  state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  renderLists();
+  const cur = state.current;
+  if (cur && cur.id === conv.id && cur.conv) {
+    cur.conv = { ...cur.conv, ...conv };
+    renderChrome();
+    contextModal.refresh(conv.id);
+  }
+}
+
+async function loadLists() {
+  const [active, archived] = await Promise.all([
+    api('/api/conversations?status=active&limit=100'),
+    api('/api/conversations?status=archived&limit=100'),
+  ]);
+  for (const conv of [...active.data.conversations, ...archived.data.conversations]) {
+    state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  }
+  renderLists();
+}
+
+async function loadProviders() {
+  const { data } = await api('/api/providers');
+  state.providers = data.providers || [];
+  state.defaultProvider = data.default;
+  state.providersLoaded = true;
+  renderLists();
+  if (state.current && state.current.conv) renderChrome();
+}
+
+let listsFrame = 0;
+function renderLists() {
+  if (!listsFrame) listsFrame = requestAnimationFrame(drawLists);
+}
+
+function drawLists() {
+  listsFrame = 0;
+  const all = [...state.convs.values()].sort(newestFirst);
+  const query = state.archiveQuery.trim().toLowerCase();
+  const active = all.filter((c) => !isArchived(c));
+  const archived = all.filter((c) => isArchived(c) && (!query || (c.title || '').toLowerCase().includes(query)));
+  byId('conversation-list').replaceChildren(...active.map((c) => convItem(c, 'conversation-item')));
+  byId('archive-list').replaceChildren(...archived.map((c) => convItem(c, 'archive-item')));
+  byId('conversation-empty').hidden = active.length > 0;
+  const archiveEmpty = byId('archive-empty');
+  archiveEmpty.hidden = archived.length > 0;
+  archiveEmpty.textContent = query ? 'No archived conversation matches.' : 'Nothing archived yet.';
+}
+
+function convItem(conv, testid) {
+  const open = state.current != null && state.current.id === conv.id;
+  const link = h('a', {
+    href: `/c/${conv.id}`,
+    class: open ? 'conv-link current' : 'conv-link',
+    testid,
+    'data-id': conv.id,
+    'data-provider': conv.provider,
+    'aria-current': open ? 'page' : null,
+    title: `${conv.title || 'Untitled'} · ${providerName(conv.provider)}`,
+  }, h('span', { class: 'conv-title', text: conv.title || 'Untitled' }));
+  link.addEventListener('click', (e) => {
+    if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+    e.preventDefault();
+    navigate(conv.id);
+  });
+  return h('li', {}, link);
+}
+
+// ---- routing -----------------------------------------------------------------------------------
+
+function pathId() {
+  const match = location.pathname.match(/^\/c\/(\d+)\/?$/);
+  return match ? Number(match[1]) : null;
+}
+
+function navigate(id, { replace = false, focus = false } = {}) {
+  const path = `/c/${id}`;
+  if (location.pathname !== path) history[replace ? 'replaceState' : 'pushState'](null, '', path);
+  setDrawer(false);
+  if (state.current && state.current.id === id) {
+    if (focus) byId('message-input').focus();
+    return;
+  }
+  openConversation(id, { focus });
+}
+
+/** Show what the URL names: /c/<id>, or at / the newest active conversation (or the empty state). */
+function route() {
+  const id = pathId();
+  if (id != null) {
+    if (!state.current || state.current.id !== id) openConversation(id);
+    return;
+  }
+  const newest = [...state.convs.values()].filter((c) => !isArchived(c)).sort(newestFirst)[0];
+  if (newest) {
+    navigate(newest.id, { replace: true });
+  } else {
+    leaveConversation();
+    showView('empty');
+  }
+}
+
+function showView(name) {
+  for (const view of ['empty', 'missing', 'loading', 'chat']) byId(`${view}-state`).hidden = view !== name;
+  byId('chat-head').hidden = name !== 'chat';
+  byId('head-actions').hidden = name !== 'chat';
+  if (name !== 'chat') document.title = 'oarlock';
+}
+
+function leaveConversation() {
+  saveDraft();
+  state.opening += 1;
+  state.current = null;
+  if (contextModal.isOpen) contextModal.close();
+  renderLists();
+}
+
+async function openConversation(id, { focus = false } = {}) {
+  leaveConversation();
+  const token = state.opening;
+  state.current = {
+    id, loaded: false, conv: null, turn: IDLE, seq: 0, epoch: null, waiting: false, waitingSince: 0,
+  };
+  renderLists();
+  showView('loading');
+  let data;
+  try {
+    ({ data } = await api(`/api/conversations/${id}`));
+  } catch (err) {
+    if (token !== state.opening) return;
+    byId('missing-text').textContent = err.status === 404 ? 'This conversation does not exist.' : err.message;
+    showView('missing');
+    return;
+  }
+  if (token !== state.opening) return;
+  resetChrome();
+  showConversation(data, { keepScroll: false });
+  const input = byId('message-input');
+  input.value = state.drafts.get(id) || '';
+  autosize();
+  updateComposer();
+  subscribe(true);
+  if (focus && !isArchived(state.current.conv)) input.focus();
+}
+
+/** Render a conversation as GET /api/conversations/{id} (or a snapshot) gives it. */
+function showConversation(data, { keepScroll }) {
+  const cur = state.current;
+  const { timeline: entries, has_more: hasMore, turn, seq, epoch, ...conv } = data;
+  cur.conv = conv;
+  cur.seq = seq ?? 0;
+  cur.epoch = epoch ?? state.epoch;
+  cur.loaded = true;
+  cur.waiting = false;
+  state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  renderLists();
+  showView('chat');
+  renderChrome();
+  timeline.reset(entries || [], Boolean(hasMore), { keepScroll });
+  setTurn(turn || IDLE);
+}
+
+async function loadEarlier() {
+  const cur = state.current;
+  const before = timeline.lowestSeq();
+  if (!cur || !cur.loaded || before == null) return;
+  byId('load-earlier').disabled = true;
+  try {
+    const { data } = await api(`/api/conversations/${cur.id}?limit=200&before=${before}`);
+    if (state.current === cur) timeline.prepend(data.timeline || [], Boolean(data.has_more));
+  } catch (err) {
+    toast(err.message);
+    byId('load-earlier').disabled = false;
+  }
+}
+
+// ---- the chat's header, notices and banner -----------------------------------------------------
+
+function contextLabel(conv) {
+  if (conv.context_tokens == null) return '🧠 —';
+  if (conv.window == null) return `🧠 ${fmtTokens(conv.context_tokens)}`;
+  return `🧠 ${fmtTokens(conv.context_tokens)} / ${fmtTokens(conv.window)}`;
+}
+
+/** Per-conversation bits that reset when another conversation opens. */
+function resetChrome() {
+  stopRename(false);
+  const toggle = byId('pending-summary-toggle');
+  toggle.textContent = 'Show summary';
+  toggle.setAttribute('aria-expanded', 'false');
+  byId('pending-summary-text').hidden = true;
+  hideComposerError();
+  closeMenu();
+}
+
+function renderChrome() {
+  const cur = state.current;
+  const conv = cur && cur.conv;
+  if (!conv) return;
+  const archived = isArchived(conv);
+  document.title = `${conv.title || 'Untitled'} · oarlock`;
+
+  const title = byId('title');
+  title.textContent = conv.title || 'Untitled';
+  title.title = archived ? '' : 'Rename';
+  title.classList.toggle('readonly', archived);
+  byId('provider-badge').textContent = providerName(conv.provider);
+  byId('provider-badge').dataset.provider = conv.provider;
+  byId('cwd').textContent = conv.cwd || '';
+  byId('cwd').title = conv.cwd || '';
+
+  const ctx = byId('context-button');
+  ctx.textContent = contextLabel(conv);
+  const warn = conv.context_tokens != null && conv.threshold != null && conv.context_tokens > 0.8 * conv.threshold;
+  if (warn) ctx.dataset.warn = 'true';
+  else delete ctx.dataset.warn;
+  ctx.classList.toggle('warn', warn);
+  byId('stop-button').hidden = archived || !isBusy(cur.turn);
+
+  const from = byId('compacted-from');
+  from.hidden = conv.compacted_from_id == null;
+  if (conv.compacted_from_id != null) setConvLink(byId('compacted-from-link'), conv.compacted_from_id);
+
+  byId('archived-notice').hidden = !archived;
+  const into = byId('compacted-into-link');
+  into.hidden = conv.compacted_into_id == null;
+  if (conv.compacted_into_id != null) setConvLink(into, conv.compacted_into_id);
+
+  byId('pending-summary').hidden = archived || !conv.pending_summary;
+  byId('pending-summary-text').textContent = conv.pending_summary || '';
+
+  byId('composer').hidden = archived;
+  byId('timeline').classList.toggle('readonly', archived);
+  updateComposer();
+}
+
+function setConvLink(link, id) {
+  link.href = `/c/${id}`;
+  link.dataset.id = id;
+}
+
+function setTurn(turn) {
+  const cur = state.current;
+  if (!cur) return;
+  cur.turn = turn || IDLE;
+  const stop = byId('stop-button');
+  stop.hidden = isArchived(cur.conv) || !isBusy(cur.turn);
+  stop.disabled = false;
+  timeline.setTurn(cur.turn);
+  updateComposer();
+}
+
+async function interrupt() {
+  const cur = state.current;
+  if (!cur) return;
+  const stop = byId('stop-button');
+  stop.disabled = true;
+  try {
+    await api(`/api/conversations/${cur.id}/interrupt`, { method: 'POST', body: {} });
+  } catch (err) {
+    toast(err.message);
+    stop.disabled = false;
+  }
+}
+
+// Click the title to rename it: Enter or leaving the field saves, Escape cancels.
+let renaming = null;
+function startRename() {
+  const cur = state.current;
+  if (!cur || !cur.conv || isArchived(cur.conv) || renaming) return;
+  const title = byId('title');
+  const field = h('input', {
+    class: 'title-input', testid: 'title-input', maxlength: 200, 'aria-label': 'Conversation title',
+  });
+  field.value = cur.conv.title || '';
+  renaming = { field, id: cur.id };
+  title.hidden = true;
+  title.after(field);
+  field.focus();
+  field.select();
+  field.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter') { e.preventDefault(); stopRename(true); }
+    if (e.key === 'Escape') { e.preventDefault(); stopRename(false); }
+  });
+  field.addEventListener('blur', () => stopRename(true));
+}
+
+async function stopRename(save) {
+  if (!renaming) return;
+  const { field, id } = renaming;
+  renaming = null;
+  const value = field.value.trim();
+  const hadFocus = document.activeElement === field;
+  field.remove();
+  const title = byId('title');
+  title.hidden = false;
+  if (hadFocus) title.focus();
+  const conv = state.convs.get(id);
+  if (!save || !value || !conv || value === conv.title) return;
+  title.textContent = value;
+  try {
+    const { data } = await api(`/api/conversations/${id}`, { method: 'PATCH', body: { title: value } });
+    onConversation(data);
+  } catch (err) {
+    toast(`The title was not saved: ${err.message}`);
+    renderChrome();
+  }
+}
+
+// ---- composer ----------------------------------------------------------------------------------
+
+const input = byId('message-input');
+let sending = false;
+
+function autosize() {
+  input.style.height = 'auto';
+  input.style.height = `${input.scrollHeight + 2}px`; // CSS max-height caps it
+}
+
+function saveDraft() {
+  const cur = state.current;
+  if (!cur || !cur.loaded) return;
+  if (input.value) state.drafts.set(cur.id, input.value);
+  else state.drafts.delete(cur.id);
+}
+
+function updateComposer() {
+  const cur = state.current;
+  const busy = Boolean(cur) && isBusy(cur.turn);
+  const send = byId('send-button');
+  const label = busy ? 'Queue' : 'Send';
+  if (send.textContent !== label) send.textContent = label;
+  send.title = busy ? 'The agent is busy: the message waits its turn' : '';
+  send.disabled = sending || !cur || !cur.loaded || isArchived(cur.conv) || !input.value.trim();
+  byId('compact-hint').hidden = !(busy && input.value.startsWith('/'));
+}
+
+function showComposerError(message) {
+  const el = byId('composer-error');
+  el.textContent = message;
+  el.hidden = false;
+}
+
+function hideComposerError() {
+  byId('composer-error').hidden = true;
+}
+
+function trySend() {
+  const cur = state.current;
+  const text = input.value;
+  if (!cur || !cur.loaded || sending || isArchived(cur.conv) || !text.trim()) return;
+  closeMenu();
+  if (text.trim() === '/compact') {
+    compactDialog.dataset.conv = String(cur.id);
+    dialogs.open(compactDialog, byId('compact-confirm'));
+    return;
+  }
+  postMessage(text);
+}
+
+async function postMessage(text) {
+  const cur = state.current;
+  const id = cur.id;
+  sending = true;
+  updateComposer();
+  hideComposerError();
+  try {
+    const { data } = await api(`/api/conversations/${id}/messages`, { method: 'POST', body: { text } });
+    state.drafts.delete(id);
+    if (state.current && state.current.id === id) {
+      if (input.value === text) input.value = '';
+      autosize();
+      // The socket usually brings the entry first; if not, show it now (it is queued).
+      if (data && data.id != null && data.kind && !timeline.has(data.id)) timeline.upsert(data);
+      timeline.scrollToBottom();
+    }
+    if (data && data.compacted_into) {
+      onConversation(data.compacted_into);
+      navigate(data.compacted_into.id, { focus: true });
+    }
+  } catch (err) {
+    if (state.current && state.current.id === id) showComposerError(err.message);
+    else toast(err.message);
+  } finally {
+    sending = false;
+    updateComposer();
+  }
+}
+
+// The "/" command menu.
+const menu = { el: byId('command-menu'), items: [], index: 0 };
+const menuOpen = () => !menu.el.hidden;
+
+function updateMenu() {
+  const value = input.value;
+  const cur = state.current;
+  const candidates = value.startsWith('/') && !/\s/.test(value) && cur && !isArchived(cur.conv)
+    ? COMMANDS.filter((c) => c.name.startsWith(value))
+    : [];
+  if (!candidates.length) {
+    closeMenu();
+    return;
+  }
+  if (candidates.length !== menu.items.length) menu.index = 0;
+  menu.items = candidates;
+  drawMenu();
+}
+
+function drawMenu() {
+  menu.el.replaceChildren(...menu.items.map((command, i) => {
+    const item = h('li', {
+      id: `command-${i}`,
+      role: 'option',
+      class: i === menu.index ? 'command-item active' : 'command-item',
+      testid: 'command-item',
+      'aria-selected': String(i === menu.index),
+    }, h('span', { class: 'command-name', text: command.name }),
+    h('span', { class: 'command-desc', text: command.description }));
+    item.addEventListener('mousedown', (e) => e.preventDefault()); // keep the focus in the box
+    item.addEventListener('click', () => pickCommand(i));
+    return item;
+  }));
+  menu.el.hidden = false;
+  input.setAttribute('aria-expanded', 'true');
+  input.setAttribute('aria-activedescendant', `command-${menu.index}`);
+}
+
+function closeMenu() {
+  menu.el.hidden = true;
+  menu.items = [];
+  input.setAttribute('aria-expanded', 'false');
+  input.removeAttribute('aria-activedescendant');
+}
+
+function pickCommand(index) {
+  const command = menu.items[index];
+  if (!command) return;
+  input.value = command.name;
+  closeMenu();
+  input.focus();
+  autosize();
+  updateComposer();
+}
+
+input.addEventListener('keydown', (e) => {
+  const composing = e.isComposing || e.keyCode === 229;
+  if (menuOpen() && !composing) {
+    if (e.key === 'ArrowDown' || e.key === 'ArrowUp') {
+      e.preventDefault();
+      const step = e.key === 'ArrowDown' ? 1 : -1;
+      menu.index = (menu.index + step + menu.items.length) % menu.items.length;
+      drawMenu();
+      return;
+    }
+    if (e.key === 'Tab' || (e.key === 'Enter' && !e.shiftKey)) {
+      e.preventDefault();
+      const command = menu.items[menu.index];
+      // Enter on a command already typed in full sends it; otherwise it completes it.
+      if (e.key === 'Enter' && command && input.value === command.name) trySend();
+      else pickCommand(menu.index);
+      return;
+    }
+    if (e.key === 'Escape') {
+      e.preventDefault();
+      closeMenu();
+      return;
+    }
+  }
+  if (e.key === 'Enter' && !e.shiftKey && !composing) {
+    e.preventDefault();
+    trySend();
+  }
+});
+input.addEventListener('input', () => {
+  autosize();
+  hideComposerError();
+  updateMenu();
+  updateComposer();
+});
+input.addEventListener('blur', closeMenu);
+byId('composer').addEventListener('submit', (e) => {
+  e.preventDefault();
+  trySend();
+});
+
+// ---- dialogs: /compact confirmation, new conversation ------------------------------------------
+
+const compactDialog = byId('compact-dialog');
+dialogs.register(compactDialog);
+byId('compact-cancel').addEventListener('click', () => dialogs.close(compactDialog));
+byId('compact-confirm').addEventListener('click', () => {
+  dialogs.close(compactDialog);
+  // Only for the conversation it was asked about (another tab may have moved this one on).
+  const cur = state.current;
+  if (cur && cur.loaded && String(cur.id) === compactDialog.dataset.conv) postMessage(input.value.trim());
+});
+
+const newDialog = byId('new-dialog');
+dialogs.register(newDialog);
+
+function fillProviders() {
+  const select = byId('new-provider');
+  select.replaceChildren(...state.providers.map((p) => h('option', {
+    value: p.id,
+    disabled: !p.available,
+    text: p.available ? p.name : `${p.name} — ${p.reason || 'not available here'}`,
+  })));
+  const pick = state.providers.find((p) => p.id === state.defaultProvider && p.available)
+    || state.providers.find((p) => p.available);
+  if (pick) select.value = pick.id;
+}
+
+function showNewError(message) {
+  const el = byId('new-error');
+  el.textContent = message;
+  el.hidden = !message;
+}
+
+async function openNewDialog() {
+  byId('new-form').reset();
+  showNewError('');
+  byId('new-create').disabled = false;
+  fillProviders();
+  dialogs.open(newDialog, byId('new-title'));
+  setDrawer(false);
+  if (!state.providersLoaded) {
+    try {
+      await loadProviders();
+      fillProviders();
+    } catch (err) {
+      showNewError(err.message);
+    }
+  }
+}
+
+byId('new-form').addEventListener('submit', async (e) => {
+  e.preventDefault();
+  const body = { permission_mode: byId('new-permission').value };
+  const title = byId('new-title').value.trim();
+  const provider = byId('new-provider').value;
+  const cwd = byId('new-cwd').value.trim();
+  if (title) body.title = title;
+  if (provider) body.provider = provider;
+  if (cwd) body.cwd = cwd;
+  const create = byId('new-create');
+  create.disabled = true;
+  showNewError('');
+  try {
+    const { data } = await api('/api/conversations', { method: 'POST', body });
+    onConversation(data);
+    dialogs.close(newDialog);
+    navigate(data.id, { focus: true });
+  } catch (err) {
+    showNewError(err.message);
+  } finally {
+    create.disabled = false;
+  }
+});
+byId('new-cancel').addEventListener('click', () => dialogs.close(newDialog));
+
+// ---- the sidebar drawer (phones) ---------------------------------------------------------------
+
+function setDrawer(open) {
+  document.body.classList.toggle('drawer-open', open);
+  byId('scrim').hidden = !open;
+  byId('menu-button').setAttribute('aria-expanded', String(open));
+}
+
+// ---- wiring and start --------------------------------------------------------------------------
+
+function wire() {
+  byId('new-conversation').addEventListener('click', openNewDialog);
+  byId('empty-new-conversation').addEventListener('click', openNewDialog);
+  byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
+  byId('scrim').addEventListener('click', () => setDrawer(false));
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape' && document.body.classList.contains('drawer-open') && !document.querySelector('dialog[open]')) {
+      setDrawer(false);
+    }
+  });
+  byId('archive-search').addEventListener('input', (e) => {
+    state.archiveQuery = e.target.value;
+    renderLists();
+  });
+  byId('title').addEventListener('click', startRename);
+  byId('stop-button').addEventListener('click', interrupt);
+  byId('context-button').addEventListener('click', () => {
+    const cur = state.current;
+    if (cur && cur.loaded) contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
+  });
+  for (const link of [byId('compacted-from-link'), byId('compacted-into-link')]) {
+    link.addEventListener('click', (e) => {
+      if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
+      e.preventDefault();
+      navigate(Number(link.dataset.id));
+    });
+  }
+  byId('pending-summary-toggle').addEventListener('click', (e) => {
+    const text = byId('pending-summary-text');
+    text.hidden = !text.hidden;
+    e.currentTarget.textContent = text.hidden ? 'Show summary' : 'Hide summary';
+    e.currentTarget.setAttribute('aria-expanded', String(!text.hidden));
+  });
+  window.addEventListener('popstate', route);
+  window.addEventListener('online', () => { if (!socket.ws) connect(); });
+}
+
+async function boot() {
+  wire();
+  connect();
+  loadProviders().catch(() => {});
+  try {
+    await loadLists();
+  } catch (err) {
+    if (err.status !== 401) toast(err.message);
+  }
+  route();
+}
+
+boot();

@@ -1,0 +1,390 @@
+// timeline.js — one conversation's timeline: entries rendered by kind, kept in order,
+// the "working" bubble, scrolling that follows new content, and the compaction pills.
+import { h, byId, fmtExact, fmtResult, isBusy } from './util.js';
+
+const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
+
+const isQueued = (entry) => entry.kind === 'user' && entry.state === 'queued';
+// Agent messages made only of tool calls have no text: they are not shown.
+const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Boolean(entry.html);
+
+// ---- rendering per kind ------------------------------------------------------------------------
+
+function userEntry(entry) {
+  const queued = isQueued(entry);
+  return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
+    h('div', { class: 'bubble' }, h('div', { class: 'plain', text: entry.text })),
+    queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null);
+}
+
+/** Make sanitized agent HTML nicer to use: links open in a new tab, code blocks get a copy button. */
+function enhance(body) {
+  for (const link of body.querySelectorAll('a[href]')) {
+    link.target = '_blank';
+    link.rel = 'noopener noreferrer nofollow';
+  }
+  for (const pre of body.querySelectorAll('pre')) {
+    const copy = h('button', { type: 'button', class: 'copy-btn', title: 'Copy', 'aria-label': 'Copy code' });
+    copy.addEventListener('click', () => {
+      navigator.clipboard?.writeText(pre.innerText).then(() => {
+        copy.classList.add('copied');
+        setTimeout(() => copy.classList.remove('copied'), 1200);
+      }, () => {});
+    });
+    pre.classList.add('has-copy');
+    pre.append(copy);
+  }
+}
+
+function agentEntry(entry) {
+  const bubble = h('div', { class: 'bubble' });
+  if (entry.state === 'streaming' || entry.html == null) {
+    bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', text: entry.text }));
+  } else {
+    const body = h('div', { class: 'md' });
+    body.innerHTML = entry.html; // sanitized by the server: the only HTML the UI inserts
+    enhance(body);
+    bubble.append(body);
+  }
+  const foot = [];
+  if (entry.state === 'interrupted') foot.push('Interrupted');
+  const result = fmtResult(entry.data && entry.data.result);
+  if (result) foot.push(result);
+  return h('div', { class: 'msg agent', testid: 'entry-agent' }, bubble,
+    foot.length ? h('div', { class: 'msg-foot', testid: 'agent-footer', text: foot.join(' · ') }) : null);
+}
+
+function toolEntry(entry, old) {
+  const data = entry.data || {};
+  const failed = entry.state === 'error' || data.is_error === true;
+  let status;
+  if (entry.state === 'running') status = h('span', { class: 'spinner', role: 'img', 'aria-label': 'running' });
+  else if (failed) status = h('span', { class: 'tool-status err', role: 'img', 'aria-label': 'failed', text: '✗' });
+  else status = h('span', { class: 'tool-status ok', role: 'img', 'aria-label': 'done', text: '✓' });
+  const output = data.output ? String(data.output) : entry.state === 'running' ? 'Running…' : '(no output)';
+  const details = h('details', { class: `activity tool${failed ? ' failed' : ''}`, testid: 'entry-activity' },
+    h('summary', {},
+      h('span', { class: 'tool-icon', 'aria-hidden': 'true', text: '🔧' }), ' ',
+      h('span', { class: 'tool-name', text: data.tool || 'Tool' }),
+      entry.text ? ' · ' : '',
+      entry.text ? h('span', { class: 'tool-summary', text: entry.text }) : null,
+      status),
+    h('pre', { class: 'tool-output', text: output }));
+  if (old && old.open) details.open = true;
+  return details;
+}
+
+/** What a permission asks to run, in one readable block. */
+function inputSummary(input) {
+  if (input == null) return '';
+  if (typeof input === 'string') return input;
+  if (typeof input.command === 'string') return input.command;
+  if (typeof input.file_path === 'string') return input.file_path;
+  return JSON.stringify(input, null, 2);
+}
+
+const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
+
+function permissionEntry(entry, timeline) {
+  const data = entry.data || {};
+  const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
+    h('div', { class: 'perm-title' }, h('strong', { text: data.tool || 'The agent' }), ' wants to run:'),
+    h('pre', { class: 'perm-input', text: inputSummary(data.input) }));
+  if (entry.state !== 'pending') {
+    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));
+    return card;
+  }
+  const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
+  const answer = (allow) => {
+    allow_.disabled = true;
+    deny.disabled = true;
+    error.hidden = true;
+    timeline.hooks.onPermission(entry, allow).catch((err) => {
+      if (err.status === 409) return; // someone else answered first: the entry event will follow
+      error.textContent = err.message;
+      error.hidden = false;
+      allow_.disabled = false;
+      deny.disabled = false;
+    });
+  };
+  const allow_ = h('button', { type: 'button', class: 'btn btn-primary btn-small', testid: 'permission-allow', text: 'Allow', onclick: () => answer(true) });
+  const deny = h('button', { type: 'button', class: 'btn btn-small', testid: 'permission-deny', text: 'Deny', onclick: () => answer(false) });
+  card.append(h('div', { class: 'perm-actions' }, allow_, deny, error));
+  return card;
+}
+
+function activityEntry(entry, old, timeline) {
+  const type = entry.data && entry.data.type;
+  if (type === 'tool') return toolEntry(entry, old);
+  if (type === 'permission') return permissionEntry(entry, timeline);
+  // SDK compaction and anything newer: a quiet row with its text.
+  return h('div', { class: `activity note${type === 'compaction' ? ' compaction' : ''}`, testid: 'entry-activity' },
+    h('span', { class: 'note-text', text: entry.text }));
+}
+
+/** The tooltip of a compaction line: "auto compaction · 150,046 → 3,012 tokens". */
+function compactionTitle(entry) {
+  const data = entry.data || {};
+  const head = `${data.trigger || 'auto'} compaction`;
+  if (entry.state === 'running') return `${head} · in progress`;
+  if (data.pre_tokens != null && data.post_tokens != null) {
+    return `${head} · ${fmtExact(data.pre_tokens)} → ${fmtExact(data.post_tokens)} tokens`;
+  }
+  if (data.pre_tokens != null) return `${head} · was ${fmtExact(data.pre_tokens)} tokens`;
+  return head;
+}
+
+function lineEntry(entry) {
+  const data = entry.data || {};
+  const level = ['warning', 'error'].includes(data.level) ? data.level : 'info';
+  const text = h('span', { class: 'line-text', text: entry.text });
+  const line = h('div', { class: `line level-${level}`, testid: 'entry-line', role: level === 'error' ? 'alert' : null }, text);
+  if (data.type === 'compaction') {
+    line.classList.add('compaction');
+    if (entry.state === 'running') line.classList.add('running');
+    text.dataset.testid = 'compaction-line';
+    text.title = compactionTitle(entry);
+  }
+  return line;
+}
+
+const RENDER = { user: userEntry, agent: agentEntry, activity: activityEntry, line: lineEntry };
+
+// ---- the timeline ------------------------------------------------------------------------------
+
+export class Timeline {
+  /** hooks: onPermission(entry, allow) → Promise, onLoadEarlier() */
+  constructor(hooks) {
+    this.hooks = hooks;
+    this.scroller = byId('timeline');
+    this.inner = byId('timeline-inner');
+    this.list = byId('entries'); // sent entries, by seq
+    this.queuedList = byId('queued-entries'); // queued user messages, by seq, always last
+    this.rail = byId('pill-rail');
+    this.newPill = byId('new-messages');
+    this.earlier = byId('load-earlier');
+    this.emptyHint = byId('timeline-empty');
+    this.items = new Map(); // entry id → { entry, el } (el is null for entries not shown)
+    this.turn = { state: 'idle', queued: 0 };
+    this.stick = true; // follow new content (the user is at the bottom)
+    this.fresh = false; // new content arrived since the last frame
+    this.frame = 0;
+
+    this.indicator = h('div', { class: 'msg agent thinking', testid: 'turn-indicator', hidden: true },
+      h('div', { class: 'bubble' },
+        h('span', { class: 'dots', 'aria-hidden': 'true' }, h('i'), h('i'), h('i')),
+        h('span', { class: 'thinking-label', text: 'Working…' })));
+    byId('timeline-end').append(this.indicator);
+
+    this.scroller.addEventListener('scroll', () => {
+      this.stick = this.nearBottom();
+      if (this.stick) this.newPill.hidden = true;
+    }, { passive: true });
+    this.newPill.addEventListener('click', () => this.scrollToBottom());
+    this.earlier.addEventListener('click', () => this.hooks.onLoadEarlier());
+    const resize = new ResizeObserver(() => this.schedule(false));
+    resize.observe(this.scroller);
+    resize.observe(this.inner);
+  }
+
+  nearBottom() {
+    const s = this.scroller;
+    return s.scrollHeight - s.scrollTop - s.clientHeight < NEAR_BOTTOM;
+  }
+
+  scrollToBottom() {
+    this.stick = true;
+    this.newPill.hidden = true;
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+  }
+
+  /** Replace everything (a conversation opened, or a snapshot). */
+  reset(entries, hasMore, { keepScroll = false } = {}) {
+    const top = this.scroller.scrollTop;
+    this.items.clear();
+    this.list.replaceChildren();
+    this.queuedList.replaceChildren();
+    for (const entry of entries) this.add(entry);
+    this.setHasMore(hasMore);
+    if (keepScroll && !this.stick) {
+      this.scroller.scrollTop = top;
+    } else {
+      this.stick = true;
+      this.newPill.hidden = true;
+      this.scroller.scrollTop = this.scroller.scrollHeight;
+    }
+    this.changed(false);
+  }
+
+  setHasMore(hasMore) {
+    this.earlier.hidden = !hasMore;
+    this.earlier.disabled = false;
+  }
+
+  /** Lowest seq loaded: where "Load earlier messages" continues from. */
+  lowestSeq() {
+    let low = Infinity;
+    for (const { entry } of this.items.values()) low = Math.min(low, entry.seq);
+    return Number.isFinite(low) ? low : null;
+  }
+
+  /** Add older entries above the ones shown without moving what the user is looking at. */
+  prepend(entries, hasMore) {
+    const before = this.scroller.scrollHeight;
+    const top = this.scroller.scrollTop;
+    for (const entry of entries) if (!this.items.has(entry.id)) this.add(entry);
+    this.setHasMore(hasMore);
+    this.scroller.scrollTop = top + (this.scroller.scrollHeight - before);
+    this.changed(false);
+  }
+
+  has(id) {
+    return this.items.has(id);
+  }
+
+  upsert(entry) {
+    const item = this.items.get(entry.id);
+    if (item) {
+      item.entry = entry;
+      this.draw(item);
+    } else {
+      this.add(entry);
+    }
+    this.changed(true);
+  }
+
+  remove(id) {
+    const item = this.items.get(id);
+    if (!item) return;
+    if (item.el) item.el.remove();
+    this.items.delete(id);
+    this.changed(false);
+  }
+
+  delta(id, text) {
+    const item = this.items.get(id);
+    if (!item) return;
+    item.entry = { ...item.entry, text: item.entry.text + text };
+    const plain = item.el && item.entry.state === 'streaming' ? item.el.querySelector('.plain') : null;
+    if (plain) plain.append(text);
+    else this.draw(item);
+    this.changed(true);
+  }
+
+  setTurn(turn) {
+    const wasBusy = isBusy(this.turn);
+    this.turn = turn || { state: 'idle', queued: 0 };
+    this.changed(!wasBusy && isBusy(this.turn)); // the working bubble appearing is news; its end is not
+  }
+
+  add(entry) {
+    const item = { entry, el: null };
+    this.items.set(entry.id, item);
+    this.draw(item);
+  }
+
+  /** (Re)build an entry's element and put it in its place. */
+  draw(item) {
+    const { entry } = item;
+    const old = item.el;
+    const el = isShown(entry) ? this.build(entry, old) : null;
+    const hadFocus = old && old.contains(document.activeElement);
+    if (old && el) old.replaceWith(el);
+    else if (old) old.remove();
+    item.el = el;
+    if (!el) return;
+    this.place(el, entry);
+    if (hadFocus) el.querySelector('summary, button:not(:disabled)')?.focus({ preventScroll: true });
+  }
+
+  build(entry, old) {
+    const render = RENDER[entry.kind] || lineEntry;
+    const el = render(entry, old, this);
+    el.classList.add('entry');
+    el.dataset.entryId = entry.id;
+    el.dataset.seq = entry.seq;
+    el.dataset.kind = entry.kind;
+    el.dataset.state = entry.state;
+    return el;
+  }
+
+  /** Keep each list sorted by seq; queued user messages live in their own list at the end. */
+  place(el, entry) {
+    const list = isQueued(entry) ? this.queuedList : this.list;
+    const seq = entry.seq;
+    const prev = el.previousElementSibling;
+    const next = el.nextElementSibling;
+    if (el.parentNode === list && (!prev || +prev.dataset.seq < seq) && (!next || +next.dataset.seq > seq)) return;
+    let before = null; // most entries arrive last: scan from the end
+    for (let child = list.lastElementChild; child; child = child.previousElementSibling) {
+      if (child === el) continue;
+      if (+child.dataset.seq < seq) break;
+      before = child;
+    }
+    list.insertBefore(el, before);
+  }
+
+  /** After any change: the working bubble now, scrolling and pills on the next frame. */
+  changed(fresh) {
+    const busy = isBusy(this.turn);
+    const compacting = this.turn.state === 'compacting';
+    const last = this.list.lastElementChild;
+    const streaming = Boolean(last) && last.dataset.kind === 'agent' && last.dataset.state === 'streaming';
+    this.indicator.hidden = !busy || (streaming && !compacting);
+    this.emptyHint.hidden = busy || this.list.childElementCount + this.queuedList.childElementCount > 0;
+    const label = compacting ? 'Compacting the conversation…' : 'Working…';
+    const labelEl = this.indicator.querySelector('.thinking-label');
+    if (labelEl.textContent !== label) labelEl.textContent = label;
+    this.schedule(fresh);
+  }
+
+  schedule(fresh) {
+    this.fresh = this.fresh || fresh;
+    if (!this.frame) this.frame = requestAnimationFrame(() => this.flush());
+  }
+
+  flush() {
+    this.frame = 0;
+    if (this.stick) this.scroller.scrollTop = this.scroller.scrollHeight;
+    else if (this.fresh && this.items.size) this.newPill.hidden = false;
+    this.fresh = false;
+    this.drawPills();
+  }
+
+  // ---- compaction pills ------------------------------------------------------------------------
+
+  /** One pill per compaction line, at the line's height in the timeline, mapped onto the rail. */
+  drawPills() {
+    const lines = [...this.list.querySelectorAll('.line.compaction')];
+    const total = this.scroller.scrollHeight;
+    const railHeight = this.rail.clientHeight;
+    const pills = [...this.rail.children];
+    lines.forEach((line, index) => {
+      let pill = pills[index];
+      if (!pill) {
+        pill = h('button', { type: 'button', class: 'compaction-pill', testid: 'compaction-pill' });
+        pill.addEventListener('click', () => this.reveal(this.pillLines[+pill.dataset.index]));
+        this.rail.append(pill);
+      }
+      const text = line.querySelector('.line-text');
+      const top = total > 0 ? (line.offsetTop / total) * railHeight : 0;
+      pill.dataset.index = index;
+      pill.style.top = `${Math.max(0, Math.min(top, railHeight - 10))}px`;
+      pill.title = text.title ? `${text.textContent}\n${text.title}` : text.textContent;
+      pill.setAttribute('aria-label', `Go to: ${text.textContent}`);
+      pill.classList.toggle('running', line.classList.contains('running'));
+    });
+    for (const extra of pills.slice(lines.length)) extra.remove();
+    this.pillLines = lines;
+    this.rail.classList.toggle('empty', lines.length === 0);
+  }
+
+  reveal(line) {
+    if (!line || !line.isConnected) return;
+    line.scrollIntoView({ block: 'center' });
+    line.classList.remove('flash');
+    void line.offsetWidth; // restart the animation
+    line.classList.add('flash');
+    setTimeout(() => line.classList.remove('flash'), 1800);
+  }
+}
