@@ -64,6 +64,11 @@ class Hub:
         self._seq[conversation_id] = current + 1
         return current + 1
 
+    def rewind(self, conversation_id: int, seq: int) -> None:
+        """Give back the last number taken when nothing was published with it."""
+        if self._seq.get(conversation_id) == seq:
+            self._seq[conversation_id] = seq - 1
+
     def current_seq(self, conversation_id: int) -> int:
         """The last sequence number given out for a conversation."""
         if conversation_id not in self._seq:

@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import OperationalError
 from sqlmodel import select
 from starlette.responses import Response
 
@@ -92,6 +94,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(_request: Request, error: OperationalError) -> JSONResponse:
+        """A database that cannot be written (read-only, disk full): say so, keep running."""
+        log.error("database error: %s", error)
+        reason = str(error.orig) if error.orig else str(error)
+        detail = f"The database cannot be used right now ({reason}). Nothing was stored."
+        return JSONResponse({"detail": detail}, status_code=503)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

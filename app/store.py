@@ -91,13 +91,13 @@ def add_entry(
 
 
 def save_entry(
-    *, session: Session, entry: Entry, conversation: Conversation, seq: int, **changes: Any
+    *, session: Session, entry: Entry, conversation: Conversation, event_seq: int, **changes: Any
 ) -> Entry:
-    """Change an entry; seq is the event's number, recorded as the conversation's last."""
+    """Change an entry; event_seq (the change's number) becomes the conversation's last."""
     for name, value in changes.items():
         setattr(entry, name, dict(value) if name == "data" else value)
     session.add(entry)
-    conversation.last_seq = max(conversation.last_seq, seq)
+    conversation.last_seq = max(conversation.last_seq, event_seq)
     session.add(conversation)
     session.commit()
     return entry

@@ -229,27 +229,45 @@ class Supervisor:
         data: dict[str, Any] | None = None,
     ) -> Entry:
         seq = self.hub.next_seq(conversation.id or 0)
-        entry = store.add_entry(
-            session=session,
-            conversation=conversation,
-            seq=seq,
-            kind=kind,
-            text=text,
-            state=state,
-            data=data,
-        )
+        try:
+            entry = store.add_entry(
+                session=session,
+                conversation=conversation,
+                seq=seq,
+                kind=kind,
+                text=text,
+                state=state,
+                data=data,
+            )
+        except Exception:
+            self.hub.rewind(conversation.id or 0, seq)  # no gap in what tabs see
+            session.rollback()
+            raise
         self.hub.publish(
             conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
         )
         return entry
 
     def _save(
-        self, session: Session, conversation: Conversation, entry: Entry, **changes: Any
+        self,
+        session: Session,
+        conversation: Conversation,
+        entry: Entry,
+        *,
+        move: bool = False,
+        **changes: Any,
     ) -> Entry:
         seq = self.hub.next_seq(conversation.id or 0)
-        store.save_entry(
-            session=session, entry=entry, conversation=conversation, seq=seq, **changes
-        )
+        if move:  # to the end of the timeline
+            changes["seq"] = seq
+        try:
+            store.save_entry(
+                session=session, entry=entry, conversation=conversation, event_seq=seq, **changes
+            )
+        except Exception:
+            self.hub.rewind(conversation.id or 0, seq)
+            session.rollback()
+            raise
         self.hub.publish(
             conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
         )
@@ -398,7 +416,8 @@ class Supervisor:
                 conversation = store.get_conversation(
                     session=session, conversation_id=runner.conversation_id
                 )
-                if conversation is None or conversation.status != "active":
+                # An archived conversation still finishes the messages it accepted.
+                if conversation is None:
                     return
                 queued = store.entries_in_state(
                     session=session, conversation_id=runner.conversation_id, state="queued"
@@ -424,16 +443,10 @@ class Supervisor:
             # Consumed in the same transaction that marks the message sent: never sent twice.
             prompt = compose_first_message(conversation.pending_summary, entry.text)
             changes["pending_summary"] = None
-        seq = self.hub.next_seq(conversation.id or 0)
-        entry.seq = seq
-        entry.state = "sent"
         for name, value in changes.items():
             setattr(conversation, name, value)
-        session.add(conversation)
-        store.save_entry(session=session, entry=entry, conversation=conversation, seq=seq)
-        self.hub.publish(
-            conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
-        )
+        session.add(conversation)  # saved in the same transaction as the entry
+        self._save(session, conversation, entry, move=True, state="sent")
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
         runner.state = "running"
