@@ -9,7 +9,9 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 DATA ?= ./data
 
-.PHONY: serve migrate test lint format bench clean chromium
+.PHONY: serve migrate test lint format bench reliability clean chromium
+
+N ?= 100
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +53,10 @@ test: $(VENV)/.installed-test chromium lint
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench
+
+# Kill the relay with SIGKILL N times under load; prints kills=… lost=0 duplicated=0 …
+reliability: $(VENV)/.installed-test
+	$(PY) -m bench.reliability --kills $(N)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

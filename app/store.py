@@ -165,11 +165,12 @@ def count_queued(*, session: Session, conversation_id: int) -> int:
 
 
 def conversations_with_work(*, session: Session) -> list[Conversation]:
-    """Active conversations with a turn cut short or messages still queued."""
-    queued = select(Entry.conversation_id).where(Entry.state.in_(["queued", "streaming"]))  # type: ignore[attr-defined]
+    """Conversations (archived ones too) with a turn cut short or messages still queued."""
+    unfinished = select(Entry.conversation_id).where(
+        col(Entry.state).in_(["queued", "streaming", "pending"])
+    )
     query = select(Conversation).where(
-        Conversation.status == "active",
-        col(Conversation.turn_active) | col(Conversation.id).in_(queued),
+        col(Conversation.turn_active) | col(Conversation.id).in_(unfinished)
     )
     return list(session.exec(query))
 

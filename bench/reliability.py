@@ -1,0 +1,276 @@
+"""Crash safety, measured: a seeded workload while the relay is killed with SIGKILL, N times.
+
+After each restart: every acknowledged message is stored exactly once and in
+order, no conversation is half-compacted, and SQLite's integrity check passes.
+At the end every acknowledged message has been delivered to the agent, none
+twice. Prints one line of figures; exits 1 when any of them is not zero.
+
+    python -m bench.reliability --kills 100 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+TOKEN = "reliability-token"
+MAX_ACTIVE = 3
+
+
+@dataclass
+class Tally:
+    """What was acknowledged, and what the checks found."""
+
+    acked: dict[str, int] = field(default_factory=dict)  # message text -> conversation id
+    order: dict[int, list[str]] = field(default_factory=dict)  # conversation -> acked texts
+    compactions: int = 0
+    kills: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    misordered: int = 0
+    half_compacted: int = 0
+    undelivered: int = 0
+    delivered_twice: int = 0
+    integrity_failures: int = 0
+
+    def line(self) -> str:
+        """The one line of figures."""
+        return (
+            f"kills={self.kills} acked={len(self.acked)} compactions={self.compactions} "
+            f"lost={self.lost} duplicated={self.duplicated} misordered={self.misordered} "
+            f"half_compacted={self.half_compacted} undelivered={self.undelivered} "
+            f"delivered_twice={self.delivered_twice} integrity_failures={self.integrity_failures}"
+        )
+
+    @property
+    def failures(self) -> int:
+        """How many checks failed in all."""
+        return (
+            self.lost
+            + self.duplicated
+            + self.misordered
+            + self.half_compacted
+            + self.undelivered
+            + self.delivered_twice
+            + self.integrity_failures
+        )
+
+
+class Relay:
+    """The relay as a child process, started and killed like a real one."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.data = workdir / "data"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> httpx.Client:
+        """Start the relay and wait until it answers."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        env = {
+            **os.environ,
+            "OARLOCK_TOKEN": TOKEN,
+            "OARLOCK_WORKSPACE_ROOTS": str(self.workdir),
+            "OARLOCK_DEMO_DELAY": "0.01",
+            "OARLOCK_LOG_LEVEL": "warning",
+            "OARLOCK_DEFAULT_PROVIDER": "demo",
+        }
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app",
+                "serve",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if client.get("/healthz").status_code == 200:
+                    return client
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("the relay did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+
+def workload(
+    client: httpx.Client, rng: random.Random, tally: Tally, round_: int, stop: threading.Event
+) -> None:
+    """Create conversations, send messages (some slow, so others queue), compact now and then."""
+    sent = 0
+    while not stop.is_set():
+        try:
+            active = client.get("/api/conversations", params={"status": "active"}).json()[
+                "conversations"
+            ]
+            if len(active) < MAX_ACTIVE:
+                client.post("/api/conversations", json={"provider": "demo", "title": f"r{round_}"})
+                continue
+            target = rng.choice(active)["id"]
+            if rng.random() < 0.05:
+                response = client.post(
+                    f"/api/conversations/{target}/messages", json={"text": "/compact"}
+                )
+                if response.status_code == 201:
+                    tally.compactions += 1
+                continue
+            sent += 1
+            text = f"m{round_}-{sent}" + (" slow" if rng.random() < 0.1 else "")
+            response = client.post(f"/api/conversations/{target}/messages", json={"text": text})
+            if response.status_code == 202:
+                tally.acked[text] = target
+                tally.order.setdefault(target, []).append(text)
+        except (httpx.TransportError, ValueError, KeyError):
+            return  # the relay was killed under us
+
+
+def check_database(path: Path, tally: Tally) -> None:
+    """Every acknowledged message stored once, in order; compaction whole; integrity ok."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        if db.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+            tally.integrity_failures += 1
+        rows = db.execute(
+            "SELECT conversation_id, text, state, seq FROM entry WHERE kind = 'user'"
+        ).fetchall()
+        counts = Counter(text for _c, text, _s, _q in rows)
+        for text in tally.acked:
+            tally.lost += counts[text] == 0
+            tally.duplicated += counts[text] > 1
+        for conversation_id, texts in tally.order.items():
+            stored = sorted(
+                (
+                    (state == "queued", seq, text)
+                    for c, text, state, seq in rows
+                    if c == conversation_id
+                ),
+            )
+            acked = set(texts)
+            if [text for _q, _s, text in stored if text in acked] != texts:
+                tally.misordered += 1
+        conversations = {
+            row[0]: row[1:]
+            for row in db.execute(
+                "SELECT id, status, compacted_from_id, compacted_into_id FROM conversation"
+            )
+        }
+        for cid, (status, from_id, into_id) in conversations.items():
+            if status == "archived" and (
+                into_id not in conversations or conversations[into_id][1] != cid
+            ):
+                tally.half_compacted += 1
+            if status == "active" and into_id is not None:
+                tally.half_compacted += 1
+            if from_id is not None and conversations.get(from_id, ("", None, None))[2] != cid:
+                tally.half_compacted += 1
+    finally:
+        db.close()
+
+
+def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
+    """After the queues drain, every acknowledged message reached the agent exactly once."""
+    deadline = time.monotonic() + 120
+    for status in ("active", "archived"):
+        for conversation in client.get(
+            "/api/conversations", params={"status": status, "limit": 500}
+        ).json()["conversations"]:
+            while time.monotonic() < deadline:
+                turn = client.get(
+                    f"/api/conversations/{conversation['id']}", params={"limit": 1}
+                ).json()["turn"]
+                if turn == {"state": "idle", "queued": 0}:
+                    break
+                time.sleep(0.05)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        states = dict(db.execute("SELECT text, state FROM entry WHERE kind = 'user'").fetchall())
+        replies = Counter(
+            text.split("”")[0].removeprefix("You said: “")
+            for (text,) in db.execute("SELECT text FROM entry WHERE kind = 'agent'")
+        )
+    finally:
+        db.close()
+    for text in tally.acked:
+        tally.undelivered += states.get(text) != "sent"
+        tally.delivered_twice += replies[text] > 1
+
+
+def run(kills: int, seed: int, workdir: Path) -> Tally:
+    """The whole experiment: kills rounds of work, kill, restart, check."""
+    rng = random.Random(seed)
+    tally = Tally()
+    relay = Relay(workdir)
+    database = relay.data / "oarlock.db"
+    for round_ in range(kills):
+        client = relay.start()
+        stop = threading.Event()
+        worker = threading.Thread(target=workload, args=(client, rng, tally, round_, stop))
+        worker.start()
+        time.sleep(rng.uniform(0.05, 1.2))
+        relay.kill()
+        tally.kills += 1
+        stop.set()
+        worker.join()
+        client.close()
+        check_database(database, tally)
+    client = relay.start()
+    try:
+        check_delivery(client, database, tally)
+        check_database(database, tally)
+    finally:
+        client.close()
+        if relay.process is not None:
+            relay.process.terminate()
+            relay.process.wait(timeout=30)
+    return tally
+
+
+def main() -> None:
+    """Command line: --kills N --seed S."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="oarlock-reliability-") as workdir:
+        tally = run(args.kills, args.seed, Path(workdir))
+    print(tally.line())
+    sys.exit(1 if tally.failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""The crash-safety experiment at a small N (make reliability runs the full one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.reliability import run
+
+
+def test_kills_lose_nothing_and_duplicate_nothing(tmp_path: Path) -> None:
+    tally = run(kills=3, seed=7, workdir=tmp_path)
+    print(tally.line())
+    assert tally.kills == 3
+    assert len(tally.acked) > 0
+    assert (tally.lost, tally.duplicated, tally.misordered) == (0, 0, 0)
+    assert (tally.half_compacted, tally.integrity_failures) == (0, 0)
+    assert (tally.undelivered, tally.delivered_twice) == (0, 0)
