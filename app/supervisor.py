@@ -89,6 +89,7 @@ class Runner:
     last_agent_entry: Entry | None = None
     context_report: dict[str, Any] | None = None  # what the agent last said of its window
     reporting: asyncio.Task[None] | None = None
+    lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -451,6 +452,7 @@ class Supervisor:
             self.publish_conversation(conversation)
         runner.state = "running"
         runner.last_agent_entry = None
+        runner.lines_shown.clear()
         self.publish_turn(conversation.id or 0, session)
         return prompt
 
@@ -728,6 +730,7 @@ class Supervisor:
                     self.publish_turn(cid, session)
                 case Notice(text=text, level=level, data=data):
                     self._line(session, conversation, text, level=level, data=data)
+                    runner.lines_shown.add(text)
                 case TurnDone():
                     self._on_turn_done(session, runner, conversation, event)
 
@@ -791,7 +794,7 @@ class Supervisor:
     def _on_turn_done(
         self, session: Session, runner: Runner, conversation: Conversation, event: TurnDone
     ) -> None:
-        if event.error:
+        if event.error and event.error not in runner.lines_shown:  # an API error shows once
             self._line(session, conversation, event.error, level="error")
         if event.interrupted:
             self._line(

@@ -1,0 +1,756 @@
+"""The relay with the real Claude Code CLI (providers claude and deepseek) against the fake API.
+
+Each test runs a real relay (uvicorn in a thread) whose agent environment comes from
+os.environ: HOME is a fresh directory, ANTHROPIC_BASE_URL points at tests/fake_anthropic.py.
+Assertions are on what the relay stored (GET /api/conversations/{id}) and what the fake got.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.agents.claude_code import DENIED, RESUME_FAILED
+from app.compaction import finished_text
+from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
+from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
+from tests.relay import LiveRelay, make_settings, receive, receive_until
+
+TIMEOUT = 60  # the longest any wait may take
+MODEL = "claude-opus-5-5"  # the bundled CLI's default model
+APPLY_NOTE = "Applies on the next message (the session restarts once)."
+COMPACT_WARNING = "The conversation will be compacted on the next message."
+CLEARED = (  # variables of the outer environment that would change what the CLI does
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "CLAUDE_CONFIG_DIR",
+    "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
+    "CLAUDE_CODE_MAX_RETRIES",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "DEEPSEEK_API_KEY",
+    "OARLOCK_DEFAULT_PROVIDER",
+)
+
+StartRelay = Callable[..., LiveRelay]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as server:
+        yield server
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
+    """The agent environment the relay passes on: a fresh HOME and the fake API."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    for name in CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(home / "tmp"))
+    return home
+
+
+@pytest.fixture
+def start(tmp_path: Path, home: Path) -> Iterator[StartRelay]:
+    """Start relays on tmp_path/data (the same settings each time unless told otherwise)."""
+    running: list[LiveRelay] = []
+    settings: dict[str, Any] = {}
+
+    def start_relay(**overrides: Any) -> LiveRelay:
+        if overrides or "default" not in settings:
+            settings["default"] = make_settings(tmp_path / "data", **overrides)
+        live = LiveRelay(settings["default"]).start()
+        running.append(live)
+        return live
+
+    yield start_relay
+    for live in running:
+        if live.thread.is_alive():
+            live.stop()
+
+
+# helpers -----------------------------------------------------------------------------------
+
+
+def of_kind(view: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [entry for entry in view["timeline"] if entry["kind"] == kind]
+
+
+def shape(view: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The timeline as (kind, state, text)."""
+    return [(e["kind"], e["state"], e["text"]) for e in view["timeline"]]
+
+
+def create_claude(live: LiveRelay, **body: Any) -> int:
+    conversation = live.create(provider="claude", **body)
+    assert conversation["provider"] == "claude"
+    return int(conversation["id"])
+
+
+def turn(live: LiveRelay, cid: int, text: str) -> dict[str, Any]:
+    """Send a message and wait until the conversation is idle again."""
+    response = live.send(cid, text)
+    assert response.status_code == 202, response.text
+    assert response.json()["text"] == text
+    return live.wait_idle(cid, timeout=TIMEOUT)
+
+
+def streaming_words(view: dict[str, Any], words: int = 3) -> bool:
+    """True once an agent entry is streaming with at least that many words."""
+    return any(
+        e["kind"] == "agent" and e["state"] == "streaming" and len(e["text"].split()) >= words
+        for e in view["timeline"]
+    )
+
+
+def context(live: LiveRelay, cid: int) -> dict[str, Any]:
+    response = live.http.get(f"/api/conversations/{cid}/context")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_context(live: LiveRelay, cid: int, predicate: Any) -> dict[str, Any]:
+    """Poll the 🧠 data until predicate holds (the agent's report arrives after the turn)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        data = context(live, cid)
+        if predicate(data):
+            return data
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"context never matched: {json.dumps(data)[:2000]}")
+        time.sleep(0.05)
+
+
+def agent_pid(live: LiveRelay, cid: int) -> int:
+    pid = live.supervisor.runners[cid].agent.pid
+    assert isinstance(pid, int)
+    return pid
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    return SUMMARY_MARKER in json.dumps(last_user_message(body))
+
+
+def last_user_message(body: dict[str, Any]) -> dict[str, Any]:
+    """The last user message of a request (the CLI also sends role "system" messages)."""
+    return [m for m in body["messages"] if m["role"] == "user"][-1]
+
+
+def last_message_texts(body: dict[str, Any]) -> list[str]:
+    """The text blocks (system reminders removed) of the last user message of a request."""
+    return user_texts(last_user_message(body))
+
+
+# Issue 3: provider claude through the relay ---------------------------------------------------
+
+
+def test_streamed_reply_reaches_socket_and_usage_is_stored(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    fake.cache_read, fake.cache_creation = 200, 300
+    live = start()
+    cid = create_claude(live, title="Stream")
+    text = "please repeat this rather long sentence back to me"
+    expected = f"You said: {text}"
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert receive(ws)["type"] == "snapshot"
+        assert live.send(cid, text).status_code == 202
+        seen = receive_until(
+            ws,
+            lambda m: (
+                m["type"] == "entry"
+                and m["entry"]["kind"] == "agent"
+                and m["entry"]["state"] == "done"
+            ),
+            timeout=TIMEOUT,
+        )
+    agent_events = [m for m in seen if m["type"] == "entry" and m["entry"]["kind"] == "agent"]
+    entry_id = agent_events[0]["entry"]["id"]
+    assert agent_events[0]["entry"]["state"] == "streaming"
+    assert agent_events[-1]["entry"]["id"] == entry_id
+    assert agent_events[-1]["entry"]["text"] == expected
+    deltas = [m["text"] for m in seen if m["type"] == "delta" and m["entry_id"] == entry_id]
+    assert len(deltas) >= 3  # the fake streams 20 characters at a time
+    assert "".join(deltas) == expected
+
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert shape(view) == [("user", "sent", text), ("agent", "done", expected)]
+    agent = view["timeline"][1]
+    assert agent["id"] == entry_id
+    assert agent["html"] == f"<p>{expected}</p>\n"
+    assert set(agent["data"]["result"]) == {"cost_usd", "duration_ms"}
+    assert agent["data"]["result"]["cost_usd"] > 0
+    # context used = input + cache read + cache creation of the last API reply
+    assert view["context_tokens"] == 1000 + 200 + 300
+    assert view["model"] == MODEL
+    assert view["model_window"] == 1_000_000
+    projects = Path(os.environ["HOME"]) / ".claude" / "projects"
+    assert len(list(projects.glob(f"*/{view['session_id']}.jsonl"))) == 1
+    data = context(live, cid)
+    assert (data["used"], data["model"], data["model_window"]) == (1500, MODEL, 1_000_000)
+    assert (data["window"], data["source"], data["line"]) == (
+        1_000_000,
+        "model",
+        "1M · model default",
+    )
+    (request,) = fake.message_bodies()
+    assert request["model"] == MODEL
+    assert last_user_text(request) == text
+
+
+def test_bash_tool_call_is_an_activity_entry(start: StartRelay, fake: FakeAnthropic) -> None:
+    live = start()
+    cid = create_claude(live)
+    view = turn(live, cid, "run it [[BASH:echo hi]]")
+    assert shape(view) == [
+        ("user", "sent", "run it [[BASH:echo hi]]"),
+        ("agent", "done", "I will run the command."),
+        ("activity", "done", "echo hi"),
+        ("agent", "done", "The tool returned: hi"),
+    ]
+    (activity,) = of_kind(view, "activity")
+    assert activity["data"] == {
+        "type": "tool",
+        "tool": "Bash",
+        "tool_id": "toolu_fake_0001",
+        "output": "hi",
+        "is_error": False,
+    }
+    results = [
+        block
+        for block in last_user_message(fake.message_bodies()[-1])["content"]
+        if block.get("type") == "tool_result"
+    ]
+    assert [(r["tool_use_id"], r["content"], r["is_error"]) for r in results] == [
+        ("toolu_fake_0001", "hi", False)
+    ]
+
+
+def wait_question(live: LiveRelay, cid: int) -> dict[str, Any]:
+    view = live.wait_for(
+        cid,
+        lambda v: any(
+            e["data"].get("type") == "permission" and e["state"] == "pending" for e in v["timeline"]
+        ),
+        timeout=TIMEOUT,
+    )
+    (question,) = [e for e in view["timeline"] if e["state"] == "pending"]
+    return question
+
+
+def test_permission_allow_then_deny(start: StartRelay, fake: FakeAnthropic) -> None:
+    live = start()
+    cid = create_claude(live)
+    work = Path(live.get(cid)["cwd"])
+
+    # Allow: the tool runs.
+    assert live.send(cid, "[[BASH:touch created.txt]]").status_code == 202
+    question = wait_question(live, cid)
+    assert question["kind"] == "activity"
+    assert question["text"] == "Bash wants permission"
+    assert question["data"] == {
+        "type": "permission",
+        "tool": "Bash",
+        "input": {"command": "touch created.txt", "description": "Run the requested command"},
+        "tool_id": "toolu_fake_0001",
+    }
+    answer = live.http.post(
+        f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["state"] == "allowed"
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert (work / "created.txt").is_file()
+    entries = {e["id"]: e for e in view["timeline"]}
+    assert entries[question["id"]]["state"] == "allowed"
+    tools = [e for e in of_kind(view, "activity") if e["data"]["type"] == "tool"]
+    assert [(t["state"], t["text"], t["data"]["is_error"]) for t in tools] == [
+        ("done", "touch created.txt", False)
+    ]
+    again = live.http.post(
+        f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": False}
+    )
+    assert again.status_code == 409
+
+    # Deny: the tool is refused with the relay's message.
+    assert live.send(cid, "[[BASH:touch denied.txt]]").status_code == 202
+    question = wait_question(live, cid)
+    assert question["data"]["input"]["command"] == "touch denied.txt"
+    answer = live.http.post(
+        f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": False}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["state"] == "denied"
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert not (work / "denied.txt").exists()
+    entries = {e["id"]: e for e in view["timeline"]}
+    assert entries[question["id"]]["state"] == "denied"
+    tools = [e for e in of_kind(view, "activity") if e["data"]["type"] == "tool"]
+    assert [(t["state"], t["text"], t["data"]["is_error"]) for t in tools] == [
+        ("done", "touch created.txt", False),
+        ("error", "touch denied.txt", True),
+    ]
+    assert DENIED in tools[1]["data"]["output"]
+    assert DENIED in json.dumps(last_user_message(fake.message_bodies()[-1]))
+    assert of_kind(view, "line") == []
+
+
+def test_stop_interrupts_and_next_message_continues(start: StartRelay, fake: FakeAnthropic) -> None:
+    live = start()
+    cid = create_claude(live)
+    assert live.send(cid, "talk [[LONG:400]]").status_code == 202
+    live.wait_for(cid, streaming_words, timeout=TIMEOUT)
+    pid = agent_pid(live, cid)
+    session_id = live.get(cid)["session_id"]
+    response = live.http.post(f"/api/conversations/{cid}/interrupt")
+    assert (response.status_code, response.json()) == (202, {"interrupted": True})
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+
+    user, agent, line = view["timeline"]
+    assert (user["kind"], user["state"], user["text"]) == ("user", "sent", "talk [[LONG:400]]")
+    assert agent["kind"] == "agent"
+    assert 3 <= len(agent["text"].split()) < 400
+    assert "lorem ipsum dolor sit amet".startswith(" ".join(agent["text"].split()[:5]))
+    assert {k: line[k] for k in ("kind", "state", "text", "data")} == {
+        "kind": "line",
+        "state": "done",
+        "text": "Interrupted by the user.",
+        "data": {"level": "info", "type": "interrupted"},
+    }
+    idle = live.http.post(f"/api/conversations/{cid}/interrupt")
+    assert (idle.status_code, idle.json()) == (202, {"interrupted": False})
+
+    view = turn(live, cid, "after the stop")
+    assert shape(view)[3:] == [
+        ("user", "sent", "after the stop"),
+        ("agent", "done", "You said: after the stop"),
+    ]
+    assert view["session_id"] == session_id
+    assert agent_pid(live, cid) == pid  # the same process went on
+    sent = fake.user_texts_sent()
+    assert sent[0] == "talk [[LONG:400]]" and sent[-1] == "after the stop"
+    assert "[Request interrupted by user]" in sent
+
+
+def test_killed_cli_shows_error_and_next_message_resumes(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "my name is Bob")
+    session_id = live.get(cid)["session_id"]
+    assert session_id
+    assert live.send(cid, "now talk [[LONG:400]]").status_code == 202
+    live.wait_for(cid, streaming_words, timeout=TIMEOUT)
+    os.kill(agent_pid(live, cid), signal.SIGKILL)
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+
+    kinds = [(e["kind"], e["state"]) for e in view["timeline"]]
+    assert kinds[:3] == [("user", "sent"), ("agent", "done"), ("user", "sent")]
+    assert kinds[3][0] == "agent" and kinds[4:] == [("line", "done")]
+    assert 3 <= len(view["timeline"][3]["text"].split()) < 400
+    error = view["timeline"][4]
+    assert error["data"] == {"level": "error"}
+    assert error["text"].startswith("The Claude Code process exited unexpectedly (exit code -9).")
+
+    view = turn(live, cid, "what is my name?")
+    assert shape(view)[5:] == [
+        ("user", "sent", "what is my name?"),
+        ("agent", "done", "You said: what is my name?"),
+    ]
+    assert view["session_id"] == session_id
+    sent = fake.user_texts_sent()
+    assert sent[0] == "my name is Bob"
+    assert "now talk [[LONG:400]]" in sent
+    assert sent[-1] == "what is my name?"
+
+
+def test_relay_restart_resumes_then_lost_transcript_starts_anew(
+    start: StartRelay, fake: FakeAnthropic, home: Path
+) -> None:
+    first = start()
+    cid = create_claude(first, title="Restart")
+    turn(first, cid, "remember the number 42")
+    session_id = first.get(cid)["session_id"]
+    assert session_id
+    first.stop()
+
+    second = start()
+    view = turn(second, cid, "which number?")
+    assert view["session_id"] == session_id
+    assert shape(view) == [
+        ("user", "sent", "remember the number 42"),
+        ("agent", "done", "You said: remember the number 42"),
+        ("user", "sent", "which number?"),
+        ("agent", "done", "You said: which number?"),
+    ]
+    sent = fake.user_texts_sent()
+    assert sent[0] == "remember the number 42" and sent[-1] == "which number?"
+    second.stop()
+
+    projects = home / ".claude" / "projects"
+    transcripts = list(projects.glob(f"*/{session_id}.jsonl"))
+    assert len(transcripts) == 1
+    for directory in projects.iterdir():
+        shutil.rmtree(directory)
+
+    third = start()
+    view = turn(third, cid, "hello again")
+    assert shape(view)[4:] == [
+        ("user", "sent", "hello again"),
+        ("line", "done", RESUME_FAILED),
+        ("agent", "done", "You said: hello again"),
+    ]
+    assert RESUME_FAILED == (
+        "Could not resume the previous Claude Code session (its transcript is gone); "
+        "started a new session."
+    )
+    assert view["timeline"][5]["data"] == {"level": "warning", "session_id": session_id}
+    assert view["session_id"] and view["session_id"] != session_id
+    assert fake.user_texts_sent() == ["hello again"]
+
+
+def test_api_errors_become_warning_lines(
+    start: StartRelay, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "1")
+    live = start()
+    cid = create_claude(live)
+    fake.fail(429, 429)
+    view = turn(live, cid, "first")
+    lines = of_kind(view, "line")
+    assert [(e["data"]["level"], e["text"]) for e in lines[:2]] == [
+        ("warning", "API error 429 (rate_limit), retrying (attempt 1 of 1)"),
+        ("error", "API Error: Request rejected (429) · fake rate_limit_error (429)"),
+    ]
+    retry = lines[0]["data"]
+    assert {k: retry[k] for k in ("status", "attempt", "max_retries", "error")} == {
+        "status": 429,
+        "attempt": 1,
+        "max_retries": 1,
+        "error": "rate_limit",
+    }
+    assert lines[1]["data"] == {"level": "error", "status": 429, "error": "rate_limit"}
+    assert of_kind(view, "agent") == []
+
+    fake.fail(500)
+    view = turn(live, cid, "second")
+    user = next(e for e in view["timeline"] if e["text"] == "second")
+    after = [e for e in view["timeline"] if e["seq"] > user["seq"]]
+    assert [(e["kind"], e["text"]) for e in after] == [
+        ("line", "API error 500 (server_error), retrying (attempt 1 of 1)"),
+        ("agent", "You said: second"),
+    ]
+    assert after[0]["data"]["level"] == "warning" and after[0]["data"]["status"] == 500
+
+
+def test_api_error_is_one_error_line(
+    start: StartRelay, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "1")
+    live = start()
+    cid = create_claude(live)
+    fake.fail(429, 429)
+    view = turn(live, cid, "first")
+    assert [(e["data"]["level"], e["text"]) for e in of_kind(view, "line")] == [
+        ("warning", "API error 429 (rate_limit), retrying (attempt 1 of 1)"),
+        ("error", "API Error: Request rejected (429) · fake rate_limit_error (429)"),
+    ]
+
+
+# DeepSeek -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anthropic_key", [None, "sk-ant-must-not-leak"])
+def test_deepseek_request_uses_deepseek_key_and_model(
+    start: StartRelay,
+    fake: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    anthropic_key: str | None,
+) -> None:
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")  # only deepseek_base_url leads to the fake
+    if anthropic_key is None:
+        monkeypatch.delenv("ANTHROPIC_API_KEY")
+    else:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_key)
+    live = start(deepseek_base_url=fake.base_url)
+    conversation = live.create(provider="deepseek")
+    assert conversation["provider"] == "deepseek"
+    view = turn(live, conversation["id"], "hello deepseek")
+    assert shape(view) == [
+        ("user", "sent", "hello deepseek"),
+        ("agent", "done", "You said: hello deepseek"),
+    ]
+    messages = [r for r in fake.requests if r.path.split("?")[0] == "/v1/messages"]
+    assert messages
+    for request in fake.requests:
+        assert request.headers.get("authorization") == "Bearer ds-key"
+        assert "x-api-key" not in request.headers
+        assert "sk-ant-must-not-leak" not in json.dumps(request.headers)
+    assert {r.body["model"] for r in messages} == {"deepseek-chat"}
+    assert view["model"] == "deepseek-chat"
+
+
+def test_providers_offer_deepseek_only_with_its_key(
+    start: StartRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = start()
+
+    def deepseek() -> dict[str, Any]:
+        answer = live.http.get("/api/providers")
+        assert answer.status_code == 200
+        return next(p for p in answer.json()["providers"] if p["id"] == "deepseek")
+
+    assert deepseek() == {
+        "id": "deepseek",
+        "name": "DeepSeek",
+        "available": False,
+        "reason": "Set DEEPSEEK_API_KEY first.",
+        "compact_window": True,
+    }
+    refused = live.http.post("/api/conversations", json={"provider": "deepseek"})
+    assert refused.status_code == 409
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
+    assert deepseek() == {
+        "id": "deepseek",
+        "name": "DeepSeek",
+        "available": True,
+        "reason": "",
+        "compact_window": True,
+    }
+    assert live.http.post("/api/conversations", json={"provider": "deepseek"}).status_code == 201
+
+
+# Issue 4: /compact ----------------------------------------------------------------------------
+
+
+def test_compact_carries_summary_into_a_new_session(start: StartRelay, fake: FakeAnthropic) -> None:
+    live = start()
+    cid = create_claude(live, title="Compact me")
+    turn(live, cid, "first")
+    old = turn(live, cid, "second")
+    old_session = old["session_id"]
+    assert old_session
+
+    response = live.send(cid, "/compact")
+    assert response.status_code == 201, response.text
+    new = response.json()["compacted_into"]
+    expected = build_summary(
+        "Compact me",
+        [
+            SummaryMessage("user" if e["kind"] == "user" else "agent", e["text"])
+            for e in old["timeline"]
+            if e["kind"] in ("user", "agent")
+        ],
+    )
+    assert expected == (
+        "Conversation: Compact me\nUser: first\nAgent: You said: first\n"
+        "User: second\nAgent: You said: second"
+    )
+    assert new["title"] == "Compact me (compacted)"
+    assert new["pending_summary"] == expected
+    assert new["compacted_from_id"] == cid
+    assert new["session_id"] is None
+    archived = live.get(cid)
+    assert (archived["status"], archived["compacted_into_id"]) == ("archived", new["id"])
+    fresh = live.get(new["id"])
+    assert (fresh["timeline"], fresh["pending_summary"]) == ([], expected)
+
+    sent_before = len(fake.message_bodies())
+    view = turn(live, new["id"], "third")
+    composed = compose_first_message(expected, "third")
+    assert composed == (
+        "[Carry-over context from previous compacted conversation]\n"
+        f"{expected}\n\n[New user request]\nthird"
+    )
+    (request,) = fake.message_bodies()[sent_before:]
+    assert last_message_texts(request)[-1] == composed
+    assert fake.user_texts_sent() == [composed]  # a new session: no old history
+    assert shape(view) == [("user", "sent", "third"), ("agent", "done", f"You said: {composed}")]
+    assert view["pending_summary"] is None
+    assert view["session_id"] and view["session_id"] != old_session
+
+    view = turn(live, new["id"], "fourth")
+    (request,) = fake.message_bodies()[sent_before + 1 :]
+    assert last_message_texts(request)[-1] == "fourth"
+    assert HEADER not in json.dumps(last_user_message(request))
+    assert [t for t in fake.user_texts_sent() if HEADER in t] == [composed]
+    assert view["session_id"] == live.get(new["id"])["session_id"]
+    assert shape(view)[2:] == [("user", "sent", "fourth"), ("agent", "done", "You said: fourth")]
+
+
+# Issue 5: auto-compaction by the CLI ----------------------------------------------------------
+
+
+def test_auto_compaction_line_and_queue_during_compaction(
+    start: StartRelay, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "100000")
+    fake.input_tokens = 70_000
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "turn 1")
+    view = turn(live, cid, "turn 2")  # the CLI tries and fails (too_few_groups): no line
+    assert of_kind(view, "line") == []
+    assert [e["kind"] for e in view["timeline"]] == ["user", "agent", "user", "agent"]
+    assert not any(is_summary_request(b) for b in fake.message_bodies())  # refused up front
+
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert receive(ws)["type"] == "snapshot"
+        view = turn(live, cid, "turn 3")
+        events = receive_until(
+            ws, lambda m: m["type"] == "turn" and m["turn"]["state"] == "idle", timeout=TIMEOUT
+        )
+    (line,) = of_kind(view, "line")
+    pre, post = line["data"]["pre_tokens"], line["data"]["post_tokens"]
+    assert 70_000 <= pre <= 70_100
+    assert post > 0
+    assert line["state"] == "done"
+    assert line["data"] == {
+        "level": "info",
+        "type": "compaction",
+        "trigger": "auto",
+        "pre_tokens": pre,
+        "post_tokens": post,
+    }
+    assert line["text"] == finished_text("line", pre_tokens=pre, post_tokens=post)
+    assert line["text"].startswith("Context compacted · 70k → ")
+    assert [e["kind"] for e in view["timeline"][4:]] == ["user", "line", "agent"]
+    assert view["timeline"][6]["text"] == "You said: turn 3"
+    states = [m["turn"]["state"] for m in events if m["type"] == "turn"]
+    assert "compacting" in states
+    updates = [
+        m["conversation"]["context_tokens"]
+        for m in events
+        if m["type"] == "conversation" and "seq" in m
+    ]
+    assert post in updates  # the meter dropped to the compacted size...
+    assert view["context_tokens"] == 70_000  # ...then rose with the reply's usage
+
+    # A message sent while the CLI compacts is held until the compaction (and turn) is over.
+    fake.summary_delay = 4
+    assert live.send(cid, "turn 4").status_code == 202
+    live.wait_for(cid, lambda v: v["turn"]["state"] == "compacting", timeout=TIMEOUT)
+    summaries_so_far = len(fake.message_bodies())
+    queued = live.send(cid, "while compacting")
+    assert queued.status_code == 202
+    assert queued.json()["state"] == "queued"
+    fake.summary_delay = 0
+    busy = live.get(cid)
+    assert busy["turn"] == {"state": "compacting", "queued": 1}
+    assert (busy["timeline"][-1]["text"], busy["timeline"][-1]["state"]) == (
+        "while compacting",
+        "queued",
+    )
+    running = [e for e in of_kind(busy, "line") if e["state"] == "running"]
+    assert [(e["text"], e["data"]["type"]) for e in running] == [
+        ("Compacting context…", "compaction")
+    ]
+
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    bodies = fake.message_bodies()
+    summary_index = max(i for i in range(summaries_so_far) if is_summary_request(bodies[i]))
+    carrying = [i for i, b in enumerate(bodies) if "while compacting" in json.dumps(b)]
+    assert carrying and min(carrying) > summary_index
+    assert min(carrying) >= summaries_so_far
+    texts = [(e["kind"], e["state"], e["text"]) for e in view["timeline"][7:]]
+    assert texts[0] == ("user", "sent", "turn 4")
+    assert texts[-1] == ("agent", "done", "You said: while compacting")
+    order = [t[2] for t in texts if t[0] in ("user", "agent")]
+    assert order == ["turn 4", "You said: turn 4", "while compacting", "You said: while compacting"]
+    assert all(
+        e["state"] == "done" and e["text"].startswith("Context compacted · 70k → ")
+        for e in of_kind(view, "line")
+    )
+
+
+# Issue 6: the auto-compact window ------------------------------------------------------------
+
+
+def test_window_change_restarts_same_session_and_compacts(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    fake.input_tokens = 70_000
+    live = start()
+    cid = create_claude(live)
+    patched = live.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 200_000})
+    assert patched.status_code == 200
+    turn(live, cid, "turn 1")
+    view = turn(live, cid, "turn 2")
+    assert of_kind(view, "line") == []
+    session_id = view["session_id"]
+    data = wait_context(live, cid, lambda d: (d["agent"] or {}).get("maxTokens") == 200_000)
+    assert data["agent"]["autocompactSource"] == "env"
+    assert (data["window"], data["source"], data["pending_restart"]) == (200_000, "setting", False)
+    pid = agent_pid(live, cid)
+
+    patched = live.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+    assert patched.status_code == 200
+    data = context(live, cid)
+    assert data["pending_restart"] is True
+    assert data["note"] == APPLY_NOTE
+    assert (data["used"], data["window"], data["threshold"]) == (70_000, 100_000, 67_000)
+    assert (data["will_compact"], data["warning"]) == (True, COMPACT_WARNING)
+
+    view = turn(live, cid, "turn 3")
+    tail = view["timeline"][4:]
+    assert [(e["kind"], e["text"]) for e in tail[:2]] == [
+        ("user", "turn 3"),
+        ("line", "Restarted the session to apply the compaction window (200k → 100k)"),
+    ]
+    assert tail[1]["data"] == {"level": "info", "type": "restart"}
+    assert tail[2]["kind"] == "line" and tail[2]["data"]["type"] == "compaction"
+    assert tail[2]["data"]["trigger"] == "auto" and tail[2]["state"] == "done"
+    assert 70_000 <= tail[2]["data"]["pre_tokens"] <= 70_100
+    assert [(e["kind"], e["text"]) for e in tail[3:]] == [("agent", "You said: turn 3")]
+    assert view["session_id"] == session_id
+    assert agent_pid(live, cid) != pid
+    data = wait_context(live, cid, lambda d: (d["agent"] or {}).get("maxTokens") == 100_000)
+    assert data["agent"] == {
+        "maxTokens": 100_000,
+        "autocompactSource": "env",
+        "autoCompactThreshold": 67_000,
+    }
+    assert data["pending_restart"] is False
+    assert data["line"] == "100k · your setting"
+
+
+def test_env_window_reaches_cli_and_context(
+    start: StartRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "300000")
+    live = start()
+    cid = create_claude(live)
+    before = context(live, cid)
+    assert (before["line"], before["window"], before["agent"]) == ("", None, None)
+    turn(live, cid, "hello")
+    data = wait_context(live, cid, lambda d: d["agent"] is not None)
+    assert data["agent"] == {
+        "maxTokens": 300_000,
+        "autocompactSource": "env",
+        "autoCompactThreshold": 267_000,
+    }
+    assert (data["setting"], data["setting_label"]) == (None, "Auto")
+    assert (data["window"], data["threshold"], data["source"]) == (300_000, 267_000, "env")
+    assert data["line"] == "300k · from CLAUDE_CODE_AUTO_COMPACT_WINDOW"
+    assert data["source_text"] == "from CLAUDE_CODE_AUTO_COMPACT_WINDOW"
+    assert data["pending_restart"] is False
