@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+NEW_REQUEST = "[New user request]"
 HEADER = "[Carry-over context from previous compacted conversation]"
 SUMMARY_WINDOW = 24
 SUMMARY_MESSAGES = 16
@@ -49,4 +50,4 @@ def build_summary(title: str, messages: Sequence[SummaryMessage]) -> str:
 
 def compose_first_message(summary: str, text: str) -> str:
     """Put the summary in front of the first message sent in the new conversation."""
-    return f"{HEADER}\n{summary}\n\n[New user request]\n{text}"
+    return f"{HEADER}\n{summary}\n\n{NEW_REQUEST}\n{text}"

@@ -26,6 +26,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.summary import NEW_REQUEST
 from app.window import COMPACT_BUFFER, parse_env_window
 
 MODEL = "demo"
@@ -84,7 +85,8 @@ class DemoAgent:
             await asyncio.sleep(self.delay * 10)
             before, self.context = self.context, AFTER_COMPACTION
             yield CompactionFinished(trigger="auto", pre_tokens=before, post_tokens=self.context)
-        lowered = prompt.lower()
+        # After /compact the prompt carries the summary: act on the new request only.
+        lowered = prompt.rsplit(NEW_REQUEST, 1)[-1].lower()
         if "use a tool" in lowered:
             async for event in self._tool("demo-tool", "echo hello", "hello"):
                 yield event

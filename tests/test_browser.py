@@ -1,0 +1,619 @@
+"""The browser UI in a real Chromium against a live relay with the demo agent.
+
+Every page records console errors, uncaught exceptions, CSP violations and
+dialogs; each test ends by asserting there were none.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
+
+from app.agents.demo import reply_text
+from tests.relay import TOKEN, LiveRelay, make_settings
+
+T = 15_000  # ms: the longest any expectation or action waits
+expect.set_options(timeout=T)
+
+# Records CSP violations in the page itself (Chromium also logs them as console errors).
+CSP_WATCH = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`);
+});
+"""
+
+QUESTION = "Compact this conversation into a new one with carry-over summary?"
+IDLE_TEXT = "Applies on the next message (the session restarts once)."
+
+
+class Pages:
+    """Logged-in pages, each in its own browser context, watched for problems."""
+
+    def __init__(self, browser: Browser) -> None:
+        self.browser = browser
+        self.contexts: list[BrowserContext] = []
+        self.pages: list[Page] = []
+        self.problems: list[str] = []
+        self.dialogs: list[str] = []
+
+    def open(self, relay: LiveRelay, path: str = "/", **context_args: Any) -> Page:
+        """A new browser (context), logged in with the token, showing path."""
+        context = self.browser.new_context(**context_args)
+        self.contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(T)
+        name = f"page{len(self.pages) + 1}"
+        page.on(
+            "console",
+            lambda m: (
+                self.problems.append(f"{name} console {m.type}: {m.text}")
+                if m.type == "error"
+                else None
+            ),
+        )
+        page.on("pageerror", lambda e: self.problems.append(f"{name} pageerror: {e}"))
+        page.on("dialog", self._on_dialog)
+        page.add_init_script(CSP_WATCH)
+        self.pages.append(page)
+        page.goto(f"{relay.base}/?token={TOKEN}")
+        if path != "/":
+            page.goto(relay.base + path)
+        return page
+
+    def _on_dialog(self, dialog: Any) -> None:
+        self.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def assert_clean(self) -> None:
+        """No console error, page error, CSP violation or dialog on any page."""
+        for page in self.pages:
+            if not page.is_closed():
+                violations = page.evaluate("window.__cspViolations || []")
+                self.problems.extend(f"CSP violation: {v}" for v in violations)
+        assert self.problems == []
+        assert self.dialogs == []
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+        self.contexts.clear()
+
+
+@pytest.fixture
+def pages(browser: Browser) -> Iterator[Pages]:
+    watched = Pages(browser)
+    try:
+        yield watched
+    finally:
+        watched.close()
+
+
+def own_relay(tmp_path: Path, **overrides: Any) -> LiveRelay:
+    """A relay with other settings than the shared fixture's (stop it in finally)."""
+    return LiveRelay(make_settings(tmp_path / "data", **overrides)).start()
+
+
+def by_id(page: Page, testid: str) -> Locator:
+    return page.get_by_test_id(testid)
+
+
+def send_text(page: Page, text: str) -> None:
+    """Type a one-line message in the composer and press Enter."""
+    box = by_id(page, "message-input")
+    box.click()
+    box.fill(text)
+    box.press("Enter")
+
+
+def user_bubble(page: Page, text: str) -> Locator:
+    return by_id(page, "entry-user").filter(has_text=text)
+
+
+def agent_reply(page: Page, prompt: str) -> Locator:
+    """The finished agent message that quotes prompt."""
+    quoted = " ".join(prompt.split())
+    return page.locator('[data-testid="entry-agent"][data-state="done"]').filter(
+        has_text=f"You said: “{quoted}”"
+    )
+
+
+def line(page: Page, text: str) -> Locator:
+    return by_id(page, "entry-line").filter(has_text=text)
+
+
+def conv_id(page: Page) -> int:
+    match = re.search(r"/c/(\d+)$", page.url)
+    assert match, page.url
+    return int(match.group(1))
+
+
+# ---- 1. chat across two browsers -----------------------------------------------------------------
+
+
+def test_create_send_and_two_browsers_stay_in_sync(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path, demo_delay=0.3)  # the reply streams in ~5 pieces over ~1.5 s
+    try:
+        p1 = pages.open(relay)
+        by_id(p1, "new-conversation").click()
+        expect(by_id(p1, "new-dialog")).to_be_visible()
+        by_id(p1, "new-title").fill("Browser chat")
+        by_id(p1, "new-provider").select_option("demo")
+        by_id(p1, "new-create").click()
+        expect(by_id(p1, "new-dialog")).to_be_hidden()
+        expect(p1).to_have_url(re.compile(r"/c/\d+$"))
+        cid = conv_id(p1)
+        expect(by_id(p1, "title")).to_have_text("Browser chat")
+        expect(by_id(p1, "conversation-list").get_by_test_id("conversation-item")).to_have_text(
+            ["Browser chat"]
+        )
+        assert relay.get(cid)["provider"] == "demo"
+
+        p2 = pages.open(relay, f"/c/{cid}")
+        expect(by_id(p2, "title")).to_have_text("Browser chat")
+
+        box = by_id(p1, "message-input")
+        expect(box).to_be_focused()  # the new conversation opens with the focus in the box
+        box.type("line one")
+        box.press("Shift+Enter")
+        box.type("line two")
+        expect(box).to_have_value("line one\nline two")
+        expect(by_id(p1, "entry-user")).to_have_count(0)
+        assert relay.get(cid)["timeline"] == []
+        box.press("Enter")
+
+        typed = "line one\nline two"
+        for page in (p1, p2):
+            bubble = by_id(page, "entry-user")
+            expect(bubble).to_have_count(1)
+            expect(bubble).to_have_js_property("textContent", typed)
+        expect(box).to_have_value("")
+        # Page 2 sees the reply while it streams, then finished.
+        streaming = p2.locator('[data-testid="entry-agent"][data-state="streaming"]')
+        expect(streaming).to_have_count(1)
+        expect(streaming).to_contain_text("You said:")
+        expect(agent_reply(p2, typed)).to_have_count(1)
+        expect(streaming).to_have_count(0)
+        expect(agent_reply(p1, typed)).to_have_count(1)
+        relay.wait_idle(cid)
+
+        expected = relay.get(cid)["timeline"]
+        agent_text = next(e["text"] for e in expected if e["kind"] == "agent")
+        assert agent_text == reply_text(typed)
+        shown = [by_id(p, "entry-agent").inner_text() for p in (p1, p2)]
+        assert shown[0] == shown[1]
+        assert "You said: “line one line two”" in shown[0]
+        assert "I am the demo agent: I run offline and quote what you send." in shown[0]
+        for page in (p1, p2):
+            expect(by_id(page, "turn-indicator")).to_be_hidden()
+            expect(by_id(page, "send-button")).to_have_text("Send")
+
+        p1.reload()
+        expect(by_id(p1, "title")).to_have_text("Browser chat")
+        expect(by_id(p1, "entry-user")).to_have_count(1)
+        expect(by_id(p1, "entry-user")).to_have_js_property("textContent", typed)
+        expect(agent_reply(p1, typed)).to_have_count(1)
+        assert by_id(p1, "entry-agent").inner_text() == shown[0]
+        pages.assert_clean()
+    finally:
+        pages.close()
+        relay.stop()
+
+
+# ---- 2. Stop, Send/Queue and the queue -----------------------------------------------------------
+
+
+def test_stop_and_queue_while_running(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path, demo_delay=0.03)  # "slow" streams ~230 pieces: ~7 s
+    try:
+        cid = relay.create(title="Stop me")["id"]
+        page = pages.open(relay, f"/c/{cid}")
+        send = by_id(page, "send-button")
+        expect(send).to_have_text("Send")
+        expect(by_id(page, "stop-button")).to_be_hidden()
+
+        send_text(page, "slow please")
+        expect(by_id(page, "stop-button")).to_be_visible()
+        expect(send).to_have_text("Queue")
+        expect(page.locator('[data-testid="entry-agent"][data-state="streaming"]')).to_have_count(1)
+
+        send_text(page, "then this")
+        queued = user_bubble(page, "then this")
+        expect(queued.get_by_test_id("queued-badge")).to_have_text("Queued")
+        expect(queued).to_have_attribute("data-state", "queued")
+
+        by_id(page, "stop-button").click()
+        expect(line(page, "Interrupted by the user.")).to_have_count(1)
+        expect(line(page, "Interrupted by the user.")).to_have_text("Interrupted by the user.")
+        # The slow reply stopped early: its last words never came.
+        slow = agent_reply(page, "slow please")
+        expect(slow).to_have_count(1)
+        expect(slow).not_to_contain_text("word200")
+        # The queued message then goes out: badge gone, answered.
+        expect(agent_reply(page, "then this")).to_have_count(1)
+        expect(queued).to_have_attribute("data-state", "sent")
+        expect(by_id(page, "queued-badge")).to_have_count(0)
+        expect(send).to_have_text("Send")
+        expect(by_id(page, "stop-button")).to_be_hidden()
+        view = relay.wait_idle(cid)
+        assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent", "sent"]
+        pages.assert_clean()
+    finally:
+        pages.close()
+        relay.stop()
+
+
+# ---- 3. permission questions in two browsers -----------------------------------------------------
+
+
+def test_permission_question_in_two_browsers(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Permissions")["id"]
+    p1 = pages.open(relay, f"/c/{cid}")
+    p2 = pages.open(relay, f"/c/{cid}")
+    expect(by_id(p2, "title")).to_have_text("Permissions")
+
+    send_text(p1, "please ask permission")
+    for page in (p1, p2):
+        expect(by_id(page, "permission-allow")).to_have_text("Allow")
+        expect(by_id(page, "permission-deny")).to_have_text("Deny")
+        card = by_id(page, "entry-activity").filter(has=by_id(page, "permission-allow"))
+        expect(card).to_contain_text("Bash wants to run:")
+        expect(card).to_contain_text("touch demo.txt")
+    by_id(p1, "permission-allow").click()
+    for page in (p2, p1):
+        expect(by_id(page, "permission-answer")).to_have_text(["Allowed"])
+        expect(by_id(page, "permission-allow")).to_have_count(0)
+        expect(by_id(page, "permission-deny")).to_have_count(0)
+        tool = page.locator('details[data-testid="entry-activity"]')
+        expect(tool).to_have_count(1)
+        expect(tool).to_contain_text("Bash · touch demo.txt")
+        expect(tool).to_contain_text("created demo.txt (not really: this is the demo)")
+        expect(agent_reply(page, "please ask permission")).to_have_count(1)
+    relay.wait_idle(cid)
+
+    # Deny, from the second browser this time.
+    send_text(p1, "ask permission again")
+    expect(by_id(p2, "permission-deny")).to_be_visible()
+    by_id(p2, "permission-deny").click()
+    for page in (p1, p2):
+        expect(by_id(page, "permission-answer")).to_have_text(["Allowed", "Denied"])
+        expect(by_id(page, "permission-deny")).to_have_count(0)
+        expect(page.locator('details[data-testid="entry-activity"].failed')).to_contain_text(
+            "Denied by the user."
+        )
+        expect(agent_reply(page, "ask permission again")).to_have_count(1)
+    relay.wait_idle(cid)
+
+    # A pending question survives a reload, buttons included.
+    send_text(p1, "ask permission a third time")
+    expect(by_id(p1, "permission-allow")).to_be_visible()
+    p1.reload()
+    expect(by_id(p1, "title")).to_have_text("Permissions")
+    expect(by_id(p1, "permission-allow")).to_be_visible()
+    expect(by_id(p1, "permission-deny")).to_be_visible()
+    expect(by_id(p1, "permission-answer")).to_have_text(["Allowed", "Denied"])
+    by_id(p1, "permission-allow").click()
+    expect(by_id(p2, "permission-answer")).to_have_text(["Allowed", "Denied", "Allowed"])
+    expect(agent_reply(p2, "ask permission a third time")).to_have_count(1)
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
+# ---- 4. /compact ---------------------------------------------------------------------------------
+
+
+def test_compact_command_in_two_browsers(pages: Pages, relay: LiveRelay) -> None:
+    old = relay.create(title="Plan trip")["id"]
+    assert relay.send(old, "hello there").status_code == 202
+    relay.wait_idle(old)
+    p1 = pages.open(relay, f"/c/{old}")
+    p2 = pages.open(relay, f"/c/{old}")
+    for page in (p1, p2):
+        expect(agent_reply(page, "hello there")).to_have_count(1)
+
+    # Keyboard: "/" offers the command, ArrowDown + Enter picks it, Enter sends it.
+    box = by_id(p1, "message-input")
+    box.click()
+    box.press("/")
+    menu = by_id(p1, "command-menu")
+    expect(menu).to_be_visible()
+    expect(menu.get_by_test_id("command-item")).to_have_count(1)
+    expect(menu.get_by_test_id("command-item").locator(".command-name")).to_have_text("/compact")
+    box.press("ArrowDown")
+    expect(menu.get_by_test_id("command-item")).to_have_attribute("aria-selected", "true")
+    box.press("Enter")
+    expect(box).to_have_value("/compact")
+    expect(menu).to_be_hidden()
+    box.press("Enter")
+    dialog = by_id(p1, "compact-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_have_accessible_name(QUESTION)
+    expect(dialog.get_by_text(QUESTION, exact=True)).to_be_visible()
+    expect(dialog.get_by_role("button")).to_have_text(["Cancel", "Compact"])
+
+    by_id(p1, "compact-cancel").click()
+    expect(dialog).to_be_hidden()
+    expect(box).to_have_value("/compact")
+    expect(by_id(p1, "conversation-list").get_by_test_id("conversation-item")).to_have_count(1)
+    expect(by_id(p1, "archive-list").get_by_test_id("archive-item")).to_have_count(0)
+    assert relay.get(old)["status"] == "active"
+    assert relay.http.get("/api/conversations?status=archived").json()["conversations"] == []
+    expect(p1).to_have_url(f"{relay.base}/c/{old}")
+
+    # Mouse: type part of it, click the item, click Send.
+    box.fill("")
+    box.type("/co")
+    expect(menu.get_by_test_id("command-item")).to_have_count(1)
+    menu.get_by_test_id("command-item").click()
+    expect(box).to_have_value("/compact")
+    expect(menu).to_be_hidden()
+    by_id(p1, "send-button").click()
+    expect(dialog).to_be_visible()
+    by_id(p1, "compact-confirm").click()
+    expect(dialog).to_be_hidden()
+
+    new = relay.wait_for(old, lambda v: v["compacted_into_id"] is not None)["compacted_into_id"]
+    assert new != old
+    summary = "\n".join(
+        [
+            "Conversation: Plan trip",
+            "User: hello there",
+            "Agent: " + " ".join(reply_text("hello there").split()),
+        ]
+    )
+    for page in (p1, p2):
+        expect(page).to_have_url(f"{relay.base}/c/{new}")
+        expect(by_id(page, "title")).to_have_text("Plan trip (compacted)")
+        expect(by_id(page, "pending-summary")).to_be_visible()
+        expect(by_id(page, "pending-summary-text")).to_be_hidden()
+        by_id(page, "pending-summary-toggle").click()
+        expect(by_id(page, "pending-summary-text")).to_be_visible()
+        expect(by_id(page, "pending-summary-text")).to_contain_text("Conversation: Plan trip")
+        expect(by_id(page, "pending-summary-text")).to_have_js_property("textContent", summary)
+        expect(by_id(page, "entry-user")).to_have_count(0)
+        expect(by_id(page, "conversation-list").get_by_test_id("conversation-item")).to_have_text(
+            ["Plan trip (compacted)"]
+        )
+        expect(by_id(page, "archive-list").get_by_test_id("archive-item")).to_have_text(
+            ["Plan trip"]
+        )
+        expect(by_id(page, "compacted-from-link")).to_have_attribute("href", f"/c/{old}")
+    expect(by_id(p1, "message-input")).to_have_value("")
+
+    # The archived one, read-only, links forward; the new one links back.
+    by_id(p2, "archive-list").get_by_test_id("archive-item").click()
+    expect(p2).to_have_url(f"{relay.base}/c/{old}")
+    expect(by_id(p2, "title")).to_have_text("Plan trip")
+    expect(agent_reply(p2, "hello there")).to_have_count(1)
+    expect(by_id(p2, "message-input")).to_be_hidden()
+    expect(by_id(p2, "composer")).to_be_hidden()
+    expect(by_id(p2, "archived-notice")).to_be_visible()
+    expect(by_id(p2, "archived-notice")).to_contain_text(
+        "This conversation is archived (read-only)."
+    )
+    into = by_id(p2, "compacted-into-link")
+    expect(into).to_be_visible()
+    expect(into).to_have_attribute("href", f"/c/{new}")
+    into.click()
+    expect(p2).to_have_url(f"{relay.base}/c/{new}")
+    expect(by_id(p2, "compacted-from-link")).to_be_visible()
+    expect(by_id(p2, "compacted-from-link")).to_have_attribute("href", f"/c/{old}")
+
+    # The first message consumes the summary; the bubble shows only what was typed.
+    send_text(p1, "next step")
+    for page in (p1, p2):
+        expect(by_id(page, "pending-summary")).to_be_hidden()
+        expect(by_id(page, "entry-user")).to_have_count(1)
+        expect(by_id(page, "entry-user")).to_have_js_property("textContent", "next step")
+    # The agent got the summary too: the demo quotes it, but acts only on the new request
+    # (its own earlier reply in the summary names its trigger words; they must not fire).
+    carried = p2.locator('[data-testid="entry-agent"][data-state="done"]')
+    expect(carried.filter(has_text="You said: “[Carry-over context")).to_have_count(1)
+    expect(by_id(p2, "permission-allow")).to_have_count(0)
+    view = relay.wait_idle(new)
+    assert view["pending_summary"] is None
+    pages.assert_clean()
+
+
+# ---- 5. auto-compaction by the agent -------------------------------------------------------------
+
+
+def test_auto_compaction_line_pill_and_queue(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path, demo_delay=0.25)  # the compaction itself takes 2.5 s
+    try:
+        cid = relay.create(title="Long one")["id"]
+        patched = relay.http.patch(
+            f"/api/conversations/{cid}", json={"auto_compact_window": 100000}
+        )
+        assert patched.status_code == 200, patched.text
+        for n in range(1, 6):
+            assert relay.send(cid, f"turn {n}").status_code == 202
+        view = relay.wait_idle(cid)
+        assert view["context_tokens"] >= 67_000  # 9k + 5 × 12k (+ a token per prompt)
+        assert view["threshold"] == 67_000
+
+        page = pages.open(relay, f"/c/{cid}", viewport={"width": 1100, "height": 600})
+        expect(agent_reply(page, "turn 5")).to_have_count(1)
+        send = by_id(page, "send-button")
+        expect(send).to_have_text("Send")
+
+        send_text(page, "turn 6")
+        compaction = by_id(page, "compaction-line")
+        expect(compaction).to_have_text("Compacting context…")
+        expect(by_id(page, "turn-indicator")).to_be_visible()
+        expect(by_id(page, "turn-indicator")).to_have_text("Compacting the conversation…")
+        expect(send).to_have_text("Queue")
+        expect(by_id(page, "compaction-pill")).to_have_count(1)
+
+        send_text(page, "while compacting")
+        queued = user_bubble(page, "while compacting")
+        expect(queued.get_by_test_id("queued-badge")).to_be_visible()
+        expect(compaction).to_have_text("Compacting context…")  # still compacting when queued
+
+        expect(compaction).to_have_text("Context compacted · 69k → 3k tokens")
+        expect(by_id(page, "compaction-pill")).to_have_count(1)
+        expect(agent_reply(page, "while compacting")).to_have_count(1)
+        expect(by_id(page, "queued-badge")).to_have_count(0)
+        expect(send).to_have_text("Send")
+        relay.wait_idle(cid)
+
+        # The pill brings the line into view.
+        by_id(page, "timeline").evaluate("(el) => { el.scrollTop = el.scrollHeight; }")
+        by_id(page, "timeline").evaluate("(el) => { el.scrollTop = 0; }")
+        expect(compaction).not_to_be_in_viewport()
+        by_id(page, "compaction-pill").click()
+        expect(compaction).to_be_in_viewport()
+        pages.assert_clean()
+    finally:
+        pages.close()
+        relay.stop()
+
+
+# ---- 6. the 🧠 modal and the auto-compact window -------------------------------------------------
+
+
+def open_context(page: Page) -> Locator:
+    by_id(page, "context-button").click()
+    modal = by_id(page, "context-modal")
+    expect(modal).to_be_visible()
+    expect(by_id(page, "window-slider")).to_be_visible()
+    return modal
+
+
+def test_context_modal_window_saves_on_close(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Window")["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    p1 = pages.open(relay, f"/c/{cid}")
+    expect(by_id(p1, "context-button")).to_have_text("🧠 21k / 200k")
+
+    modal = open_context(p1)
+    expect(by_id(p1, "window-line")).to_have_text("200k · model default")
+    expect(by_id(p1, "window-label")).to_have_text("Auto")
+    slider = by_id(p1, "window-slider")
+    slider.focus()
+    slider.press("ArrowRight")
+    expect(by_id(p1, "window-label")).to_have_text("100k")
+    expect(by_id(p1, "window-note")).to_have_text(IDLE_TEXT)
+    assert relay.get(cid)["auto_compact_window"] is None  # moving it saves nothing
+    slider.press("Escape")
+    expect(modal).to_be_hidden()
+    relay.wait_for(cid, lambda v: v["auto_compact_window"] == 100000, timeout=10)
+
+    open_context(p1)
+    expect(by_id(p1, "window-label")).to_have_text("100k")
+    expect(by_id(p1, "window-slider")).to_have_value("1")
+    expect(by_id(p1, "window-line")).to_have_text("100k · your setting")
+    by_id(p1, "context-close").click()
+    expect(modal).to_be_hidden()
+
+    p2 = pages.open(relay, f"/c/{cid}")
+    open_context(p2)
+    expect(by_id(p2, "window-label")).to_have_text("100k")
+    expect(by_id(p2, "window-line")).to_have_text("100k · your setting")
+    p2.keyboard.press("Escape")
+    expect(by_id(p2, "context-modal")).to_be_hidden()
+
+    send_text(p1, "after the change")
+    restart = "Restarted the session to apply the compaction window (Auto → 100k)"
+    for page in (p1, p2):
+        expect(line(page, restart)).to_have_text(restart)
+        expect(agent_reply(page, "after the change")).to_have_count(1)
+    relay.wait_idle(cid)
+    assert relay.get(cid)["auto_compact_window"] == 100000
+    pages.assert_clean()
+
+
+def test_context_modal_backdrop_saves_and_moving_back_saves_nothing(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Window twice")["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}")
+    patches: list[str] = []
+    page.on("request", lambda r: patches.append(r.url) if r.method == "PATCH" else None)
+
+    modal = open_context(page)
+    slider = by_id(page, "window-slider")
+    slider.focus()
+    slider.press("ArrowRight")
+    slider.press("ArrowRight")
+    expect(by_id(page, "window-label")).to_have_text("200k")
+    with page.expect_request(lambda r: r.method == "PATCH") as patch:
+        page.mouse.click(5, 5)  # the backdrop, outside the dialog's box
+    expect(modal).to_be_hidden()
+    assert patch.value.post_data_json == {"auto_compact_window": 200000}
+    relay.wait_for(cid, lambda v: v["auto_compact_window"] == 200000, timeout=10)
+
+    send_text(page, "first")
+    restart = "Restarted the session to apply the compaction window (Auto → 200k)"
+    expect(line(page, restart)).to_have_text(restart)
+    expect(agent_reply(page, "first")).to_have_count(1)
+    relay.wait_idle(cid)
+
+    # Move it away and back: closing saves nothing.
+    open_context(page)
+    expect(by_id(page, "window-line")).to_have_text("200k · your setting")
+    expect(by_id(page, "window-label")).to_have_text("200k")
+    slider.focus()
+    slider.press("ArrowRight")
+    expect(by_id(page, "window-label")).to_have_text("300k")
+    slider.press("ArrowLeft")
+    expect(by_id(page, "window-label")).to_have_text("200k")
+    page.mouse.click(5, 5)
+    expect(modal).to_be_hidden()
+    open_context(page)
+    expect(by_id(page, "window-label")).to_have_text("200k")
+    expect(by_id(page, "window-line")).to_have_text("200k · your setting")
+    page.keyboard.press("Escape")
+    expect(modal).to_be_hidden()
+
+    send_text(page, "second")
+    expect(agent_reply(page, "second")).to_have_count(1)
+    relay.wait_idle(cid)
+    page.evaluate("0")  # let the page's events reach this side
+    assert patches == [f"{relay.base}/api/conversations/{cid}"]  # the backdrop's, none since
+    after = relay.get(cid)
+    assert after["auto_compact_window"] == 200000
+    expect(by_id(page, "entry-line").filter(has_text="Restarted the session")).to_have_count(1)
+    pages.assert_clean()
+
+
+# ---- 7. nothing the user or the agent writes runs as code ---------------------------------------
+
+XSS = '<img src=x onerror="window.__xss=1"> <script>window.__xss=1</script>'
+
+
+def test_titles_and_messages_are_shown_literally(pages: Pages, relay: LiveRelay) -> None:
+    page = pages.open(relay)
+    by_id(page, "empty-new-conversation").click()
+    by_id(page, "new-title").fill(XSS)
+    by_id(page, "new-provider").select_option("demo")
+    by_id(page, "new-create").click()
+    expect(page).to_have_url(re.compile(r"/c/\d+$"))
+    cid = conv_id(page)
+    message = XSS + ' <svg onload="alert(1)"></svg> [x](javascript:alert(1))'
+    send_text(page, message)
+    expect(by_id(page, "entry-agent")).to_have_attribute("data-state", "done")
+    relay.wait_idle(cid)
+
+    expect(by_id(page, "entry-user")).to_have_js_property("textContent", message)
+    expect(by_id(page, "title")).to_have_js_property("textContent", XSS)
+    expect(by_id(page, "conversation-item")).to_have_js_property("textContent", XSS)
+    expect(page).to_have_title(f"{XSS} · oarlock")
+    timeline = by_id(page, "timeline")
+    expect(timeline.locator("img, script, svg, iframe")).to_have_count(0)
+    expect(timeline.locator('a[href^="javascript:"]')).to_have_count(0)
+    expect(by_id(page, "entry-agent")).to_contain_text("You said:")
+    page.reload()
+    expect(by_id(page, "entry-user")).to_have_js_property("textContent", message)
+    expect(timeline.locator("img, script, svg, iframe")).to_have_count(0)
+    assert page.evaluate("window.__xss") is None
+    assert page.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
+    pages.assert_clean()
