@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,10 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
             "  Listening beyond this machine: set OARLOCK_ALLOWED_HOSTS to the name you use."
         )
     click.echo("")
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
+    # handlers that were there before it: make those end the process with status 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: sys.exit(0))
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
 
 

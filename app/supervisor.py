@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least this often
 TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
+SHUTDOWN_LINE = "Interrupted: the relay was shut down."
 RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
 
 
@@ -797,9 +798,8 @@ class Supervisor:
         if event.error and event.error not in runner.lines_shown:  # an API error shows once
             self._line(session, conversation, event.error, level="error")
         if event.interrupted:
-            self._line(
-                session, conversation, "Interrupted by the user.", data={"type": "interrupted"}
-            )
+            text = SHUTDOWN_LINE if self._closing else "Interrupted by the user."
+            self._line(session, conversation, text, data={"type": "interrupted"})
         last = runner.last_agent_entry
         if last is not None and (event.cost_usd is not None or event.duration_ms is not None):
             result = {"cost_usd": event.cost_usd, "duration_ms": event.duration_ms}

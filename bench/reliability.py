@@ -73,8 +73,9 @@ class Tally:
 class Relay:
     """The relay as a child process, started and killed like a real one."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, demo_delay: float = 0.01) -> None:
         self.workdir = workdir
+        self.demo_delay = demo_delay
         self.data = workdir / "data"
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -88,7 +89,7 @@ class Relay:
             **os.environ,
             "OARLOCK_TOKEN": TOKEN,
             "OARLOCK_WORKSPACE_ROOTS": str(self.workdir),
-            "OARLOCK_DEMO_DELAY": "0.01",
+            "OARLOCK_DEMO_DELAY": str(self.demo_delay),
             "OARLOCK_LOG_LEVEL": "warning",
             "OARLOCK_DEFAULT_PROVIDER": "demo",
         }
@@ -121,11 +122,11 @@ class Relay:
                 time.sleep(0.05)
         raise RuntimeError("the relay did not start")
 
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
+    def kill(self, signum: int = signal.SIGKILL) -> int:
+        """Send a signal (SIGKILL: no shutdown code runs) and wait for the exit status."""
+        assert self.process is not None
+        self.process.send_signal(signum)
+        return self.process.wait(timeout=60)
 
 
 def workload(
