@@ -7,15 +7,25 @@ dialogs; each test ends by asserting there were none.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
+from app.agents.base import (
+    Activity,
+    AgentEvent,
+    AgentSpec,
+    MessageDone,
+    Notice,
+    TextDelta,
+    TurnDone,
+)
 from app.agents.demo import reply_text
 from tests.relay import TOKEN, LiveRelay, make_settings
+from tests.xss_corpus import PAYLOADS
 
 T = 15_000  # ms: the longest any expectation or action waits
 expect.set_options(timeout=T)
@@ -616,4 +626,69 @@ def test_titles_and_messages_are_shown_literally(pages: Pages, relay: LiveRelay)
     expect(timeline.locator("img, script, svg, iframe")).to_have_count(0)
     assert page.evaluate("window.__xss") is None
     assert page.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
+    pages.assert_clean()
+
+
+# ---- 8. the XSS corpus through every channel ----------------------------------------------------
+
+
+class PayloadAgent:
+    """A stand-in agent whose every output (text, tool input, tool output, lines) is a payload."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.turns = 0
+
+    async def start(self) -> None:
+        """Nothing to start."""
+
+    async def interrupt(self) -> None:
+        """Nothing to stop."""
+
+    async def context_usage(self) -> dict[str, Any] | None:
+        """No report."""
+        return None
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """First turn: every payload through every kind of output; later: echo the prompt."""
+        self.turns += 1
+        if self.turns > 1:
+            yield MessageDone(f"echo{self.turns}", prompt)
+            yield TurnDone()
+            return
+        for n, payload in enumerate(PAYLOADS):
+            yield Activity(f"t{n}", payload, "call", summary=payload)
+            yield Activity(f"t{n}", payload, "result", summary=payload, output=payload)
+            yield TextDelta(f"m{n}", payload)
+            yield MessageDone(f"m{n}", payload)
+        yield Notice(PAYLOADS[0], level="error")
+        yield TurnDone()
+
+
+def test_xss_corpus_is_inert_in_every_channel(pages: Pages, relay: LiveRelay) -> None:
+    relay.supervisor.agent_factory = lambda _provider, spec, _settings: PayloadAgent(spec)
+    for payload in PAYLOADS:  # titles: the sidebar shows all of them
+        relay.create(title=payload[:200])
+    cid = relay.create(title="corpus")["id"]
+    for payload in PAYLOADS[:10]:  # user messages
+        assert relay.send(cid, payload).status_code == 202
+    relay.wait_idle(cid, timeout=60)
+    page = pages.open(relay, f"/c/{cid}")
+    # 56 payload messages + 9 echoes; 112 activity rows; all in the first page of 200 entries.
+    expect(by_id(page, "entry-agent")).to_have_count(len(PAYLOADS) + 9)
+    expect(by_id(page, "entry-activity")).to_have_count(len(PAYLOADS))
+    expect(by_id(page, "conversation-item")).to_have_count(len(PAYLOADS) + 1)
+    for details in page.locator("[data-testid=entry-activity] details").all()[:20]:
+        details.evaluate("d => { d.open = true }")  # tool output shown too
+    page.reload()
+    expect(by_id(page, "entry-agent")).to_have_count(len(PAYLOADS) + 9)
+    assert page.evaluate("window.__xss") is None
+    for region in ("timeline", "conversation-list"):  # no markup from a payload became an element
+        tags = "img, iframe, object, embed, svg, script, form, input, style, video, audio, marquee"
+        assert page.locator(f"[data-testid={region}]").locator(tags).count() == 0
+    shown = by_id(page, "entry-user").first.text_content()
+    assert shown == PAYLOADS[0]
     pages.assert_clean()
