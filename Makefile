@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 DATA ?= ./data
+
+include tools.mk
 
 .PHONY: serve migrate test lint format bench reliability clean chromium
 
@@ -48,8 +50,11 @@ format: $(VENV)/.installed-test
 	$(VENV)/bin/ruff format app tests bench alembic/env.py
 	$(VENV)/bin/ruff check --fix app tests bench alembic/env.py
 
-test: $(VENV)/.installed-test chromium lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+# Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
+# running that the asyncio tests after it could not start theirs in.
+test: $(VENV)/.installed-test chromium copilot-cli lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/test_browser.py
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser.py
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     deepseek_base_url: str = "https://api.deepseek.com/anthropic"
     deepseek_model: str = "deepseek-chat"
     deepseek_small_model: str = "deepseek-chat"
+    copilot_cli: str | None = None  # default: .tools/copilot (make copilot-cli)
+    openai_base_url: str | None = None
+    openai_api_key: str | None = None
+    openai_model: str | None = None
     demo_delay: float = 0.04  # seconds between the demo agent's streamed pieces
     log_level: str = "info"
 

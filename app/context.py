@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.models import Conversation
+from app.providers import WINDOW_PROVIDERS
 from app.views import effective_window
 from app.window import (
     COMPACT_WARNING,
@@ -16,8 +17,6 @@ from app.window import (
     window_label,
     window_line,
 )
-
-WINDOW_PROVIDERS = ("claude", "deepseek", "demo")
 
 
 def context_view(

@@ -4,11 +4,15 @@ Each event of a conversation carries the next number of that conversation's
 sequence. The hub keeps the most recent events so that a tab that reconnects
 gets exactly what it missed; one that asks for more than is kept, or that falls
 behind, is told to resync (reload its state) instead.
+
+Each event is encoded to JSON once, when it is published: subscribers queue the
+text, so a hundred tabs cost one encoding, not a hundred.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from collections import deque
 from collections.abc import Callable
@@ -19,30 +23,45 @@ Event = dict[str, Any]
 
 REPLAY_EVENTS = 2048  # events kept per conversation for reconnecting tabs
 SUBSCRIBER_QUEUE = 4096  # events a tab may fall behind before it is dropped
+RESYNC = '{"type":"resync","reason":"fell behind"}'
+
+
+def encode(event: Event) -> str:
+    """An event as the compact JSON text a socket sends."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A published event as kept for replay: its seq and its JSON text (not the dict)."""
+
+    seq: int
+    text: str
 
 
 @dataclass(eq=False)
 class Subscriber:
-    """One tab's view: a bounded queue the socket's sender drains."""
+    """One tab's view: a bounded queue of JSON texts the socket's sender drains."""
 
-    queue: asyncio.Queue[Event] = field(
+    queue: asyncio.Queue[str] = field(
         default_factory=lambda: asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
     )
     conversation_id: int | None = None
     overflowed: bool = False
 
-    def offer(self, event: Event) -> None:
-        """Queue an event without waiting; a full queue marks the tab as fallen behind."""
+    def offer(self, message: Event | str) -> None:
+        """Queue an event (or its JSON text) without waiting; a full queue means fallen behind."""
         if self.overflowed:
             return
+        text = message if isinstance(message, str) else encode(message)
         try:
-            self.queue.put_nowait(event)
+            self.queue.put_nowait(text)
         except asyncio.QueueFull:
             self.overflowed = True
             # Make room for the one message that tells the tab to reload.
             while not self.queue.empty():
                 self.queue.get_nowait()
-            self.queue.put_nowait({"type": "resync", "reason": "fell behind"})
+            self.queue.put_nowait(RESYNC)
 
 
 class Hub:
@@ -52,7 +71,7 @@ class Hub:
         self.epoch = secrets.token_hex(6)  # a new epoch per relay start: old seqs are void
         self._load_seq = load_seq
         self._seq: dict[int, int] = {}
-        self._recent: dict[int, deque[Event]] = {}
+        self._recent: dict[int, deque[Published]] = {}
         self._by_conversation: dict[int, set[Subscriber]] = {}
         self._everyone: set[Subscriber] = set()
 
@@ -78,10 +97,13 @@ class Hub:
     def publish(self, conversation_id: int, event: Event) -> Event:
         """Send an event (which must carry its seq) to the conversation's tabs."""
         event["conversation_id"] = conversation_id
-        recent = self._recent.setdefault(conversation_id, deque(maxlen=REPLAY_EVENTS))
-        recent.append(event)
+        text = encode(event)  # once, however many tabs follow
+        recent = self._recent.get(conversation_id)
+        if recent is None:
+            recent = self._recent[conversation_id] = deque(maxlen=REPLAY_EVENTS)
+        recent.append(Published(event["seq"], text))
         for subscriber in self._by_conversation.get(conversation_id, ()):
-            subscriber.offer(event)
+            subscriber.offer(text)
         return event
 
     def emit(self, conversation_id: int, event: Event) -> Event:
@@ -91,8 +113,9 @@ class Hub:
 
     def broadcast(self, event: Event) -> None:
         """Send an event to every connected tab (conversation list changes)."""
+        text = encode(event)
         for subscriber in self._everyone:
-            subscriber.offer(event)
+            subscriber.offer(text)
 
     def connect(self) -> Subscriber:
         """Register a new tab."""
@@ -107,7 +130,7 @@ class Hub:
 
     def missed(
         self, conversation_id: int, epoch: str | None, seq: int | None
-    ) -> list[Event] | None:
+    ) -> list[Published] | None:
         """Events after seq, or None when they cannot be replayed exactly."""
         if epoch != self.epoch or seq is None:
             return None
@@ -117,9 +140,9 @@ class Hub:
         if seq > current:
             return None
         recent = self._recent.get(conversation_id)
-        if not recent or recent[0]["seq"] > seq + 1:
+        if not recent or recent[0].seq > seq + 1:
             return None
-        return [event for event in recent if event["seq"] > seq]
+        return [published for published in recent if published.seq > seq]
 
     def follow(self, subscriber: Subscriber, conversation_id: int) -> None:
         """Make a tab receive a conversation's events from now on (and no other's)."""

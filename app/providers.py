@@ -13,6 +13,8 @@ from app.agents.base import Agent, AgentSpec
 from app.config import Settings
 
 WINDOW_ENV = "CLAUDE_CODE_AUTO_COMPACT_WINDOW"
+WINDOW_PROVIDERS = ("claude", "deepseek", "demo")
+COPILOT_TOKENS = ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,17 @@ def _claude_logged_in(environ: Mapping[str, str]) -> bool:
     return (config / ".credentials.json").is_file()
 
 
-def provider_infos(environ: Mapping[str, str] | None = None) -> list[ProviderInfo]:
+def provider_infos(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> list[ProviderInfo]:
     """Every provider, with whether it can run and why not."""
+    from app.agents.copilot import copilot_available, openai_available  # no SDK import
+
     env = os.environ if environ is None else environ
+    copilot_ready, copilot_reason = copilot_available(env, settings.copilot_cli)
+    openai_ready, openai_reason = openai_available(
+        settings.openai_base_url, settings.openai_model, settings.copilot_cli
+    )
     claude_ready = any(
         env.get(name)
         for name in (
@@ -63,6 +73,8 @@ def provider_infos(environ: Mapping[str, str] | None = None) -> list[ProviderInf
             "" if env.get("DEEPSEEK_API_KEY") else "Set DEEPSEEK_API_KEY first.",
             compact_window=True,
         ),
+        ProviderInfo("copilot", "Copilot", copilot_ready, copilot_reason),
+        ProviderInfo("openai", "OpenAI-compatible", openai_ready, openai_reason),
         ProviderInfo("demo", "Demo (offline)", True, compact_window=True),
     ]
 
@@ -94,7 +106,11 @@ def agent_env(
             ANTHROPIC_SMALL_FAST_MODEL=settings.deepseek_small_model,
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         )
-    if window is not None:
+    if provider == "copilot":  # the user's GitHub login, when given as a token
+        for name in COPILOT_TOKENS:
+            if source.get(name):
+                env[name] = source[name]
+    if window is not None and provider in WINDOW_PROVIDERS:
         env[WINDOW_ENV] = str(window)
     return env
 
@@ -110,4 +126,14 @@ def make_agent(provider: str, spec: AgentSpec, settings: Settings) -> Agent:
 
         model = settings.claude_model if provider == "claude" else None
         return ClaudeCodeAgent(spec, cli_path=settings.claude_cli, model=model)
+    if provider in ("copilot", "openai"):
+        from app.agents.copilot import CopilotAgent, copilot_cli_path, openai_provider
+
+        cli = copilot_cli_path(settings.copilot_cli)
+        if cli is None:
+            raise ValueError("the Copilot CLI is not installed (make copilot-cli)")
+        if provider == "copilot":
+            return CopilotAgent(spec, cli_path=cli, provider=None, model=None)
+        byok = openai_provider(settings.openai_base_url or "", settings.openai_api_key)
+        return CopilotAgent(spec, cli_path=cli, provider=byok, model=settings.openai_model)
     raise ValueError(f"unknown provider {provider!r}")

@@ -362,6 +362,7 @@ class CopilotAgent:
         self._pending: list[AgentEvent] = []
         self._tool_names: dict[str, str] = {}
         self._in_turn = False
+        self._stop_early = False  # interrupt() came before the prompt was sent
         self._dirty = False  # a turn was abandoned before the session went idle
         self._closing = False
 
@@ -474,24 +475,30 @@ class CopilotAgent:
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """Run one turn: send prompt, yield events until TurnDone."""
         began = time.monotonic()
-        if not self.is_alive():
-            try:
-                await self.start()
-            except AgentError as e:
-                for event in self._take_pending():
-                    yield event
-                yield TurnDone(error=str(e))
-                return
-        if self._dirty:
-            await self._settle()
-        for event in self._take_pending():
-            yield event
-        mapper = self._mapper
-        for event in self._between_turns():
-            yield event
-        mapper.begin_turn()
-        self._in_turn, finished = True, False
+        self._in_turn, self._stop_early, finished = True, False, False
         try:
+            if not self.is_alive():
+                try:
+                    await self.start()
+                except AgentError as e:
+                    finished = True
+                    for event in self._take_pending():
+                        yield event
+                    yield TurnDone(error=str(e))
+                    return
+            if self._dirty:
+                await self._settle()
+            for event in self._take_pending():
+                yield event
+            mapper = self._mapper
+            for event in self._between_turns():
+                yield event
+            if self._stop_early:  # interrupted while the CLI was starting: send nothing
+                finished = True
+                yield TurnDone(interrupted=True)
+                return
+            mapper.begin_turn()
+            self._tool_names.clear()
             try:
                 async with asyncio.timeout(SEND_TIMEOUT):
                     await self._session.send(prompt)
@@ -568,7 +575,10 @@ class CopilotAgent:
 
     async def interrupt(self) -> None:
         """Abort the running turn; it ends with TurnDone(interrupted=True)."""
-        if self._session is None or not self._in_turn:
+        if not self._in_turn:
+            return
+        self._stop_early = True
+        if self._session is None or not self._mapper.in_turn:
             return
         self._mapper.interrupt_requested = True
         self._queue.put_nowait(INTERRUPT)
@@ -600,25 +610,29 @@ class CopilotAgent:
         if unsubscribe is not None:
             with contextlib.suppress(Exception):
                 unsubscribe()
-        if session is not None:
-            try:
-                async with asyncio.timeout(CONTROL_TIMEOUT / 2):
-                    await session.disconnect()
-            except Exception:
-                log.info("detaching the Copilot session did not finish cleanly", exc_info=True)
         if client is None:
             return
         process = getattr(client, "_cli_process", None)  # the SDK leaves its pipes open
         try:
-            async with asyncio.timeout(CONTROL_TIMEOUT):
-                await client.stop()
+            if getattr(client, "_state", "") == "connected":  # else its requests would hang
+                async with asyncio.timeout(CONTROL_TIMEOUT):
+                    if session is not None:
+                        await session.disconnect()
+                    await client.stop()
+            else:
+                await _force_stop(client)
         except Exception:
             log.warning("stopping the Copilot CLI did not finish cleanly", exc_info=True)
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(CONTROL_TIMEOUT / 2):
-                    await client.force_stop()
+            await _force_stop(client)
         finally:
             await _release(process)
+
+
+async def _force_stop(client: Any) -> None:
+    """Drop the SDK client's connection without asking the CLI anything."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(CONTROL_TIMEOUT / 2):
+            await client.force_stop()
 
 
 async def _release(process: subprocess.Popen[bytes] | None) -> None:

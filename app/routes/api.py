@@ -19,7 +19,7 @@ from app.models import (
     MessageCreate,
     PermissionAnswer,
 )
-from app.providers import default_provider, provider_infos
+from app.providers import WINDOW_PROVIDERS, default_provider, provider_infos
 from app.routes.deps import load_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
 from app.views import conversation_view, entry_view
@@ -56,7 +56,7 @@ def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
 @router.get("/providers")
 async def providers(request: Request) -> dict[str, Any]:
     """Every provider, whether it can run here, and the default."""
-    infos = provider_infos()
+    infos = provider_infos(_settings(request))
     return {
         "providers": [info.as_dict() for info in infos],
         "default": default_provider(_settings(request), infos),
@@ -86,7 +86,7 @@ async def create_conversation(
 ) -> dict[str, Any]:
     """Start a conversation."""
     settings = _settings(request)
-    infos = {info.id: info for info in provider_infos()}
+    infos = {info.id: info for info in provider_infos(settings)}
     provider = body.provider or default_provider(settings, list(infos.values()))
     if provider not in infos:
         raise HTTPException(
@@ -143,7 +143,7 @@ async def update_conversation(
             changes["auto_compact_window"] = validate_setting(body.auto_compact_window)
         except ValueError as error:
             raise HTTPException(422, str(error)) from None
-        if conversation.provider not in ("claude", "deepseek", "demo"):
+        if conversation.provider not in WINDOW_PROVIDERS:
             raise HTTPException(409, "This provider has no auto-compact window setting.")
     if changes and conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; it can be read, not changed.")

@@ -1,0 +1,158 @@
+"""The SDK engine (provider openai) through the whole relay: the real Copilot CLI, a fake API."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.agents.copilot import INSTALL_HINT, copilot_cli_path
+from app.compaction import finished_text
+from app.summary import compose_first_message
+from tests.fake_openai import FakeOpenAI, content_text
+from tests.relay import LiveRelay, make_settings
+
+
+@pytest.fixture(scope="module")
+def cli() -> str:
+    """The installed Copilot CLI; its absence fails the tests (make test installs it)."""
+    path = copilot_cli_path(os.environ.get("OARLOCK_COPILOT_CLI"))
+    if path is None or not os.access(path, os.X_OK):
+        pytest.fail(f"The Copilot CLI is not installed. {INSTALL_HINT}", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def copilot_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One HOME for every test: the CLI unpacks itself (~235 MB) under $HOME/.cache once."""
+    return tmp_path_factory.mktemp("copilot-relay-home")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def relay(
+    cli: str, fake: FakeOpenAI, copilot_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LiveRelay]:
+    monkeypatch.setenv("HOME", str(copilot_home))
+    settings = make_settings(
+        tmp_path / "data",
+        copilot_cli=cli,
+        openai_base_url=fake.base_url,
+        openai_api_key="sk-test",
+        openai_model="gpt-4.1",
+    )
+    live = LiveRelay(settings).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def of_kind(view: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [entry for entry in view["timeline"] if entry["kind"] == kind]
+
+
+def test_provider_is_offered_with_its_settings(relay: LiveRelay) -> None:
+    providers = {p["id"]: p for p in relay.http.get("/api/providers").json()["providers"]}
+    assert providers["openai"] == {
+        "id": "openai",
+        "name": "OpenAI-compatible",
+        "available": True,
+        "reason": "",
+        "compact_window": False,
+    }
+
+
+def test_reply_is_stored_and_streamed(relay: LiveRelay) -> None:
+    cid = relay.create(provider="openai")["id"]
+    relay.send(cid, "hello engine")
+    view = relay.wait_idle(cid, timeout=60)
+    assert [(e["kind"], e["text"]) for e in view["timeline"]] == [
+        ("user", "hello engine"),
+        ("agent", "You said: hello engine"),
+    ]
+    assert view["session_id"]
+    assert view["model"] == "gpt-4.1"
+
+
+def test_compaction_shows_as_activity_lines(relay: LiveRelay, fake: FakeOpenAI) -> None:
+    cid = relay.create(provider="openai")["id"]
+    relay.send(cid, "turn one")
+    relay.wait_idle(cid, timeout=60)
+    fake.prompt_tokens = 120_000  # of the 128k limit: past the engine's 80% threshold
+    for text in ("turn two", "turn three"):
+        relay.send(cid, text)
+        relay.wait_idle(cid, timeout=90)
+    view = relay.get(cid)
+    compactions = [e for e in of_kind(view, "activity") if e["data"].get("type") == "compaction"]
+    assert len(compactions) == 1
+    data = compactions[0]["data"]
+    assert compactions[0]["state"] == "done"
+    assert data["messages_removed"] == 3
+    assert compactions[0]["text"] == finished_text(
+        "activity", messages_removed=3, tokens_removed=data["tokens_removed"]
+    )
+    assert compactions[0]["text"].startswith("Context compacted (removed 3 messages, ")
+    assert of_kind(view, "line") == []  # no full-width line for this engine
+
+
+def test_failed_compaction_gives_one_short_reason(relay: LiveRelay, fake: FakeOpenAI) -> None:
+    fake.prompt_tokens = 120_000
+    fake.summary_status = 400
+    cid = relay.create(provider="openai")["id"]
+    for text in ("turn one", "turn two"):
+        relay.send(cid, text)
+        relay.wait_idle(cid, timeout=90)
+    activity = of_kind(relay.get(cid), "activity")
+    assert [(e["text"], e["state"]) for e in activity] == [
+        ("Context compaction failed: provider rejected (HTTP 400)", "error")
+    ]
+
+
+def test_compact_carries_summary_into_first_request(relay: LiveRelay, fake: FakeOpenAI) -> None:
+    old = relay.create(provider="openai", title="Engine chat")["id"]
+    relay.send(old, "remember the number 7")
+    relay.wait_idle(old, timeout=60)
+    new = relay.send(old, "/compact").json()["compacted_into"]
+    summary = new["pending_summary"]
+    assert summary == (
+        "Conversation: Engine chat\nUser: remember the number 7\n"
+        "Agent: You said: remember the number 7"
+    )
+    relay.send(new["id"], "what was it?")
+    relay.wait_idle(new["id"], timeout=60)
+    relay.send(new["id"], "and again?")
+    relay.wait_idle(new["id"], timeout=60)
+    chats = [r.body for r in fake.requests if r.path.endswith("/chat/completions")]
+    first, second = chats[-2], chats[-1]
+    users = [content_text(m["content"]) for m in first["messages"] if m["role"] == "user"]
+    expected = compose_first_message(summary, "what was it?")
+    assert sum(expected in text for text in users) == 1
+    later = [content_text(m["content"]) for m in second["messages"] if m["role"] == "user"]
+    assert sum("[Carry-over context" in text for text in later) == 1  # only the first, in history
+    assert "and again?" in later[-1] and "[Carry-over" not in later[-1]
+    assert [e["text"] for e in of_kind(relay.get(new["id"]), "user")] == [
+        "what was it?",
+        "and again?",
+    ]
+
+
+def test_stop_interrupts_the_turn(relay: LiveRelay) -> None:
+    cid = relay.create(provider="openai")["id"]
+    relay.send(cid, "go [[LONG:400]]")
+    relay.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]), timeout=60)
+    assert relay.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
+    view = relay.wait_idle(cid, timeout=60)
+    assert [e["text"] for e in of_kind(view, "line")] == ["Interrupted by the user."]
+    relay.send(cid, "still there?")
+    assert (
+        of_kind(relay.wait_idle(cid, timeout=60), "agent")[-1]["text"] == "You said: still there?"
+    )
