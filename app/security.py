@@ -12,10 +12,11 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
+
+from starlette.requests import cookie_parser
 
 COOKIE = "oarlock_token"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -158,15 +159,15 @@ class Guard:
             if bearer.lower().startswith("bearer "):
                 given = bearer[7:].strip()
             else:
-                cookie = SimpleCookie()
-                cookie.load(headers.get("cookie", ""))
-                if COOKIE in cookie:
-                    given, by_cookie = cookie[COOKIE].value, True
-            if given is None and scope.get("method") == "GET" and "token=" in _query(scope):
-                return None  # checked by _login_by_url
+                # Lenient parsing: another app's odd cookie on localhost must not hide ours.
+                cookies = cookie_parser(headers.get("cookie", ""))
+                if COOKIE in cookies:
+                    given, by_cookie = cookies[COOKIE], True
             client = _client(scope)
             if self.limiter.blocked(client):
                 return 429, "Too many failed attempts; wait a minute.", []
+            if given is None and _url_token(scope) is not None:
+                return None  # a login by URL: _login_by_url checks it and redirects
             if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
                 if given is not None:
                     self.limiter.fail(client)
@@ -191,19 +192,19 @@ class Guard:
         self, scope: Scope, headers: dict[str, str]
     ) -> list[tuple[bytes, bytes]] | None:
         """For GET ?token=…: set the cookie and redirect to the same URL without the token."""
-        if scope["type"] != "http" or scope.get("method") != "GET" or self.token is None:
+        given = _url_token(scope)
+        if given is None or self.token is None:
             return None
-        query = parse_qs(_query(scope))
-        if "token" not in query:
-            return None
+        query = parse_qs(_query(scope), keep_blank_values=True)
         rest = {k: v for k, v in query.items() if k != "token"}
         location = scope["path"] + (f"?{urlencode(rest, doseq=True)}" if rest else "")
-        if not hmac.compare_digest(query["token"][0].encode(), self.token.encode()):
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
             self.limiter.fail(_client(scope))
-            return [(b"location", b"/login?failed=1")]
+            return [(b"location", b"/login?failed=1"), *SECURITY_HEADERS]
         return [
             (b"location", location.encode()),
             (b"set-cookie", session_cookie(self.token, secure=scope.get("scheme") == "https")),
+            *SECURITY_HEADERS,
         ]
 
 
@@ -228,6 +229,14 @@ def _client(scope: Scope) -> str:
 
 def _query(scope: Scope) -> str:
     return scope.get("query_string", b"").decode("latin-1")
+
+
+def _url_token(scope: Scope) -> str | None:
+    """The token= of a plain GET page request (a login by URL), blank included."""
+    if scope["type"] != "http" or scope.get("method") != "GET":
+        return None
+    values = parse_qs(_query(scope), keep_blank_values=True).get("token")
+    return values[0] if values else None
 
 
 def _is_json(content_type: str) -> bool:

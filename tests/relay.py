@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,12 +128,22 @@ class LiveRelay:
         headers = {"Cookie": f"oarlock_token={TOKEN}", "Origin": origin or self.base}
         url = f"ws://127.0.0.1:{self.settings.port}/ws"
         with connect(url, additional_headers=headers, open_timeout=10) as ws:
-            yield ws
+            try:
+                yield ws
+            finally:
+                _pending.pop(id(ws), None)
+
+
+_pending: dict[int, deque[dict[str, Any]]] = {}
 
 
 def receive(ws: ClientConnection, timeout: float = 10) -> dict[str, Any]:
-    """The next JSON message of a socket."""
-    return json.loads(ws.recv(timeout=timeout))
+    """The next event of a socket (a frame holds one event, or an array of them)."""
+    pending = _pending.setdefault(id(ws), deque())
+    if not pending:
+        message = json.loads(ws.recv(timeout=timeout))
+        pending.extend(message if isinstance(message, list) else [message])
+    return pending.popleft()
 
 
 def receive_until(

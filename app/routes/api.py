@@ -177,6 +177,10 @@ async def send_message(
         raise HTTPException(413, f"The message is over the limit of {limit} bytes.")
     if not body.text.strip():
         raise HTTPException(422, "The message is empty.")
+    if conversation.status != "active":  # before anything changes, even the title
+        if is_compact_command(body.text):
+            raise HTTPException(409, "This conversation is archived; it cannot be compacted again.")
+        raise HTTPException(409, "This conversation is archived; it can be read, not written.")
     try:
         if is_compact_command(body.text):
             new = supervisor.compact(conversation)

@@ -1,0 +1,998 @@
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.relay import LiveRelay, make_settings
+
+DEMO_TAIL = (
+    "I am the **demo** agent: I run offline and quote what you send. "
+    "Try a message with *use a tool*, *ask permission* or *slow*."
+)
+NOTCHES = [None, 100000, 200000, 300000, 500000, 700000, 1000000]
+NOTCH_ERROR = (
+    "auto_compact_window must be one of: null, 100000, 200000, 300000, 500000, 700000, 1000000"
+)
+MODE_ERROR = "permission_mode must be one of: default, acceptEdits, bypassPermissions, plan."
+PERMISSION_DATA = {
+    "type": "permission",
+    "tool": "Bash",
+    "input": {"command": "touch demo.txt"},
+    "tool_id": "demo-permission",
+}
+INTERRUPTED_LINE = {
+    "kind": "line",
+    "text": "Interrupted by the user.",
+    "state": "done",
+    "data": {"level": "info", "type": "interrupted"},
+}
+
+
+def said(text: str) -> str:
+    """The demo agent's whole reply to a message."""
+    return f"You said: “{text}”\n\n{DEMO_TAIL}"
+
+
+def shape(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """The timeline as (kind, state) pairs."""
+    return [(entry["kind"], entry["state"]) for entry in view["timeline"]]
+
+
+def strip(entry: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """An entry or conversation without the fields that vary from run to run."""
+    return {key: value for key, value in entry.items() if key not in ("id", "created_at", *keys)}
+
+
+def line_of(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: entry[key] for key in ("kind", "text", "state", "data")}
+
+
+def first(view: dict[str, Any], predicate: Any) -> dict[str, Any]:
+    return next(entry for entry in view["timeline"] if predicate(entry))
+
+
+def is_permission(entry: dict[str, Any]) -> bool:
+    return entry["data"].get("type") == "permission"
+
+
+def has_agent_text(view: dict[str, Any]) -> bool:
+    return any(entry["kind"] == "agent" and entry["text"] for entry in view["timeline"])
+
+
+def has_pending_question(view: dict[str, Any]) -> bool:
+    return any(is_permission(e) and e["state"] == "pending" for e in view["timeline"])
+
+
+def chat(relay: LiveRelay, conversation_id: int, *texts: str) -> dict[str, Any]:
+    """Send messages one turn at a time; the conversation once idle."""
+    view: dict[str, Any] = {}
+    for text in texts:
+        assert relay.send(conversation_id, text).status_code == 202
+        view = relay.wait_idle(conversation_id)
+    return view
+
+
+@pytest.fixture
+def anon(relay: LiveRelay) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def small_relay(tmp_path: Path) -> Iterator[LiveRelay]:
+    """A relay that accepts messages of at most 1000 bytes."""
+    live = LiveRelay(make_settings(tmp_path / "data", max_message_bytes=1000)).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def no_env_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", raising=False)
+
+
+# -- health and providers ------------------------------------------------------------------
+
+
+def test_healthz_without_auth(anon: httpx.Client) -> None:
+    response = anon.get("/healthz")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+def test_providers_shape(relay: LiveRelay) -> None:
+    response = relay.http.get("/api/providers")
+    body = response.json()
+    by_id = {p["id"]: p for p in body["providers"]}
+    assert (response.status_code, sorted(body)) == (200, ["default", "providers"])
+    assert {tuple(sorted(p)) for p in body["providers"]} == {
+        ("available", "compact_window", "id", "name", "reason")
+    }
+    assert [name for name in ("claude", "deepseek", "demo") if name in by_id] == [
+        "claude",
+        "deepseek",
+        "demo",
+    ]
+    assert by_id["demo"] == {
+        "id": "demo",
+        "name": "Demo (offline)",
+        "available": True,
+        "reason": "",
+        "compact_window": True,
+    }
+    assert body["default"] == ("claude" if by_id["claude"]["available"] else "demo")
+    assert [p["id"] for p in body["providers"] if not p["available"] and not p["reason"]] == []
+
+
+# -- create ------------------------------------------------------------------------------
+
+
+def test_create_conversation_defaults(relay: LiveRelay) -> None:
+    response = relay.http.post("/api/conversations", json={"provider": "demo"})
+    assert response.status_code == 201
+    assert strip(response.json(), "updated_at") == {
+        "title": "New conversation",
+        "provider": "demo",
+        "status": "active",
+        "cwd": str(relay.settings.cwd_default),
+        "permission_mode": "default",
+        "session_id": None,
+        "context_tokens": None,
+        "model": None,
+        "model_window": None,
+        "auto_compact_window": None,
+        "pending_summary": None,
+        "compacted_from_id": None,
+        "compacted_into_id": None,
+        "window": None,
+        "threshold": None,
+    }
+
+
+def test_create_conversation_without_provider_uses_default(relay: LiveRelay) -> None:
+    default = relay.http.get("/api/providers").json()["default"]
+    response = relay.http.post("/api/conversations", json={})
+    assert (response.status_code, response.json()["provider"]) == (201, default)
+
+
+def test_create_conversation_options(relay: LiveRelay) -> None:
+    created = [
+        relay.create(title="  Fix   the\nbuild ", permission_mode="plan"),
+        relay.create(title="   "),
+    ]
+    assert [(c["title"], c["permission_mode"]) for c in created] == [
+        ("Fix the build", "plan"),
+        ("New conversation", "default"),
+    ]
+
+
+def test_create_conversation_invalid_422(relay: LiveRelay) -> None:
+    bodies = [
+        {"provider": "demo", "permission_mode": "yolo"},
+        {"provider": "nope"},
+        {"provider": "demo", "colour": "red"},
+    ]
+    mode, provider, extra = [relay.http.post("/api/conversations", json=b) for b in bodies]
+    ids = ", ".join(p["id"] for p in relay.http.get("/api/providers").json()["providers"])
+    assert [(r.status_code, r.json()) for r in (mode, provider)] == [
+        (422, {"detail": MODE_ERROR}),
+        (422, {"detail": f"Unknown provider 'nope'; choose one of {ids}."}),
+    ]
+    assert (extra.status_code, [e["type"] for e in extra.json()["detail"]]) == (
+        422,
+        ["extra_forbidden"],
+    )
+    assert relay.http.get("/api/conversations").json()["conversations"] == []
+
+
+def test_create_conversation_cwd_inside_roots(relay: LiveRelay) -> None:
+    root = relay.settings.roots[0]
+    inside = root / "work" / "project"
+    inside.mkdir()
+    cwds = [relay.create(cwd=str(path))["cwd"] for path in (inside, root, f"{root}/work/../work")]
+    assert cwds == [str(inside), str(root), str(root / "work")]
+
+
+def outside_error(relay: LiveRelay) -> dict[str, str]:
+    root = relay.settings.roots[0]
+    return {"detail": f"The working directory must be inside {root} (OARLOCK_WORKSPACE_ROOTS)."}
+
+
+def post_cwd(relay: LiveRelay, cwd: str) -> httpx.Response:
+    return relay.http.post("/api/conversations", json={"provider": "demo", "cwd": cwd})
+
+
+def test_create_conversation_cwd_rejected_400(relay: LiveRelay, tmp_path: Path) -> None:
+    root = relay.settings.roots[0]
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "work" / "link").symlink_to(outside)
+    Path(f"{root}-sibling").mkdir()
+    missing = root / "work" / "missing"
+    escaped = f"The working directory must be inside {root} (OARLOCK_WORKSPACE_ROOTS)."
+    cases = {
+        str(outside): escaped,  # outside the roots
+        "work": "The working directory must be an absolute path.",
+        str(missing): f"The working directory {missing} does not exist.",
+        str(root / "work" / "link"): escaped,  # a symlink out of the root
+        f"{root}/work/../../": escaped,  # ".." out of the root
+        f"{root}-sibling": escaped,  # shares the root's name as a prefix only
+    }
+    answers = [post_cwd(relay, cwd) for cwd in cases]
+    assert [(r.status_code, r.json()) for r in answers] == [
+        (400, {"detail": detail}) for detail in cases.values()
+    ]
+    assert relay.http.get("/api/conversations").json()["conversations"] == []
+
+
+# -- list --------------------------------------------------------------------------------
+
+
+def listed(relay: LiveRelay, query: str = "") -> tuple[list[int], int | None]:
+    body = relay.http.get(f"/api/conversations{query}").json()
+    return [c["id"] for c in body["conversations"]], body["next"]
+
+
+def test_list_conversations_newest_first(relay: LiveRelay) -> None:
+    empty = listed(relay)
+    for _ in range(3):
+        relay.create()
+    assert (empty, listed(relay)) == (([], None), ([3, 2, 1], None))
+
+
+def test_list_conversations_pages_with_next(relay: LiveRelay) -> None:
+    for _ in range(5):
+        relay.create()
+    pages = [listed(relay, "?limit=2")]
+    while pages[-1][1] is not None:
+        pages.append(listed(relay, f"?limit=2&before={pages[-1][1]}"))
+    assert pages == [([5, 4], 4), ([3, 2], 2), ([1], None)]
+
+
+def test_list_conversations_message_moves_to_top(relay: LiveRelay) -> None:
+    ids = [relay.create()["id"] for _ in range(3)]
+    chat(relay, ids[0], "hello")
+    assert listed(relay)[0] == [1, 3, 2]
+
+
+def test_list_conversations_archived(relay: LiveRelay) -> None:
+    old = relay.create()["id"]
+    relay.create()
+    new = relay.send(old, "/compact").json()["compacted_into"]["id"]
+    assert (listed(relay, "?status=archived"), listed(relay)) == (([1], None), ([new, 2], None))
+
+
+def test_list_conversations_bad_query_422(relay: LiveRelay) -> None:
+    queries = ["status=deleted", "limit=0", "limit=501", "before=x"]
+    statuses = [relay.http.get(f"/api/conversations?{q}").status_code for q in queries]
+    assert statuses == [422] * 4
+
+
+# -- get ---------------------------------------------------------------------------------
+
+
+def test_get_conversation_new_is_empty(relay: LiveRelay) -> None:
+    created = relay.create()
+    view = relay.get(created["id"])
+    assert {k: v for k, v in view.items() if k != "epoch"} == {
+        **created,
+        "timeline": [],
+        "has_more": False,
+        "turn": {"state": "idle", "queued": 0},
+        "seq": 0,
+    }
+
+
+def test_get_conversation_timeline_after_turn(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    view = chat(relay, cid, "hello")
+    user, agent = view["timeline"]
+    assert strip(user, "seq") == {
+        "kind": "user",
+        "text": "hello",
+        "state": "sent",
+        "data": {},
+        "html": None,
+    }
+    assert strip(agent, "seq") == {
+        "kind": "agent",
+        "text": said("hello"),
+        "state": "done",
+        "data": {"result": {"cost_usd": 0.0, "duration_ms": 0}},
+        "html": "<p>You said: “hello”</p>\n<p>I am the <strong>demo</strong> agent: I run "
+        "offline and quote what you send. Try a message with <em>use a tool</em>, "
+        "<em>ask permission</em> or <em>slow</em>.</p>\n",
+    }
+    assert (user["seq"] < agent["seq"] <= view["seq"], view["has_more"]) == (True, False)
+
+
+def test_get_conversation_records_session_and_usage(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    view = chat(relay, cid, "hello")
+    assert (
+        view["session_id"],
+        view["context_tokens"],
+        view["model"],
+        view["model_window"],
+        view["window"],
+        view["threshold"],
+    ) == (f"demo-{cid}", 21001, "demo", 200000, 200000, 167000)
+
+
+def test_get_conversation_tool_call(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    view = chat(relay, cid, "use a tool")
+    tool = view["timeline"][1]
+    assert shape(view) == [("user", "sent"), ("activity", "done"), ("agent", "done")]
+    assert (tool["text"], tool["data"]) == (
+        "echo hello",
+        {
+            "type": "tool",
+            "tool": "Bash",
+            "tool_id": "demo-tool",
+            "output": "hello",
+            "is_error": False,
+        },
+    )
+
+
+def test_get_conversation_seq_ascending(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    view = chat(relay, cid, "one", "use a tool", "three")
+    seqs = [entry["seq"] for entry in view["timeline"]]
+    assert (seqs == sorted(seqs), len(set(seqs)), len(seqs)) == (True, 7, 7)
+
+
+def test_get_conversation_pages(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    view = chat(relay, cid, "a", "b", "c")
+    all_seqs = [entry["seq"] for entry in view["timeline"]]
+    pages = []
+    before = None
+    while True:
+        query = "?limit=2" + (f"&before={before}" if before is not None else "")
+        page = relay.http.get(f"/api/conversations/{cid}{query}").json()
+        pages.append(([e["seq"] for e in page["timeline"]], page["has_more"]))
+        if not page["has_more"]:
+            break
+        before = page["timeline"][0]["seq"]
+    whole = relay.http.get(f"/api/conversations/{cid}?limit=6").json()
+    assert pages == [(all_seqs[4:], True), (all_seqs[2:4], True), (all_seqs[:2], False)]
+    assert ([e["seq"] for e in whole["timeline"]], whole["has_more"]) == (all_seqs, False)
+
+
+def test_get_conversation_bad_limit_422(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    statuses = [
+        relay.http.get(f"/api/conversations/{cid}?limit={n}").status_code for n in (0, 1001)
+    ]
+    assert statuses == [422, 422]
+
+
+def test_unknown_conversation_404(relay: LiveRelay) -> None:
+    requests: list[tuple[str, str, dict[str, Any] | None]] = [
+        ("GET", "", None),
+        ("PATCH", "", {"title": "x"}),
+        ("POST", "/messages", {"text": "hi"}),
+        ("POST", "/interrupt", None),
+        ("GET", "/context", None),
+        ("POST", "/permissions/1", {"allow": True}),
+    ]
+    answers = [
+        relay.http.request(method, f"/api/conversations/999{path}", json=body)
+        for method, path, body in requests
+    ]
+    assert [(r.status_code, r.json()) for r in answers] == [
+        (404, {"detail": "No conversation 999."})
+    ] * len(requests)
+
+
+# -- update ------------------------------------------------------------------------------
+
+
+def patch(relay: LiveRelay, cid: int, **body: Any) -> httpx.Response:
+    return relay.http.patch(f"/api/conversations/{cid}", json=body)
+
+
+def test_patch_title(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    renamed = patch(relay, cid, title="  Fix   the build ")
+    empty = patch(relay, cid, title="   ")
+    assert (renamed.status_code, renamed.json()["title"]) == (200, "Fix the build")
+    assert (empty.status_code, empty.json(), relay.get(cid)["title"]) == (
+        422,
+        {"detail": "The title cannot be empty."},
+        "Fix the build",
+    )
+
+
+def test_patch_permission_mode(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    changed = patch(relay, cid, permission_mode="acceptEdits")
+    refused = patch(relay, cid, permission_mode="yolo")
+    assert (changed.status_code, changed.json()["permission_mode"]) == (200, "acceptEdits")
+    assert (refused.status_code, refused.json(), relay.get(cid)["permission_mode"]) == (
+        422,
+        {"detail": MODE_ERROR},
+        "acceptEdits",
+    )
+
+
+def test_patch_auto_compact_window(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    chosen = patch(relay, cid, auto_compact_window=200000)
+    stored = relay.get(cid)["auto_compact_window"]
+    auto = patch(relay, cid, auto_compact_window=None)
+    assert [(r.status_code, r.json()["auto_compact_window"]) for r in (chosen, auto)] == [
+        (200, 200000),
+        (200, None),
+    ]
+    assert stored == 200000
+
+
+def test_patch_auto_compact_window_off_notch_422(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    answers = [patch(relay, cid, auto_compact_window=value) for value in (123, 150000, True)]
+    assert [(r.status_code, r.json()) for r in answers] == [(422, {"detail": NOTCH_ERROR})] * 3
+    assert relay.get(cid)["auto_compact_window"] is None
+
+
+def test_patch_auto_compact_window_sets_effective_window(relay: LiveRelay, no_env_window) -> None:
+    cid = relay.create()["id"]
+    chat(relay, cid, "hello")
+    body = patch(relay, cid, auto_compact_window=100000).json()
+    assert (body["window"], body["threshold"]) == (100000, 67000)
+
+
+def test_patch_unknown_field_422(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    assert patch(relay, cid, status="archived").status_code == 422
+
+
+def test_patch_archived_409(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "/compact")
+    response = patch(relay, cid, title="Renamed")
+    assert (response.status_code, response.json(), relay.get(cid)["title"]) == (
+        409,
+        {"detail": "This conversation is archived; it can be read, not changed."},
+        "New conversation",
+    )
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+def test_send_message_202_queued_entry(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    response = relay.send(cid, "hello")
+    assert response.status_code == 202
+    assert strip(response.json(), "seq") == {
+        "kind": "user",
+        "text": "hello",
+        "state": "queued",
+        "data": {},
+        "html": None,
+    }
+
+
+def test_send_message_is_delivered_with_new_seq(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    stored = relay.send(cid, "hello").json()
+    delivered = relay.wait_idle(cid)["timeline"][0]
+    assert (delivered["id"], delivered["state"], delivered["seq"] > stored["seq"]) == (
+        stored["id"],
+        "sent",
+        True,
+    )
+
+
+def test_send_message_agent_quotes_it(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    view = chat(relay, cid, "please   fix\nthe build")
+    assert view["timeline"][-1]["text"] == said("please fix the build")
+
+
+def test_send_message_empty_422(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    answers = [relay.send(cid, text) for text in ("", "   ", " \n\t ")]
+    missing = relay.http.post(f"/api/conversations/{cid}/messages", json={})
+    assert [(r.status_code, r.json()) for r in answers] == [
+        (422, {"detail": "The message is empty."})
+    ] * 3
+    assert (missing.status_code, missing.json()["detail"][0]["type"]) == (422, "missing")
+    assert relay.get(cid)["timeline"] == []
+
+
+def test_send_message_over_limit_413(small_relay: LiveRelay) -> None:
+    cid = small_relay.create()["id"]
+    over = small_relay.send(cid, "x" * 1001)
+    over_in_bytes = small_relay.send(cid, "é" * 501)  # 501 characters, 1002 bytes
+    huge = small_relay.send(cid, "x" * 6000)  # refused before the body is read
+    timeline = small_relay.get(cid)["timeline"]
+    at_limit = small_relay.send(cid, "x" * 1000)
+    too_big = {"detail": "The message is over the limit of 1000 bytes."}
+    assert [(r.status_code, r.json()) for r in (over, over_in_bytes, huge)] == [
+        (413, too_big),
+        (413, too_big),
+        (413, {"detail": "Request body over the limit of 5096 bytes."}),
+    ]
+    assert (timeline, at_limit.status_code) == ([], 202)
+
+
+def test_send_message_to_archived_409(relay: LiveRelay) -> None:
+    cid = relay.create(title="Kept")["id"]
+    relay.send(cid, "/compact")
+    response = relay.send(cid, "hello")
+    assert (response.status_code, response.json(), relay.get(cid)["timeline"]) == (
+        409,
+        {"detail": "This conversation is archived; it can be read, not written."},
+        [],
+    )
+
+
+def test_send_message_to_archived_keeps_title(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "/compact")
+    response = relay.send(cid, "hello")
+    assert (response.status_code, relay.get(cid)["title"]) == (409, "New conversation")
+
+
+def test_send_message_first_sets_title(relay: LiveRelay) -> None:
+    short, long = relay.create()["id"], relay.create()["id"]
+    relay.send(short, "  Fix   the\nbuild  ")
+    relay.send(long, "word " * 30)
+    titles = [relay.get(cid)["title"] for cid in (short, long)]
+    assert titles == ["Fix the build", "word " * 11 + "word…"]
+    assert len(titles[1]) == 60
+
+
+def test_send_message_keeps_chosen_title(relay: LiveRelay) -> None:
+    named, chatted = relay.create(title="My title")["id"], relay.create()["id"]
+    relay.send(named, "hello")
+    chat(relay, chatted, "first one")
+    relay.send(chatted, "second one")
+    assert [relay.wait_idle(cid)["title"] for cid in (named, chatted)] == ["My title", "first one"]
+
+
+# -- /compact ----------------------------------------------------------------------------
+
+
+def test_compact_201_new_conversation(relay: LiveRelay) -> None:
+    old = relay.create()["id"]
+    before = chat(relay, old, "hello")
+    response = relay.send(old, "/compact")
+    new = response.json()["compacted_into"]
+    after = relay.get(old)
+    assert (response.status_code, list(response.json())) == (201, ["compacted_into"])
+    assert strip(new, "updated_at") == {
+        "title": "hello (compacted)",
+        "provider": "demo",
+        "status": "active",
+        "cwd": str(relay.settings.cwd_default),
+        "permission_mode": "default",
+        "session_id": None,
+        "context_tokens": None,
+        "model": "demo",
+        "model_window": 200000,
+        "auto_compact_window": None,
+        "pending_summary": "Conversation: hello\nUser: hello\nAgent: You said: “hello” "
+        + DEMO_TAIL,
+        "compacted_from_id": old,
+        "compacted_into_id": None,
+        "window": 200000,
+        "threshold": 167000,
+    }
+    # The old one is archived, linked, and keeps its timeline; the new one starts empty.
+    assert (after["status"], after["compacted_into_id"], after["timeline"]) == (
+        "archived",
+        new["id"],
+        before["timeline"],
+    )
+    assert (relay.get(new["id"])["timeline"], relay.get(new["id"])["turn"]) == (
+        [],
+        {"state": "idle", "queued": 0},
+    )
+
+
+def test_compact_command_with_spaces(relay: LiveRelay) -> None:
+    cid = relay.create(title="Empty")["id"]
+    response = relay.send(cid, "  /compact \n")
+    new = response.json()["compacted_into"]
+    assert (response.status_code, new["title"], new["pending_summary"]) == (
+        201,
+        "Empty (compacted)",
+        "Conversation: Empty\n(The previous conversation had no text messages.)",
+    )
+
+
+def test_compact_lookalikes_are_messages(relay: LiveRelay) -> None:
+    cid = relay.create(title="T")["id"]
+    texts = ["/compact now", "please /compact", "/compactx", "/COMPACT", "/compact/"]
+    answers = [relay.send(cid, text) for text in texts]
+    assert [(r.status_code, r.json()["text"]) for r in answers] == [(202, t) for t in texts]
+    assert (relay.get(cid)["status"], relay.wait_idle(cid)["status"]) == ("active", "active")
+
+
+def test_compact_archived_409(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "/compact")
+    response = relay.send(cid, "/compact")
+    assert (response.status_code, response.json()) == (
+        409,
+        {"detail": "This conversation is archived; it cannot be compacted again."},
+    )
+
+
+def compacted_after(relay: LiveRelay, text: str) -> int:
+    old = relay.create()["id"]
+    chat(relay, old, text)
+    return relay.send(old, "/compact").json()["compacted_into"]["id"]
+
+
+def test_compact_first_message_carries_summary(relay: LiveRelay) -> None:
+    new = compacted_after(relay, "hello")
+    view = chat(relay, new, "next step")
+    user, agent = view["timeline"]
+    assert agent["text"].startswith(
+        "You said: “[Carry-over context from previous compacted conversation] "
+        "Conversation: hello User: hello Agent: You said: “hello” I am the **demo** agent"
+    )
+    assert (user["text"], view["pending_summary"]) == ("next step", None)
+
+
+def test_compact_second_message_has_no_summary(relay: LiveRelay) -> None:
+    new = compacted_after(relay, "hello")
+    view = chat(relay, new, "next step", "again")
+    assert view["timeline"][-1]["text"] == said("again")
+
+
+def test_compact_title_not_replaced_by_first_message(relay: LiveRelay) -> None:
+    old = relay.create()["id"]
+    new = relay.send(old, "/compact").json()["compacted_into"]["id"]
+    relay.send(new, "hello")
+    assert relay.get(new)["title"] == "New conversation (compacted)"
+
+
+# -- interrupt ---------------------------------------------------------------------------
+
+
+def test_interrupt_idle_is_false(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    response = relay.http.post(f"/api/conversations/{cid}/interrupt")
+    assert (response.status_code, response.json()) == (202, {"interrupted": False})
+
+
+def test_interrupt_slow_turn(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "slow please")
+    relay.wait_for(cid, has_agent_text)
+    response = relay.http.post(f"/api/conversations/{cid}/interrupt")
+    view = relay.wait_idle(cid)
+    user, agent, line = view["timeline"]
+    assert (response.status_code, response.json()) == (202, {"interrupted": True})
+    assert (user["state"], agent["state"] in ("done", "interrupted"), line_of(line)) == (
+        "sent",
+        True,
+        INTERRUPTED_LINE,
+    )
+    full = said("slow please") + "\n\n" + " ".join(f"word{n}" for n in range(1, 201))
+    assert (full.startswith(agent["text"]), 0 < len(agent["text"]) < len(full)) == (True, True)
+
+
+def test_interrupt_keeps_queued_messages(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "slow please")
+    relay.wait_for(cid, has_agent_text)
+    relay.send(cid, "after")
+    relay.http.post(f"/api/conversations/{cid}/interrupt")
+    view = relay.wait_idle(cid)
+    assert [(e["kind"], e["text"]) for e in view["timeline"]][-2:] == [
+        ("user", "after"),
+        ("agent", said("after")),
+    ]
+
+
+# -- permissions -------------------------------------------------------------------------
+
+
+def ask(relay: LiveRelay) -> tuple[int, dict[str, Any]]:
+    """A conversation whose agent waits for a permission answer, and the question."""
+    cid = relay.create()["id"]
+    relay.send(cid, "ask permission")
+    view = relay.wait_for(cid, has_pending_question)
+    return cid, first(view, is_permission)
+
+
+def answer(relay: LiveRelay, cid: int, entry_id: int, **body: Any) -> httpx.Response:
+    return relay.http.post(f"/api/conversations/{cid}/permissions/{entry_id}", json=body)
+
+
+def test_permission_question_entry(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    assert strip(question, "seq") == {
+        "kind": "activity",
+        "text": "Bash wants permission",
+        "state": "pending",
+        "data": PERMISSION_DATA,
+        "html": None,
+    }
+    assert relay.get(cid)["turn"] == {"state": "running", "queued": 0}
+
+
+def test_permission_allow_runs_tool(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    response = answer(relay, cid, question["id"], allow=True)
+    view = relay.wait_idle(cid)
+    tool = view["timeline"][2]
+    assert (response.status_code, response.json()) == (200, {**question, "state": "allowed"})
+    assert shape(view) == [
+        ("user", "sent"),
+        ("activity", "allowed"),
+        ("activity", "done"),
+        ("agent", "done"),
+    ]
+    assert (tool["text"], tool["data"]) == (
+        "touch demo.txt",
+        {
+            "type": "tool",
+            "tool": "Bash",
+            "tool_id": "demo-permission",
+            "output": "created demo.txt (not really: this is the demo)",
+            "is_error": False,
+        },
+    )
+
+
+def test_permission_second_answer_409(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    answer(relay, cid, question["id"], allow=True)
+    response = answer(relay, cid, question["id"], allow=False)
+    assert (response.status_code, response.json()) == (
+        409,
+        {"detail": "This question was already answered (allowed)."},
+    )
+
+
+def test_permission_deny_with_message(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    response = answer(relay, cid, question["id"], allow=False, message="not now")
+    view = relay.wait_idle(cid)
+    tool = view["timeline"][2]
+    assert (response.status_code, response.json()["state"]) == (200, "denied")
+    assert shape(view) == [
+        ("user", "sent"),
+        ("activity", "denied"),
+        ("activity", "error"),
+        ("agent", "done"),
+    ]
+    assert (tool["data"]["output"], tool["data"]["is_error"]) == ("not now", True)
+
+
+def test_permission_deny_default_message(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    answer(relay, cid, question["id"], allow=False)
+    view = relay.wait_idle(cid)
+    assert view["timeline"][2]["data"]["output"] == "Denied by the user."
+
+
+def test_permission_interrupt_expires_question(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    relay.http.post(f"/api/conversations/{cid}/interrupt")
+    view = relay.wait_idle(cid)
+    late = answer(relay, cid, question["id"], allow=True)
+    asked = first(view, is_permission)
+    tool = view["timeline"][2]
+    assert (asked["state"], tool["state"], tool["data"]["output"]) == (
+        "expired",
+        "error",
+        "Stopped by the user.",
+    )
+    assert line_of(view["timeline"][-1]) == INTERRUPTED_LINE
+    assert (late.status_code, late.json()) == (
+        409,
+        {"detail": "This question was already answered (expired)."},
+    )
+
+
+def test_permission_not_a_question_404(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    entry = relay.send(cid, "hello").json()
+    answers = [answer(relay, cid, entry_id, allow=True) for entry_id in (999, entry["id"])]
+    assert [(r.status_code, r.json()) for r in answers] == [
+        (404, {"detail": "No such question in this conversation."}),
+        (404, {"detail": "That entry is not a permission question."}),
+    ]
+
+
+def test_permission_other_conversation_404(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    other = relay.create()["id"]
+    response = answer(relay, other, question["id"], allow=True)
+    assert (response.status_code, response.json()["detail"], relay.get(cid)["turn"]["state"]) == (
+        404,
+        "No such question in this conversation.",
+        "running",
+    )
+    answer(relay, cid, question["id"], allow=True)
+
+
+def test_permission_answer_without_allow_422(relay: LiveRelay) -> None:
+    cid, question = ask(relay)
+    response = answer(relay, cid, question["id"], message="hm")
+    assert response.status_code == 422
+    answer(relay, cid, question["id"], allow=True)
+
+
+# -- queueing ----------------------------------------------------------------------------
+
+
+def busy_with_queue(relay: LiveRelay) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """A slow turn running with two messages queued behind it."""
+    cid = relay.create()["id"]
+    relay.send(cid, "slow one")
+    relay.wait_for(cid, has_agent_text)
+    queued = [relay.send(cid, text).json() for text in ("second", "third")]
+    return cid, queued, relay.get(cid)
+
+
+def test_queue_messages_stored_queued(relay: LiveRelay) -> None:
+    cid, queued, view = busy_with_queue(relay)
+    page = relay.http.get(f"/api/conversations/{cid}?limit=1&before={queued[0]['seq']}").json()
+    assert [(e["text"], e["state"]) for e in queued] == [("second", "queued"), ("third", "queued")]
+    assert (view["turn"], view["timeline"][-2:]) == ({"state": "running", "queued": 2}, queued)
+    # Queued messages close every page, whichever is asked for.
+    assert [(e["kind"], e["state"]) for e in page["timeline"]] == [
+        ("agent", "streaming"),
+        ("user", "queued"),
+        ("user", "queued"),
+    ]
+    assert page["timeline"][1:] == queued
+
+
+def test_queue_delivered_in_order(relay: LiveRelay) -> None:
+    cid, queued, _view = busy_with_queue(relay)
+    timeline = relay.wait_idle(cid)["timeline"]
+    seqs = [entry["seq"] for entry in timeline]
+    assert [(e["kind"], e["state"]) for e in timeline] == [
+        ("user", "sent"),
+        ("agent", "done"),
+        ("user", "sent"),
+        ("agent", "done"),
+        ("user", "sent"),
+        ("agent", "done"),
+    ]
+    assert [e["text"] for e in timeline if e["kind"] == "user"] == ["slow one", "second", "third"]
+    # Each delivered message gets a new seq, after the reply before it.
+    assert (seqs == sorted(seqs), len(set(seqs))) == (True, 6)
+    assert [timeline[2]["id"], timeline[4]["id"]] == [q["id"] for q in queued]
+    assert [timeline[2]["seq"] > queued[0]["seq"], timeline[4]["seq"] > queued[1]["seq"]] == [
+        True,
+        True,
+    ]
+
+
+# -- context -----------------------------------------------------------------------------
+
+CONTEXT_KEYS = [
+    "agent",
+    "capped",
+    "categories",
+    "free",
+    "line",
+    "model",
+    "model_window",
+    "notches",
+    "note",
+    "pending_restart",
+    "setting",
+    "setting_label",
+    "source",
+    "source_text",
+    "supports_window",
+    "threshold",
+    "used",
+    "warning",
+    "will_compact",
+    "window",
+]
+
+
+def context(relay: LiveRelay, cid: int) -> dict[str, Any]:
+    response = relay.http.get(f"/api/conversations/{cid}/context")
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_context_before_first_turn(relay: LiveRelay, no_env_window) -> None:
+    cid = relay.create()["id"]
+    assert context(relay, cid) == {
+        "used": None,
+        "model": None,
+        "model_window": None,
+        "setting": None,
+        "setting_label": "Auto",
+        "window": None,
+        "threshold": None,
+        "free": None,
+        "source": None,
+        "source_text": "",
+        "capped": False,
+        "line": "",
+        "note": "Applies on the next message (the session restarts once).",
+        "will_compact": False,
+        "warning": None,
+        "pending_restart": False,
+        "supports_window": True,
+        "notches": NOTCHES,
+        "categories": None,
+        "agent": None,
+    }
+
+
+def test_context_after_turn(relay: LiveRelay, no_env_window) -> None:
+    cid = relay.create()["id"]
+    chat(relay, cid, "hello")
+    body = context(relay, cid)
+    assert sorted(body) == CONTEXT_KEYS
+    assert {k: body[k] for k in CONTEXT_KEYS if k not in ("agent", "categories")} == {
+        "used": 21001,
+        "model": "demo",
+        "model_window": 200000,
+        "setting": None,
+        "setting_label": "Auto",
+        "window": 200000,
+        "threshold": 167000,
+        "free": 145999,
+        "source": "model",
+        "source_text": "model default",
+        "capped": False,
+        "line": "200k · model default",
+        "note": "Applies on the next message (the session restarts once).",
+        "will_compact": False,
+        "warning": None,
+        "pending_restart": False,
+        "supports_window": True,
+        "notches": NOTCHES,
+    }
+
+
+def test_context_with_setting(relay: LiveRelay, no_env_window) -> None:
+    cid = relay.create()["id"]
+    chat(relay, cid, "hello")
+    patch(relay, cid, auto_compact_window=100000)
+    body = context(relay, cid)
+    assert {
+        k: body[k]
+        for k in (
+            "setting",
+            "setting_label",
+            "window",
+            "threshold",
+            "free",
+            "source",
+            "line",
+            "pending_restart",
+        )
+    } == {
+        "setting": 100000,
+        "setting_label": "100k",
+        "window": 100000,
+        "threshold": 67000,
+        "free": 45999,
+        "source": "setting",
+        "line": "100k · your setting",
+        "pending_restart": True,
+    }
+
+
+def test_context_during_turn_note(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    relay.send(cid, "slow please")
+    relay.wait_for(cid, has_agent_text)
+    note = context(relay, cid)["note"]
+    relay.http.post(f"/api/conversations/{cid}/interrupt")
+    assert note == "Applies after the current turn."

@@ -1,0 +1,86 @@
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel
+
+from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
+from app.db import make_engine
+from app.migrate import alembic_config, upgrade
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'migrated.db'}"
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[Engine]:
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_creates_tables(engine: Engine) -> None:
+    assert sorted(inspect(engine).get_table_names()) == ["alembic_version", "conversation", "entry"]
+
+
+def test_upgrade_records_head(url: str, engine: Engine) -> None:
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    assert (current, head) == ("0001", "0001")
+
+
+def test_upgrade_creates_indexes(engine: Engine) -> None:
+    inspector = inspect(engine)
+    names = sorted(
+        index["name"] or ""
+        for table in ("conversation", "entry")
+        for index in inspector.get_indexes(table)
+    )
+    assert names == [
+        "ix_conversation_status_updated",
+        "ix_entry_conversation_kind_seq",
+        "ix_entry_conversation_state",
+    ]
+
+
+def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
+    upgrade(url)
+    with engine.connect() as connection:
+        assert MigrationContext.configure(connection).get_current_revision() == "0001"
+
+
+def test_autogenerate_finds_no_difference(engine: Engine) -> None:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"render_as_batch": True})
+        assert compare_metadata(context, SQLModel.metadata) == []
+
+
+def test_engine_journal_mode_is_wal(engine: Engine) -> None:
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_engine_foreign_keys_on(engine: Engine) -> None:
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_engine_synchronous_full(engine: Engine) -> None:
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+
+
+def test_engine_busy_timeout(engine: Engine) -> None:
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000

@@ -1,0 +1,383 @@
+import os
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from app.security import load_or_create_token
+from tests.relay import TOKEN, LiveRelay, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+COOKIE = f"oarlock_token={TOKEN}"
+SET_COOKIE = f"oarlock_token={TOKEN}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000"
+UNAUTHORIZED = {"detail": "Missing or invalid token."}
+TOO_MANY = {"detail": "Too many failed attempts; wait a minute."}
+CROSS_ORIGIN = {"detail": "Cross-origin request refused."}
+NO_ORIGIN = {"detail": "Cross-origin request refused (no Origin header)."}
+NOT_JSON = {"detail": "The API accepts application/json only."}
+EVIL = "http://evil.example"
+
+
+@pytest.fixture
+def anon(relay: LiveRelay) -> Iterator[httpx.Client]:
+    """A client with no credentials."""
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        yield client
+
+
+def browser(relay: LiveRelay, origin: str | None = None) -> dict[str, str]:
+    """Headers of a logged-in browser request (from origin, when given)."""
+    headers = {"Cookie": COOKIE}
+    if origin is not None:
+        headers["Origin"] = origin
+    return headers
+
+
+def ws_refusal(url: str, headers: dict[str, str], **options: Any) -> int:
+    """The HTTP status a refused WebSocket handshake got."""
+    with (
+        pytest.raises(InvalidStatus) as refused,
+        connect(url, additional_headers=headers, open_timeout=10, **options),
+    ):
+        pass
+    return refused.value.response.status_code
+
+
+def ws_url(relay: LiveRelay) -> str:
+    return f"ws://127.0.0.1:{relay.settings.port}/ws"
+
+
+# -- token -------------------------------------------------------------------------------
+
+
+def test_api_without_token_401(anon: httpx.Client) -> None:
+    routes = [
+        ("GET", "/api/conversations"),
+        ("GET", "/api/providers"),
+        ("GET", "/api/conversations/1"),
+        ("POST", "/api/conversations"),
+        ("POST", "/api/conversations/1/messages"),
+    ]
+    answers = [
+        anon.request(method, path, json={"text": "hi"} if method == "POST" else None)
+        for method, path in routes
+    ]
+    assert [(r.status_code, r.json(), r.headers["www-authenticate"]) for r in answers] == [
+        (401, UNAUTHORIZED, "Bearer")
+    ] * len(routes)
+
+
+def test_page_without_token_redirects_to_login(anon: httpx.Client) -> None:
+    answers = [anon.get(path) for path in ("/", "/c/1")]
+    assert [(r.status_code, r.headers["location"]) for r in answers] == [(303, "/login")] * 2
+
+
+def test_public_paths_without_token_200(anon: httpx.Client) -> None:
+    answers = [anon.get(path) for path in ("/login", "/static/app.js", "/healthz")]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert answers[0].headers["content-type"] == "text/html; charset=utf-8"
+
+
+def test_wrong_token_401(anon: httpx.Client) -> None:
+    wrong = [{"Authorization": "Bearer nope"}, {"Cookie": "oarlock_token=nope"}]
+    answers = [anon.get("/api/conversations", headers=headers) for headers in wrong]
+    assert [(r.status_code, r.json()) for r in answers] == [(401, UNAUTHORIZED)] * 2
+
+
+def test_valid_token_accepted(anon: httpx.Client, relay: LiveRelay) -> None:
+    bearer = anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
+    cookie = anon.get("/api/conversations", headers=browser(relay))
+    page = anon.get("/", headers=browser(relay))
+    empty = {"conversations": [], "next": None}
+    assert [(r.status_code, r.json()) for r in (bearer, cookie)] == [(200, empty)] * 2
+    assert (page.status_code, page.headers["content-type"]) == (200, "text/html; charset=utf-8")
+
+
+# -- logging in --------------------------------------------------------------------------
+
+
+def test_url_token_sets_cookie_and_redirects(anon: httpx.Client) -> None:
+    home = anon.get(f"/?token={TOKEN}")
+    deep = anon.get(f"/c/3?token={TOKEN}&view=full")
+    assert [
+        (r.status_code, r.headers["location"], r.headers.get_list("set-cookie"))
+        for r in (home, deep)
+    ] == [(303, "/", [SET_COOKIE]), (303, "/c/3?view=full", [SET_COOKIE])]
+
+
+def test_url_wrong_token_redirects_to_failed_login(anon: httpx.Client) -> None:
+    response = anon.get("/?token=nope")
+    assert (
+        response.status_code,
+        response.headers["location"],
+        response.headers.get_list("set-cookie"),
+    ) == (303, "/login?failed=1", [])
+
+
+def test_login_form_checks_token(anon: httpx.Client, relay: LiveRelay) -> None:
+    answers = [
+        anon.post("/login", data={"token": token}, headers={"Origin": relay.base})
+        for token in ("nope", TOKEN)
+    ]
+    assert [
+        (r.status_code, r.headers["location"], r.headers.get_list("set-cookie")) for r in answers
+    ] == [(303, "/login?failed=1", []), (303, "/", [SET_COOKIE])]
+
+
+def test_login_form_foreign_origin_403(anon: httpx.Client) -> None:
+    response = anon.post("/login", data={"token": TOKEN}, headers={"Origin": EVIL})
+    assert (response.status_code, response.json()) == (403, CROSS_ORIGIN)
+
+
+def test_repeated_failures_429(anon: httpx.Client) -> None:
+    wrong = {"Authorization": "Bearer nope"}
+    statuses = [anon.get("/api/conversations", headers=wrong).status_code for _ in range(10)]
+    response = anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert (statuses, response.status_code, response.json()) == ([401] * 10, 429, TOO_MANY)
+
+
+def test_repeated_failures_block_login_form(anon: httpx.Client, relay: LiveRelay) -> None:
+    for _ in range(10):
+        anon.post("/login", data={"token": "nope"}, headers={"Origin": relay.base})
+    response = anon.post("/login", data={"token": TOKEN}, headers={"Origin": relay.base})
+    assert (response.status_code, response.json()) == (429, TOO_MANY)
+
+
+def test_nine_failures_still_allowed(anon: httpx.Client) -> None:
+    for _ in range(9):
+        anon.get("/api/conversations", headers={"Authorization": "Bearer nope"})
+    response = anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200
+
+
+def test_repeated_url_token_failures_429(anon: httpx.Client) -> None:
+    for _ in range(10):
+        anon.get("/?token=nope")
+    response = anon.get("/?token=still-nope")
+    assert (response.status_code, response.json()) == (429, TOO_MANY)
+
+
+def test_query_mentioning_token_needs_auth(anon: httpx.Client) -> None:
+    answers = [anon.get(f"/api/conversations?{query}") for query in ("xtoken=1", "a=token=")]
+    assert [(r.status_code, r.json()) for r in answers] == [(401, UNAUTHORIZED)] * 2
+
+
+def test_url_empty_token_fails_login(anon: httpx.Client) -> None:
+    response = anon.get("/api/conversations?token=")
+    assert (response.status_code, response.headers.get("location")) == (303, "/login?failed=1")
+
+
+def test_cookie_beside_unusual_cookies_works(anon: httpx.Client) -> None:
+    others = ['prefs={"a":1}', "greeting=hello world"]
+    answers = [
+        anon.get("/api/conversations", headers={"Cookie": f"{other}; {COOKIE}"}) for other in others
+    ]
+    assert [r.status_code for r in answers] == [200, 200]
+
+
+# -- origin and content type -------------------------------------------------------------
+
+
+def test_cookie_post_own_origin_201(anon: httpx.Client, relay: LiveRelay) -> None:
+    response = anon.post(
+        "/api/conversations", json={"provider": "demo"}, headers=browser(relay, relay.base)
+    )
+    assert response.status_code == 201
+
+
+def test_cookie_post_foreign_origin_403(anon: httpx.Client, relay: LiveRelay) -> None:
+    answers = [
+        anon.post("/api/conversations", json={"provider": "demo"}, headers=browser(relay, origin))
+        for origin in (EVIL, "null", f"http://127.0.0.1:{relay.settings.port + 1}")
+    ]
+    assert [(r.status_code, r.json()) for r in answers] == [(403, CROSS_ORIGIN)] * 3
+    assert relay.http.get("/api/conversations").json() == {"conversations": [], "next": None}
+
+
+def test_cookie_change_without_origin_403(anon: httpx.Client, relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    created = anon.post("/api/conversations", json={"provider": "demo"}, headers=browser(relay))
+    renamed = anon.patch(f"/api/conversations/{cid}", json={"title": "x"}, headers=browser(relay))
+    assert [(r.status_code, r.json()) for r in (created, renamed)] == [(403, NO_ORIGIN)] * 2
+    assert [c["title"] for c in relay.http.get("/api/conversations").json()["conversations"]] == [
+        "New conversation"
+    ]
+
+
+def test_bearer_post_without_origin_201(relay: LiveRelay) -> None:
+    plain = relay.http.post("/api/conversations", json={"provider": "demo"})
+    charset = relay.http.post(
+        "/api/conversations",
+        content=b'{"provider": "demo"}',
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
+    assert [plain.status_code, charset.status_code] == [201, 201]
+
+
+def test_bearer_post_foreign_origin_403(relay: LiveRelay) -> None:
+    response = relay.http.post(
+        "/api/conversations", json={"provider": "demo"}, headers={"Origin": EVIL}
+    )
+    assert (response.status_code, response.json()) == (403, CROSS_ORIGIN)
+
+
+def test_cookie_get_foreign_origin_allowed(anon: httpx.Client, relay: LiveRelay) -> None:
+    response = anon.get("/api/conversations", headers=browser(relay, EVIL))
+    assert response.status_code == 200
+
+
+def test_form_like_post_415(anon: httpx.Client, relay: LiveRelay) -> None:
+    types = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+    answers = [
+        anon.post(
+            "/api/conversations",
+            content=b'{"provider": "demo"}',
+            headers={**browser(relay, relay.base), "Content-Type": content_type},
+        )
+        for content_type in types
+    ]
+    assert [(r.status_code, r.json()) for r in answers] == [(415, NOT_JSON)] * 3
+
+
+def test_text_plain_post_cross_origin_403(anon: httpx.Client, relay: LiveRelay) -> None:
+    headers = {**browser(relay, EVIL), "Content-Type": "text/plain"}
+    response = anon.post("/api/conversations", content=b'{"provider": "demo"}', headers=headers)
+    assert (response.status_code, response.json()) == (403, CROSS_ORIGIN)
+
+
+def test_bearer_post_without_content_type_415(relay: LiveRelay) -> None:
+    response = relay.http.post(
+        "/api/conversations",
+        content=b'{"provider": "demo"}',
+        headers={"Content-Type": ""},
+    )
+    assert (response.status_code, response.json()) == (415, NOT_JSON)
+
+
+# -- WebSocket ---------------------------------------------------------------------------
+
+
+def test_ws_handshake_refused(relay: LiveRelay) -> None:
+    refused = [
+        browser(relay, EVIL),  # foreign Origin
+        {"Origin": relay.base},  # no token
+        {"Origin": relay.base, "Cookie": "oarlock_token=nope"},  # wrong token
+        browser(relay),  # cookie without Origin
+    ]
+    assert [ws_refusal(ws_url(relay), headers) for headers in refused] == [403] * 4
+
+
+# -- Host (DNS rebinding) ----------------------------------------------------------------
+
+
+def test_rebinding_host_403(relay: LiveRelay) -> None:
+    hosts = ["evil.example", f"evil.example:{relay.settings.port}"]
+    answers = [
+        relay.http.get(path, headers={"Host": host})
+        for host in hosts
+        for path in ("/api/conversations", "/healthz", "/")
+    ]
+    assert [(r.status_code, r.json()) for r in answers] == [
+        (403, {"detail": f"Host {host!r} is not allowed; add it to OARLOCK_ALLOWED_HOSTS."})
+        for host in hosts
+        for _ in range(3)
+    ]
+
+
+def test_localhost_host_allowed(relay: LiveRelay) -> None:
+    host = f"localhost:{relay.settings.port}"
+    assert relay.http.get("/api/conversations", headers={"Host": host}).status_code == 200
+
+
+def test_rebinding_host_ws_refused(relay: LiveRelay) -> None:
+    port = relay.settings.port
+    evil = f"http://evil.example:{port}"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        status = ws_refusal(f"ws://evil.example:{port}/ws", browser(relay, evil), sock=sock)
+    assert status == 403
+
+
+# -- headers -----------------------------------------------------------------------------
+
+
+def test_security_headers(relay: LiveRelay) -> None:
+    paths = ["/api/conversations", "/login", "/api/conversations/9", "/"]
+    answers = [relay.http.get(path) for path in paths]
+    csps = [r.headers["content-security-policy"] for r in answers]
+    assert [r.status_code for r in answers] == [200, 200, 404, 200]
+    assert [("script-src 'self'" in csp, "unsafe-inline" in csp) for csp in csps] == [
+        (True, False)
+    ] * 4
+    assert [
+        (
+            r.headers["x-content-type-options"],
+            r.headers["x-frame-options"],
+            r.headers["referrer-policy"],
+        )
+        for r in answers
+    ] == [("nosniff", "DENY", "no-referrer")] * 4
+
+
+def test_security_headers_on_refusal(anon: httpx.Client) -> None:
+    response = anon.get("/api/conversations")
+    assert (
+        response.status_code,
+        response.headers["x-frame-options"],
+        response.headers["x-content-type-options"],
+        "frame-ancestors 'none'" in response.headers["content-security-policy"],
+    ) == (401, "DENY", "nosniff", True)
+
+
+# -- token file and CLI ------------------------------------------------------------------
+
+
+def test_token_file_created_0600(tmp_path: Path) -> None:
+    token = load_or_create_token(None, tmp_path / "data")
+    path = tmp_path / "data" / "token"
+    assert (stat.S_IMODE(path.stat().st_mode), path.read_text(), len(token)) == (
+        0o600,
+        token + "\n",
+        43,
+    )
+
+
+def test_token_file_reused(tmp_path: Path) -> None:
+    first = load_or_create_token(None, tmp_path)
+    assert load_or_create_token(None, tmp_path) == first
+
+
+def test_token_file_empty_regenerated(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    token = load_or_create_token(None, tmp_path)
+    assert ((tmp_path / "token").read_text(), len(token)) == (token + "\n", 43)
+
+
+def test_token_configured_wins(tmp_path: Path) -> None:
+    assert (load_or_create_token("mine", tmp_path), (tmp_path / "token").exists()) == (
+        "mine",
+        False,
+    )
+
+
+def test_token_differs_between_data_dirs(tmp_path: Path) -> None:
+    assert load_or_create_token(None, tmp_path / "a") != load_or_create_token(None, tmp_path / "b")
+
+
+def test_serve_refuses_no_auth_on_all_interfaces(tmp_path: Path) -> None:
+    env = {**os.environ, "OARLOCK_NO_AUTH": "1"}
+    command = [sys.executable, "-m", "app", "serve", "--host", "0.0.0.0"]
+    command += ["--port", str(free_port()), "--data-dir", str(tmp_path / "data")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (
+        1,
+        "Refusing to listen on 0.0.0.0 without a token: agents run shell commands.\n"
+        "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1.\n",
+    )
