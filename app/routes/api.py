@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
 from app import store
@@ -30,6 +31,10 @@ DEFAULT_TITLE = "New conversation"
 
 router = APIRouter(prefix="/api")
 SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]
+MAX_ID = 2**63 - 1  # SQLite's largest integer
+ConversationId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
+EntryId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
+Cursor = Annotated[int | None, Query(ge=1, le=MAX_ID)]
 
 
 def _settings(request: Request) -> Settings:
@@ -68,7 +73,7 @@ async def list_conversations(
     supervisor: SupervisorDep,
     status: Literal["active", "archived"] = "active",
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    before: int | None = None,
+    before: Cursor = None,
 ) -> dict[str, Any]:
     """Conversations, most recently updated first, one page at a time."""
     with supervisor.session() as session:
@@ -108,10 +113,10 @@ async def create_conversation(
 
 @router.get("/conversations/{conversation_id}")
 async def get_conversation(
-    conversation_id: int,
+    conversation_id: ConversationId,
     supervisor: SupervisorDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-    before: int | None = None,
+    before: Cursor = None,
 ) -> dict[str, Any]:
     """A conversation with its latest timeline page and its turn."""
     conversation = load_conversation(supervisor, conversation_id)
@@ -121,7 +126,7 @@ async def get_conversation(
 
 @router.patch("/conversations/{conversation_id}")
 async def update_conversation(
-    conversation_id: int, body: ConversationUpdate, supervisor: SupervisorDep
+    conversation_id: ConversationId, body: ConversationUpdate, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """Rename a conversation, change its permission mode or its auto-compact window."""
     conversation = load_conversation(supervisor, conversation_id)
@@ -153,7 +158,7 @@ async def update_conversation(
 
 
 @router.get("/conversations/{conversation_id}/context")
-async def get_context(conversation_id: int, supervisor: SupervisorDep) -> dict[str, Any]:
+async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
     """Everything the 🧠 modal shows."""
     conversation = load_conversation(supervisor, conversation_id)
     runner = supervisor.runners.get(conversation_id)
@@ -168,7 +173,10 @@ async def get_context(conversation_id: int, supervisor: SupervisorDep) -> dict[s
 
 @router.post("/conversations/{conversation_id}/messages", status_code=202)
 async def send_message(
-    conversation_id: int, body: MessageCreate, request: Request, supervisor: SupervisorDep
+    conversation_id: ConversationId,
+    body: MessageCreate,
+    request: Request,
+    supervisor: SupervisorDep,
 ) -> Any:
     """Store a message and queue it for the agent; `/compact` alone compacts instead."""
     conversation = load_conversation(supervisor, conversation_id)
@@ -202,7 +210,7 @@ def _title_from(text: str) -> str:
 
 
 @router.post("/conversations/{conversation_id}/interrupt", status_code=202)
-async def interrupt(conversation_id: int, supervisor: SupervisorDep) -> dict[str, bool]:
+async def interrupt(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, bool]:
     """Stop the running turn (Stop button)."""
     load_conversation(supervisor, conversation_id)
     return {"interrupted": await supervisor.interrupt(conversation_id)}
@@ -210,7 +218,10 @@ async def interrupt(conversation_id: int, supervisor: SupervisorDep) -> dict[str
 
 @router.post("/conversations/{conversation_id}/permissions/{entry_id}")
 async def answer_permission(
-    conversation_id: int, entry_id: int, body: PermissionAnswer, supervisor: SupervisorDep
+    conversation_id: ConversationId,
+    entry_id: EntryId,
+    body: PermissionAnswer,
+    supervisor: SupervisorDep,
 ) -> dict[str, Any]:
     """Allow or deny a tool the agent asked to run; the first answer wins."""
     conversation = load_conversation(supervisor, conversation_id)
