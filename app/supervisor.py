@@ -230,7 +230,8 @@ class Supervisor:
         state: str = "done",
         data: dict[str, Any] | None = None,
     ) -> Entry:
-        seq = self.hub.next_seq(conversation.id or 0)
+        cid = conversation.id or 0  # read before a failed flush expires it
+        seq = self.hub.next_seq(cid)
         try:
             entry = store.add_entry(
                 session=session,
@@ -242,12 +243,10 @@ class Supervisor:
                 data=data,
             )
         except Exception:
-            self.hub.rewind(conversation.id or 0, seq)  # no gap in what tabs see
             session.rollback()
+            self.hub.rewind(cid, seq)  # no gap in what tabs see
             raise
-        self.hub.publish(
-            conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
-        )
+        self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
         return entry
 
     def _save(
@@ -259,7 +258,8 @@ class Supervisor:
         move: bool = False,
         **changes: Any,
     ) -> Entry:
-        seq = self.hub.next_seq(conversation.id or 0)
+        cid = conversation.id or 0  # read before a failed flush expires it
+        seq = self.hub.next_seq(cid)
         if move:  # to the end of the timeline
             changes["seq"] = seq
         try:
@@ -267,12 +267,10 @@ class Supervisor:
                 session=session, entry=entry, conversation=conversation, event_seq=seq, **changes
             )
         except Exception:
-            self.hub.rewind(conversation.id or 0, seq)
             session.rollback()
+            self.hub.rewind(cid, seq)
             raise
-        self.hub.publish(
-            conversation.id or 0, {"type": "entry", "seq": seq, "entry": entry_view(entry)}
-        )
+        self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
         return entry
 
     def _line(

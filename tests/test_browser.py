@@ -24,6 +24,7 @@ from app.agents.base import (
     TurnDone,
 )
 from app.agents.demo import reply_text
+from tests.fake_anthropic import FakeAnthropic
 from tests.relay import TOKEN, LiveRelay, make_settings
 from tests.xss_corpus import PAYLOADS
 
@@ -692,3 +693,40 @@ def test_xss_corpus_is_inert_in_every_channel(pages: Pages, relay: LiveRelay) ->
     shown = by_id(page, "entry-user").first.text_content()
     assert shown == PAYLOADS[0]
     pages.assert_clean()
+
+
+# ---- 9. a permission question from the real Claude Code CLI -----------------------------------
+
+
+def test_claude_permission_question_answered_in_the_browser(
+    pages: Pages, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeAnthropic() as fake:
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        relay = own_relay(tmp_path)
+        try:
+            cid = relay.create(provider="claude", title="Real CLI")["id"]
+            work = Path(relay.get(cid)["cwd"])
+            page = pages.open(relay, f"/c/{cid}")
+            send_text(page, "[[BASH:touch created.txt]]")
+            allow = by_id(page, "permission-allow")
+            expect(allow).to_be_visible(timeout=30_000)
+            card = by_id(page, "entry-activity").filter(has=allow)
+            expect(card).to_contain_text(re.compile(r"Bash wants to run:\s*touch created.txt"))
+            allow.click()
+            expect(by_id(page, "permission-answer")).to_have_text("Allowed")
+            expect(by_id(page, "entry-agent").filter(has_text="The tool returned:")).to_have_count(
+                1, timeout=30_000
+            )
+            relay.wait_idle(cid)
+            assert (work / "created.txt").is_file()
+            pages.assert_clean()
+        finally:
+            relay.stop()

@@ -754,3 +754,27 @@ def test_env_window_reaches_cli_and_context(
     assert data["line"] == "300k · from CLAUDE_CODE_AUTO_COMPACT_WINDOW"
     assert data["source_text"] == "from CLAUDE_CODE_AUTO_COMPACT_WINDOW"
     assert data["pending_restart"] is False
+
+
+def test_cli_killed_during_compaction_leaves_no_line_and_resumes(
+    start: StartRelay, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "100000")
+    fake.input_tokens = 70_000
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "turn 1")
+    turn(live, cid, "turn 2")
+    fake.summary_delay = 30  # the compaction of turn 3 hangs until the CLI is killed
+    live.send(cid, "turn 3")
+    live.wait_for(cid, lambda v: v["turn"]["state"] == "compacting", timeout=TIMEOUT)
+    os.kill(live.supervisor.runners[cid].agent.pid, signal.SIGKILL)
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    lines = of_kind(view, "line")
+    assert [line["data"]["level"] for line in lines] == ["error"]  # no compaction line left
+    assert lines[0]["text"].startswith("The Claude Code process exited unexpectedly")
+    fake.summary_delay = 0
+    fake.input_tokens = 1_000
+    after = turn(live, cid, "turn 4")
+    assert of_kind(after, "agent")[-1]["text"] == "You said: turn 4"
+    assert after["session_id"] == view["session_id"]  # the same session, resumed
