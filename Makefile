@@ -11,7 +11,7 @@ DATA ?= ./data
 
 include tools.mk
 
-.PHONY: serve migrate test lint format bench reliability clean chromium
+.PHONY: serve migrate test lint format bench reliability load clean chromium
 
 N ?= 100
 
@@ -58,6 +58,11 @@ test: $(VENV)/.installed-test chromium copilot-cli lint
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench
+
+# 100 connections over 20 conversations with streaming agents for 5 minutes (SECONDS=…)
+SECONDS ?= 300
+load: $(VENV)/.installed-test
+	$(PY) -m bench.load --seconds $(SECONDS)
 
 # Kill the relay with SIGKILL N times under load; prints kills=… lost=0 duplicated=0 …
 reliability: $(VENV)/.installed-test
