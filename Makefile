@@ -59,10 +59,10 @@ test: $(VENV)/.installed-test chromium copilot-cli lint
 bench: $(VENV)/.installed-test
 	$(PY) -m bench
 
-# 100 connections over 20 conversations with streaming agents for 5 minutes (SECONDS=…)
-SECONDS ?= 300
+# 100 connections over 20 conversations with streaming agents for 5 minutes (DURATION=…)
+DURATION ?= 300
 load: $(VENV)/.installed-test
-	$(PY) -m bench.load --seconds $(SECONDS)
+	$(PY) -m bench.load --seconds $(DURATION)
 
 # Kill the relay with SIGKILL N times under load; prints kills=… lost=0 duplicated=0 …
 reliability: $(VENV)/.installed-test
