@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from app.agents.copilot import INSTALL_HINT, copilot_cli_path
 from tests.relay import LiveRelay, make_settings
 
 
@@ -29,3 +30,18 @@ def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[s
     executable = os.environ.get("OARLOCK_TEST_CHROMIUM") or shutil.which("chromium")
     args = [*browser_type_launch_args.get("args", []), "--disable-gpu", "--disable-quic"]
     return {**browser_type_launch_args, "executable_path": executable, "args": args}
+
+
+@pytest.fixture(scope="session")
+def cli() -> str:
+    """The installed Copilot CLI; its absence fails the tests (make test installs it)."""
+    path = copilot_cli_path(os.environ.get("OARLOCK_COPILOT_CLI"))
+    if path is None or not os.access(path, os.X_OK):
+        pytest.fail(f"The Copilot CLI is not installed. {INSTALL_HINT}", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One HOME for every Copilot test: the CLI unpacks itself (~235 MB) under it once."""
+    return tmp_path_factory.mktemp("copilot-home")

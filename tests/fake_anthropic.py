@@ -31,8 +31,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fake_server import FakeServer
 
 REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 SUMMARY_MARKER = "Your task is to create a detailed summary of the conversation so far"
@@ -89,7 +91,7 @@ def last_user_text(body: dict[str, Any]) -> str:
     return texts[-1].strip() if texts else ""
 
 
-class FakeAnthropic:
+class FakeAnthropic(FakeServer):
     """A threaded HTTP server answering like the Anthropic Messages API; a context manager."""
 
     def __init__(self, *, input_tokens: int = 1000, output_tokens: int = 10) -> None:
@@ -105,30 +107,7 @@ class FakeAnthropic:
         self._errors: deque[tuple[int, bool]] = deque()
         self._lock = threading.Lock()
         self._count = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._server.block_on_close = False
-        self.port: int = self._server.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def start(self) -> FakeAnthropic:
-        """Serve in a background thread."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> FakeAnthropic:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(lambda: _handler_for(self))
 
     def fail(self, *statuses: int, retry: bool = True) -> None:
         """Answer the next Messages requests with these HTTP error statuses, in order."""

@@ -31,8 +31,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fake_server import FakeServer
 
 SUMMARY_MARKER = "Please create a detailed summary of the conversation so far"
 CONTEXT_BLOCK = re.compile(r"<([a-z_]+)>.*?</\1>", re.DOTALL)
@@ -93,7 +95,7 @@ def is_summary_request(body: dict[str, Any]) -> bool:
     )
 
 
-class FakeOpenAI:
+class FakeOpenAI(FakeServer):
     """A threaded HTTP server answering like the OpenAI Chat Completions API; a context manager."""
 
     def __init__(self, *, prompt_tokens: int = 1000, completion_tokens: int = 10) -> None:
@@ -109,30 +111,7 @@ class FakeOpenAI:
         self._errors: deque[int] = deque()
         self._lock = threading.Lock()
         self._count = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._server.block_on_close = False
-        self.port: int = self._server.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def start(self) -> FakeOpenAI:
-        """Serve in a background thread."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> FakeOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(lambda: _handler_for(self), "/v1")
 
     def fail(self, *statuses: int) -> None:
         """Answer the next non-summarizer requests with these HTTP error statuses, in order."""

@@ -69,21 +69,6 @@ async def allow_all(request: PermissionRequest) -> PermissionDecision:
     return PermissionDecision(allow=True)
 
 
-@pytest.fixture(scope="module")
-def cli() -> str:
-    """The installed Copilot CLI; its absence fails the tests (make test installs it)."""
-    path = copilot_cli_path(os.environ.get("OARLOCK_COPILOT_CLI"))
-    if path is None or not os.access(path, os.X_OK):
-        pytest.fail(f"The Copilot CLI is not installed. {INSTALL_HINT}", pytrace=False)
-    return path
-
-
-@pytest.fixture(scope="session")
-def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One HOME for every test: the CLI unpacks itself (~235 MB) under $HOME/.cache once."""
-    return tmp_path_factory.mktemp("copilot-home")
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeOpenAI]:
     with FakeOpenAI() as server:

@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.agents.copilot import INSTALL_HINT, copilot_cli_path
 from app.compaction import finished_text
 from app.summary import compose_first_message
 from tests.fake_openai import FakeOpenAI, content_text
 from tests.relay import LiveRelay, make_settings
-
-
-@pytest.fixture(scope="module")
-def cli() -> str:
-    """The installed Copilot CLI; its absence fails the tests (make test installs it)."""
-    path = copilot_cli_path(os.environ.get("OARLOCK_COPILOT_CLI"))
-    if path is None or not os.access(path, os.X_OK):
-        pytest.fail(f"The Copilot CLI is not installed. {INSTALL_HINT}", pytrace=False)
-    return path
-
-
-@pytest.fixture(scope="session")
-def copilot_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One HOME for every test: the CLI unpacks itself (~235 MB) under $HOME/.cache once."""
-    return tmp_path_factory.mktemp("copilot-relay-home")
 
 
 @pytest.fixture
@@ -39,9 +22,9 @@ def fake() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture
 def relay(
-    cli: str, fake: FakeOpenAI, copilot_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli: str, fake: FakeOpenAI, shared_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[LiveRelay]:
-    monkeypatch.setenv("HOME", str(copilot_home))
+    monkeypatch.setenv("HOME", str(shared_home))
     settings = make_settings(
         tmp_path / "data",
         copilot_cli=cli,
