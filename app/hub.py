@@ -6,7 +6,13 @@ gets exactly what it missed; one that asks for more than is kept, or that falls
 behind, is told to resync (reload its state) instead.
 
 Each event is encoded to JSON once, when it is published: subscribers queue the
-text, so a hundred tabs cost one encoding, not a hundred.
+text, so a hundred tabs cost one encoding, not a hundred. A conversation's tabs
+are woken once per burst of events, not once per event: a streaming agent emits
+one delta per loop turn, and waking every tab's sender for each one would spend
+the loop on frames of one event. The hub holds the wake-up while each loop turn
+brings a new event, up to HOLD, or up to as long as the tabs' last sending took
+when that is longer (so many tabs never starve the agent); a lone event waits
+one loop turn.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,12 +30,17 @@ Event = dict[str, Any]
 
 REPLAY_EVENTS = 2048  # events kept per conversation for reconnecting tabs
 SUBSCRIBER_QUEUE = 4096  # events a tab may fall behind before it is dropped
+HOLD = 0.0003  # seconds a burst may gather before its tabs are woken (more with many tabs)
 RESYNC = '{"type":"resync","reason":"fell behind"}'
+
+
+# One encoder for every event: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def encode(event: Event) -> str:
     """An event as the compact JSON text a socket sends."""
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,25 +55,33 @@ class Published:
 class Subscriber:
     """One tab's view: a bounded queue of JSON texts the socket's sender drains."""
 
-    queue: asyncio.Queue[str] = field(
-        default_factory=lambda: asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
-    )
+    queue: deque[str] = field(default_factory=deque)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # set: the sender may take
     conversation_id: int | None = None
     overflowed: bool = False
 
-    def offer(self, message: Event | str) -> None:
+    def offer(self, message: Event | str, *, wake: bool = True) -> None:
         """Queue an event (or its JSON text) without waiting; a full queue means fallen behind."""
         if self.overflowed:
             return
-        text = message if isinstance(message, str) else encode(message)
-        try:
-            self.queue.put_nowait(text)
-        except asyncio.QueueFull:
+        if len(self.queue) >= SUBSCRIBER_QUEUE:
             self.overflowed = True
-            # Make room for the one message that tells the tab to reload.
-            while not self.queue.empty():
-                self.queue.get_nowait()
-            self.queue.put_nowait(RESYNC)
+            # Drop what is queued for the one message that tells the tab to reload.
+            self.queue.clear()
+            self.queue.append(RESYNC)
+            self.ready.set()
+            return
+        self.queue.append(message if isinstance(message, str) else encode(message))
+        if wake:
+            self.ready.set()
+
+    async def take(self, limit: int) -> list[str]:
+        """Wait until woken with something queued; take up to limit texts, oldest first."""
+        while not self.queue:
+            self.ready.clear()
+            await self.ready.wait()
+        queue = self.queue
+        return [queue.popleft() for _ in range(min(limit, len(queue)))]
 
 
 class Hub:
@@ -74,6 +94,8 @@ class Hub:
         self._recent: dict[int, deque[Published]] = {}
         self._by_conversation: dict[int, set[Subscriber]] = {}
         self._everyone: set[Subscriber] = set()
+        self._published: dict[int, int] = {}  # events published per conversation, ever
+        self._waking: dict[int, asyncio.Task[None]] = {}  # conversations holding a wake-up
 
     def next_seq(self, conversation_id: int) -> int:
         """Take the next sequence number of a conversation."""
@@ -102,8 +124,12 @@ class Hub:
         if recent is None:
             recent = self._recent[conversation_id] = deque(maxlen=REPLAY_EVENTS)
         recent.append(Published(event["seq"], text))
-        for subscriber in self._by_conversation.get(conversation_id, ()):
-            subscriber.offer(text)
+        self._published[conversation_id] = self._published.get(conversation_id, 0) + 1
+        followers = self._by_conversation.get(conversation_id)
+        if followers:
+            for subscriber in followers:
+                subscriber.offer(text, wake=False)
+            self._wake_soon(conversation_id)
         return event
 
     def emit(self, conversation_id: int, event: Event) -> Event:
@@ -154,6 +180,44 @@ class Hub:
     def subscribers(self, conversation_id: int) -> int:
         """How many tabs follow a conversation."""
         return len(self._by_conversation.get(conversation_id, ()))
+
+    def _wake_soon(self, conversation_id: int) -> None:
+        """Have the conversation's tabs woken when the current burst of events ends."""
+        if conversation_id in self._waking:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop, no senders to wake (unit tests)
+            self._wake(conversation_id)
+            return
+        self._waking[conversation_id] = loop.create_task(self._wake_after_burst(conversation_id))
+
+    async def _wake_after_burst(self, conversation_id: int) -> None:
+        clock = time.perf_counter  # the loop's clock may tick in whole milliseconds (uvloop)
+        hold = HOLD
+        try:
+            while True:
+                # Hold while each loop turn brings a new event, up to the hold.
+                deadline = clock() + hold
+                count = self._published[conversation_id]
+                while True:
+                    await asyncio.sleep(0)
+                    if self._published[conversation_id] == count or clock() >= deadline:
+                        break
+                    count = self._published[conversation_id]
+                started = clock()
+                self._wake(conversation_id)
+                await asyncio.sleep(0)  # the woken senders send before this task goes on
+                if self._published[conversation_id] == count:
+                    return
+                # Still streaming: hold at least as long as the tabs' sending took.
+                hold = max(HOLD, clock() - started)
+        finally:
+            del self._waking[conversation_id]
+
+    def _wake(self, conversation_id: int) -> None:
+        for subscriber in self._by_conversation.get(conversation_id, ()):
+            subscriber.ready.set()
 
     def _leave(self, subscriber: Subscriber) -> None:
         if subscriber.conversation_id is None:

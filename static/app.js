@@ -108,7 +108,8 @@ function connect() {
     } catch {
       return;
     }
-    onSocketMessage(message);
+    // A frame holds one event (an object) or several in order (an array).
+    for (const one of Array.isArray(message) ? message : [message]) onSocketMessage(one);
   });
   ws.addEventListener('close', (event) => {
     if (socket.ws !== ws) return;

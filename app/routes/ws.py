@@ -1,14 +1,11 @@
 """The WebSocket at /ws: one per tab, following one conversation at a time.
 
-The sender drains whatever is queued when it wakes: one event goes out as a JSON
-object, several as one JSON array. A tab gets at most one frame per FRAME_INTERVAL:
-an event that follows a frame more closely waits for the rest of the interval and
-shares the next frame with whatever arrives meanwhile; a lone event goes out at once.
+The sender takes whatever is queued when the hub wakes it (once per burst of
+events, see hub.py): one event goes out as a JSON object, several as one JSON array.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from typing import Any
@@ -22,7 +19,6 @@ from app.supervisor import Supervisor
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
 MAX_BATCH = 256  # events sent in one frame at most
-FRAME_INTERVAL = 0.001  # seconds: a fast stream costs a tab 1,000 frames a second, not 10,000
 
 router = APIRouter()
 
@@ -54,19 +50,10 @@ async def websocket(socket: WebSocket) -> None:
 
 
 async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
-    queue = subscriber.queue
-    clock = asyncio.get_running_loop().time
-    sent_at = 0.0
     while True:
-        batch = [await queue.get()]
-        wait = sent_at + FRAME_INTERVAL - clock()
-        if wait > 0 and queue.qsize() < MAX_BATCH:
-            await asyncio.sleep(wait)
-        while len(batch) < MAX_BATCH and not queue.empty():
-            batch.append(queue.get_nowait())
+        batch = await subscriber.take(MAX_BATCH)
         # The queue holds encoded events: a batch is their texts joined, nothing re-encoded.
         await socket.send_text(batch[0] if len(batch) == 1 else f"[{','.join(batch)}]")
-        sent_at = clock()
 
 
 async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscriber) -> None:

@@ -1,0 +1,284 @@
+"""Fan-out: one streaming turn of 10,000 deltas to 1, 10 and 100 WebSocket clients.
+
+    python -m bench fanout [--repeat 3]
+
+The relay runs in a child process with the stream bench agent (bench/servers.py), which
+yields 10,000 TextDelta events as fast as the loop lets it, each carrying its emission
+time. The baseline, in its own child process, is a minimal `websockets` server that
+broadcast()s 10,000 small JSON messages of the same shape, one per loop turn, to the same
+number of clients. Both servers run on uvloop.
+
+The clients are real `websockets` asyncio clients, all in this process, away from the
+servers': on two cores, clients sharing the server's process (and its GIL) would measure
+their own work as much as the server's. They do not offer permessage-deflate: one process
+inflating every frame of 100 clients would be the bottleneck for both servers alike.
+Figures per case: events/s (10,000 over the time from the first emission to the last
+client's receipt of the last delta) and the p50/p99 delay from an event's emission to a
+client's receipt (all clients' events pooled). Each case runs relay then baseline,
+`repeat` times; the table takes medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, broadcast, serve
+
+from bench.common import (
+    ROOT,
+    Relay,
+    Row,
+    at_least,
+    at_most,
+    free_port,
+    median,
+    percentile,
+)
+
+COMMAND = "python -m bench fanout"
+CLIENTS = (1, 10, 100)
+DELTAS = 10_000
+TIMEOUT = 600.0
+DELTA_TEXT = re.compile(rb'"text":"(\d+\.\d+)"')  # only deltas carry a bare number as text
+DELTA = b'"type":"delta"'
+RESYNC = b'"type":"resync"'
+
+
+Frames = list[tuple[float, bytes]]  # what one client received: (receipt time, raw frame)
+
+
+class FellBehind(Exception):
+    """A client was told to resync: it did not get every event."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One fan-out run."""
+
+    events_per_second: float
+    p50: float
+    p99: float
+
+
+async def _collect(ws: ClientConnection, count: int) -> Frames:
+    """Receive frames until they held `count` deltas; keep each with its receipt time.
+
+    One Python process plays every client, so the receiving loop does the least that still
+    timestamps every event: it keeps the raw frame and counts the deltas in it. The
+    emission times are read out of the frames once every client is done (_result).
+    """
+    frames: Frames = []
+    seen = 0
+    while seen < count:
+        raw = await ws.recv(decode=False)
+        frames.append((time.perf_counter(), raw))
+        seen += raw.count(DELTA)
+        if RESYNC in raw:
+            raise FellBehind(raw.decode())
+    return frames
+
+
+def _result(clients: list[Frames], count: int) -> Result:
+    """Events/s and delays of one run, every client's events pooled."""
+    delays: list[float] = []
+    first, last = float("inf"), 0.0
+    for frames in clients:
+        for received, raw in frames:
+            stamps = [float(stamp) for stamp in DELTA_TEXT.findall(raw)]
+            if stamps:
+                first = min(first, stamps[0])
+                last = max(last, received)
+                delays += [received - stamp for stamp in stamps]
+    assert len(delays) == count * len(clients), (len(delays), count * len(clients))
+    return Result(count / (last - first), percentile(delays, 0.5), percentile(delays, 0.99))
+
+
+async def _until(ws: ClientConnection, kind: str) -> None:
+    """Read messages until one of this type (arrays included)."""
+    while True:
+        data = json.loads(await ws.recv())
+        if any(m.get("type") == kind for m in (data if isinstance(data, list) else [data])):
+            return
+
+
+async def run_relay(relay: Relay, clients: int, count: int) -> Result:
+    """One streaming turn through the relay to `clients` subscribed sockets."""
+    conversation_id = relay.create(title=f"fan-out {clients}")
+    sockets = [
+        await connect(
+            relay.ws_url, additional_headers=relay.ws_headers(), max_size=None, compression=None
+        )
+        for _ in range(clients)
+    ]
+    try:
+        for ws in sockets:
+            await _until(ws, "hello")
+            await ws.send(json.dumps({"type": "subscribe", "conversation_id": conversation_id}))
+            await _until(ws, "snapshot")
+        tasks = [asyncio.create_task(_collect(ws, count)) for ws in sockets]
+        status = await asyncio.to_thread(relay.send, conversation_id, f"stream {count}")
+        assert status == 202, status
+        collected = await asyncio.wait_for(asyncio.gather(*tasks), TIMEOUT)
+    finally:
+        for ws in sockets:
+            await ws.close()
+    await asyncio.to_thread(relay.wait_idle, conversation_id)
+    return _result(collected, count)
+
+
+async def run_baseline(port: int, clients: int, count: int) -> Result:
+    """The same fan-out from the minimal broadcast server."""
+    url = f"ws://127.0.0.1:{port}/"
+    sockets = [await connect(url, max_size=None, compression=None) for _ in range(clients)]
+    try:
+        for ws in sockets:
+            await _until(ws, "hello")
+        tasks = [asyncio.create_task(_collect(ws, count)) for ws in sockets]
+        await sockets[0].send(f"go {count}")
+        collected = await asyncio.wait_for(asyncio.gather(*tasks), TIMEOUT)
+    finally:
+        for ws in sockets:
+            await ws.close()
+    return _result(collected, count)
+
+
+# -- the baseline server (a child process) ---------------------------------------------------
+
+
+async def _baseline_server(port: int) -> None:
+    connections: set[ServerConnection] = set()
+
+    async def stream(count: int) -> None:
+        clock = time.perf_counter
+        for seq in range(1, count + 1):
+            event = {"type": "delta", "entry_id": 1, "text": f"{clock():.7f}"}
+            event |= {"seq": seq, "conversation_id": 1}
+            broadcast(connections, json.dumps(event, separators=(",", ":")))
+            await asyncio.sleep(0)
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.add(ws)
+        try:
+            await ws.send('{"type":"hello"}')
+            async for message in ws:
+                if isinstance(message, str) and message.startswith("go "):
+                    asyncio.get_running_loop().create_task(stream(int(message[3:])))
+        finally:
+            connections.discard(ws)
+
+    async with serve(handler, "127.0.0.1", port, max_size=None) as server:
+        await server.serve_forever()
+
+
+class Baseline:
+    """`python -m bench.fanout baseline --port P` in a child process."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        command = [sys.executable, "-m", "bench.fanout", "baseline", "--port", str(self.port)]
+        self.process = subprocess.Popen(command, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("the baseline server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+# -- the measurement -------------------------------------------------------------------------
+
+
+async def measure(repeat: int, count: int) -> dict[int, dict[str, list[Result]]]:
+    """Every case, relay and baseline taking turns; results per client count."""
+    results: dict[int, dict[str, list[Result]]] = {}
+    with tempfile.TemporaryDirectory(prefix="oarlock-fanout-") as tmp:
+        relay = Relay(Path(tmp) / "data", "stream")
+        baseline = Baseline()
+        try:
+            for clients in CLIENTS:
+                runs: dict[str, list[Result]] = {"relay": [], "baseline": []}
+                for _ in range(repeat):
+                    runs["relay"].append(await run_relay(relay, clients, count))
+                    runs["baseline"].append(await run_baseline(baseline.port, clients, count))
+                results[clients] = runs
+                for name, found in runs.items():
+                    shown = ", ".join(
+                        f"{r.events_per_second:,.0f}/s p50 {r.p50 * 1e3:.1f} p99 {r.p99 * 1e3:.1f}"
+                        for r in found
+                    )
+                    print(f"fanout {clients:>3} clients {name:>8}: {shown}", file=sys.stderr)
+        finally:
+            relay.stop()
+            baseline.stop()
+    return results
+
+
+def rows(results: dict[int, dict[str, list[Result]]], count: int) -> list[Row]:
+    """Two rows per client count: throughput ratio and p99 ratio."""
+    table: list[Row] = []
+    for clients, runs in results.items():
+        relay, base = runs["relay"], runs["baseline"]
+        rate = median(r.events_per_second for r in relay)
+        base_rate = median(r.events_per_second for r in base)
+        p50, p99 = median(r.p50 for r in relay), median(r.p99 for r in relay)
+        base_p50, base_p99 = median(r.p50 for r in base), median(r.p99 for r in base)
+        label = f"{clients} client{'s' if clients > 1 else ''}"
+        table.append(
+            at_least(
+                f"Fan-out {count:,} deltas, {label}: events/s, relay ÷ baseline",
+                rate / base_rate,
+                0.5,
+                f"relay {rate:,.0f}/s, baseline {base_rate:,.0f}/s",
+                COMMAND,
+            )
+        )
+        table.append(
+            at_most(
+                f"Fan-out {count:,} deltas, {label}: p99 delay, relay ÷ baseline",
+                p99 / base_p99,
+                2.0,
+                f"relay p50 {p50 * 1e3:.1f} / p99 {p99 * 1e3:.1f} ms; "
+                f"baseline p50 {base_p50 * 1e3:.1f} / p99 {base_p99 * 1e3:.1f} ms",
+                COMMAND,
+            )
+        )
+    return table
+
+
+def run(repeat: int = 3, count: int = DELTAS) -> list[Row]:
+    """Measure and return the table's rows."""
+    return rows(uvloop.run(measure(repeat, count)), count)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`baseline --port P` serves the baseline; anything else is handled by bench."""
+    parser = argparse.ArgumentParser(prog="python -m bench.fanout")
+    parser.add_argument("role", choices=["baseline"])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    uvloop.run(_baseline_server(args.port))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,191 @@
+"""Relay overhead per turn, with the real Claude Code CLI and the fake Messages API.
+
+    python -m bench overhead [--turns 15]
+
+Through the relay: POST a message, then wait on a subscribed WebSocket for the turn event
+that says idle (nothing queued): user message in, result out, as a browser sees it.
+Directly: the same CLI driven by claude_agent_sdk's ClaudeSDKClient with the options the
+relay's adapter uses (stream-json, partial messages, the claude_code system prompt, the
+permission callback): query(), then receive_response() until the ResultMessage.
+
+Both CLIs are warm (two turns each first), both talk to one fake API in its own process,
+and the turns alternate relay, direct, relay, … Between relay turns the bench waits for
+the relay's after-turn context report (a control request to the CLI), so it never
+overlaps the next turn. The figure is the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from claude_agent_sdk import (
+    ClaudeAgentOptions,
+    ClaudeSDKClient,
+    PermissionResultAllow,
+    ResultMessage,
+)
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.common import Fake, Relay, Row, at_most, children, claude_env, median, ms
+
+COMMAND = "python -m bench overhead"
+TURNS = 15
+WARMUP = 2
+IDLE = {"state": "idle", "queued": 0}
+
+
+def _messages(raw: str | bytes) -> list[dict[str, Any]]:
+    data = json.loads(raw)
+    return data if isinstance(data, list) else [data]
+
+
+class RelayClaude:
+    """A claude conversation in a relay, followed by one WebSocket."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.conversation_id = relay.create("claude", "overhead")
+        self.ws: ClientConnection | None = None
+
+    async def open(self) -> None:
+        """Connect and subscribe."""
+        self.ws = await connect(self.relay.ws_url, additional_headers=self.relay.ws_headers())
+        await self._until(lambda m: m["type"] == "hello")
+        await self.ws.send(
+            json.dumps({"type": "subscribe", "conversation_id": self.conversation_id})
+        )
+        await self._until(lambda m: m["type"] == "snapshot")
+
+    async def _until(self, predicate: Any, seconds: float = 120) -> None:
+        assert self.ws is not None
+        async with asyncio.timeout(seconds):
+            while True:
+                if any(predicate(m) for m in _messages(await self.ws.recv())):
+                    return
+
+    async def turn(self, text: str) -> float:
+        """One turn's time: POST until the idle turn event."""
+        start = time.perf_counter()
+        status = self.relay.send(self.conversation_id, text)  # 202 in a few ms: the loop waits
+        assert status == 202, status
+        await self._until(lambda m: m["type"] == "turn" and m["turn"] == IDLE)
+        elapsed = time.perf_counter() - start
+        with contextlib.suppress(TimeoutError):  # the report the relay asks the CLI for
+            await self._until(lambda m: m["type"] == "context", seconds=10)
+        return elapsed
+
+    def cli_pid(self) -> int:
+        """The relay's CLI child."""
+        (pid,) = children(self.relay.pid)
+        return pid
+
+    async def close(self) -> None:
+        """Close the socket."""
+        if self.ws is not None:
+            await self.ws.close()
+
+
+async def _allow(*_args: Any) -> PermissionResultAllow:
+    return PermissionResultAllow()
+
+
+class DirectClaude:
+    """The same CLI driven by ClaudeSDKClient in this process."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.client = ClaudeSDKClient(
+            ClaudeAgentOptions(
+                cwd=str(cwd),
+                permission_mode="default",
+                can_use_tool=_allow,
+                include_partial_messages=True,
+                system_prompt={"type": "preset", "preset": "claude_code"},
+                env=env,
+            )
+        )
+
+    async def open(self) -> None:
+        """Start the CLI."""
+        await self.client.connect()
+
+    async def turn(self, text: str) -> float:
+        """One turn's time: query until the ResultMessage."""
+        start = time.perf_counter()
+        await self.client.query(text)
+        async for message in self.client.receive_response():
+            if isinstance(message, ResultMessage):
+                assert not message.is_error, message
+        return time.perf_counter() - start
+
+    def cli_pid(self) -> int:
+        """The CLI child of this process (the only one)."""
+        (pid,) = [p for p in children(os.getpid()) if _is_claude(p)]
+        return pid
+
+    async def close(self) -> None:
+        """Stop the CLI."""
+        await self.client.disconnect()
+
+
+def _is_claude(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "claude"
+    except OSError:
+        return False
+
+
+async def measure(turns: int) -> dict[str, list[float]]:
+    """Alternate relay and direct turns; the timed ones per side."""
+    times: dict[str, list[float]] = {"relay": [], "direct": []}
+    fake = Fake()
+    try:
+        with tempfile.TemporaryDirectory(prefix="oarlock-overhead-") as tmp:
+            root = Path(tmp)
+            relay = Relay(root / "data", "real", env=claude_env(root / "home-relay", fake))
+            through = RelayClaude(relay)
+            direct = DirectClaude(claude_env(root / "home-direct", fake), root / "direct")
+            try:
+                await through.open()
+                await direct.open()
+                for n in range(WARMUP + turns):
+                    text = f"Turn {n}: please say hello back."
+                    relay_time = await through.turn(text)
+                    direct_time = await direct.turn(text)
+                    if n >= WARMUP:
+                        times["relay"].append(relay_time)
+                        times["direct"].append(direct_time)
+                    await asyncio.sleep(0.05)
+            finally:
+                await through.close()
+                await direct.close()
+                relay.stop()
+    finally:
+        fake.stop()
+    for name, found in times.items():
+        shown = ", ".join(f"{t * 1000:.0f}" for t in found)
+        print(f"overhead {name:>6} ms: {shown}", file=sys.stderr)
+    return times
+
+
+def run(turns: int = TURNS) -> list[Row]:
+    """Measure and return the table's row."""
+    times = asyncio.run(measure(turns))
+    relay, direct = median(times["relay"]), median(times["direct"])
+    return [
+        at_most(
+            f"Turn with Claude Code + fake API, median of {turns}: relay ÷ ClaudeSDKClient direct",
+            relay / direct,
+            1.10,
+            f"relay {ms(relay)}, direct {ms(direct)} (POST→idle turn event vs query→result)",
+            COMMAND,
+        )
+    ]

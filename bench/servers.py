@@ -1,0 +1,159 @@
+"""The servers benchmarks run in child processes, off the measuring process's core.
+
+    python -m bench.servers relay DATA_DIR --port P --agent stream|noop|real
+    python -m bench.servers fake        # the fake Messages API; prints its port
+
+The relay is the real app (`create_app`) served by uvicorn with the settings `oarlock serve`
+uses (uvloop, httptools, websockets-sansio); only the agent differs: `stream` and `noop` are
+bench agents set as `app.state.supervisor.agent_factory`, `real` keeps the providers'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from app.agents.base import Agent, AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
+from app.config import Settings
+from app.main import create_app
+from app.migrate import upgrade
+from app.providers import make_agent
+from bench.common import TOKEN
+
+DEFAULT_DELTAS = 10_000
+PROPOSED_INDEX = (  # the index the timeline's state queries need (see bench/README.md)
+    "CREATE INDEX IF NOT EXISTS ix_entry_conversation_state_seq"
+    " ON entry (conversation_id, state, seq)"
+)
+
+
+class BenchAgent:
+    """Nothing to start or stop; subclasses say what a turn yields."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+
+    async def start(self) -> None:
+        """Nothing to spawn."""
+
+    async def interrupt(self) -> None:
+        """Turns are short."""
+
+    async def context_usage(self) -> dict[str, Any] | None:
+        """No report: nothing is emitted after the turn."""
+        return None
+
+    async def close(self) -> None:
+        """Nothing to stop."""
+
+
+class StreamAgent(BenchAgent):
+    """Streams N deltas as fast as the loop runs, each carrying its emission time.
+
+    The prompt says how many ("stream 10000"). Each delta's text is time.perf_counter() at
+    the moment it is yielded (CLOCK_MONOTONIC: the clients' processes read the same clock).
+    It gives the loop a turn between deltas, as an agent reading a pipe does.
+    """
+
+    def __init__(self, spec: AgentSpec) -> None:
+        super().__init__(spec)
+        self.turns = 0
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Yield the deltas, then MessageDone and TurnDone."""
+        found = re.search(r"\d+", prompt)
+        count = int(found[0]) if found else DEFAULT_DELTAS
+        self.turns += 1
+        message_id = f"bench-{self.spec.conversation_id}-{self.turns}"
+        clock = time.perf_counter
+        for _ in range(count):
+            yield TextDelta(message_id, f"{clock():.7f}")
+            await asyncio.sleep(0)
+        yield MessageDone(message_id, f"{count} deltas")
+        yield TurnDone(cost_usd=0.0, duration_ms=0)
+
+
+class NoopAgent(BenchAgent):
+    """Ends every turn at once: the write path without an agent's work."""
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Yield TurnDone only."""
+        yield TurnDone()
+
+
+AGENTS = {"stream": StreamAgent, "noop": NoopAgent}
+
+
+def agent_factory(kind: str) -> Any:
+    """An agent_factory for the supervisor: (provider, spec, settings) -> Agent."""
+    if kind == "real":
+        return make_agent
+
+    def factory(_provider: str, spec: AgentSpec, _settings: Settings) -> Agent:
+        return AGENTS[kind](spec)
+
+    return factory
+
+
+def serve_relay(data_dir: Path, port: int, agent: str, extra_index: bool) -> None:
+    """Migrate, build the app, swap the agent factory, serve until SIGINT."""
+    workspace = data_dir / "work"
+    workspace.mkdir(parents=True, exist_ok=True)
+    settings = Settings(
+        data_dir=data_dir,
+        token=TOKEN,
+        workspace_roots=[data_dir],
+        default_cwd=workspace,
+        port=port,
+        log_level="warning",
+    )
+    upgrade(settings.db_url)
+    if extra_index:
+        with sqlite3.connect(settings.resolved_data_dir / "oarlock.db") as db:
+            db.execute(PROPOSED_INDEX)
+    app = create_app(settings)
+    app.state.supervisor.agent_factory = agent_factory(agent)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def serve_fake() -> None:
+    """Run the fake Anthropic Messages API until killed; print its port first."""
+    from tests.fake_anthropic import FakeAnthropic
+
+    fake = FakeAnthropic().start()
+    print(fake.port, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        fake.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch on the server's name."""
+    parser = argparse.ArgumentParser(prog="python -m bench.servers")
+    sub = parser.add_subparsers(dest="server", required=True)
+    relay = sub.add_parser("relay")
+    relay.add_argument("data_dir", type=Path)
+    relay.add_argument("--port", type=int, required=True)
+    relay.add_argument("--agent", choices=["stream", "noop", "real"], default="noop")
+    relay.add_argument("--extra-index", action="store_true")
+    sub.add_parser("fake")
+    args = parser.parse_args(argv)
+    if args.server == "relay":
+        serve_relay(args.data_dir, args.port, args.agent, args.extra_index)
+    else:
+        serve_fake()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
