@@ -50,7 +50,8 @@ class Entry(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("conversation_id", "seq", name="uq_entry_conversation_seq"),
         Index("ix_entry_conversation_kind_seq", "conversation_id", "kind", "seq"),
-        Index("ix_entry_conversation_state", "conversation_id", "state"),
+        Index("ix_entry_conversation_state_seq", "conversation_id", "state", "seq"),
+        Index("ix_entry_state_conversation", "state", "conversation_id"),  # startup recovery
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -71,8 +71,13 @@ class Streaming:
     """An agent message being written."""
 
     entry: Entry
-    text: str = ""
+    parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
     checkpoint_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def text(self) -> str:
+        """The text written so far."""
+        return "".join(self.parts)
 
 
 @dataclass
@@ -90,6 +95,7 @@ class Runner:
     last_agent_entry: Entry | None = None
     context_report: dict[str, Any] | None = None  # what the agent last said of its window
     reporting: asyncio.Task[None] | None = None
+    reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
     last_used: float = field(default_factory=time.monotonic)
 
@@ -511,6 +517,15 @@ class Supervisor:
                 )
         return agent
 
+    async def refresh_context(self, conversation_id: int) -> dict[str, Any] | None:
+        """The agent's latest context report, asked again when its agent is live and idle."""
+        runner = self.runners.get(conversation_id)
+        if runner is None:
+            return None
+        if runner.agent is not None and runner.state == "idle":
+            await self._report_context(runner, runner.agent)
+        return runner.context_report
+
     async def _report_context(self, runner: Runner, agent: Agent) -> None:
         """Ask the agent what window it really uses; warn when it disagrees with ours."""
         try:
@@ -569,7 +584,11 @@ class Supervisor:
                 self._handle(runner, event)
                 if isinstance(event, TurnDone):
                     break
-            runner.reporting = asyncio.create_task(self._report_context(runner, agent))
+            if runner.reported_agent is not agent:
+                # The window is fixed for a process's life: check it once per process. (Fresh
+                # categories are fetched when someone opens the 🧠 modal: refresh_context.)
+                runner.reported_agent = agent
+                runner.reporting = asyncio.create_task(self._report_context(runner, agent))
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
             self._error_line(runner, f"The agent stopped unexpectedly: {error}")
@@ -735,21 +754,22 @@ class Supervisor:
 
     def _on_delta(self, runner: Runner, event: TextDelta) -> None:
         streaming = runner.streaming.get(event.message_id)
-        with self.session() as session:
-            if streaming is None:
+        if streaming is None:
+            with self.session() as session:
                 conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
-                streaming = runner.streaming[event.message_id] = Streaming(entry)
-            streaming.text += event.text
-            self.hub.emit(
-                runner.conversation_id,
-                {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
-            )
-            now = time.monotonic()
-            if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
-                # A crash-safe checkpoint of the partial text, not a write per delta.
-                streaming.checkpoint_at = now
-                streaming.entry.text = streaming.text
+            streaming = runner.streaming[event.message_id] = Streaming(entry)
+        streaming.parts.append(event.text)
+        self.hub.emit(
+            runner.conversation_id,
+            {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
+        )
+        now = time.monotonic()
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+            # A crash-safe checkpoint of the partial text, not a write per delta.
+            streaming.checkpoint_at = now
+            streaming.entry.text = streaming.text
+            with self.session() as session:
                 session.add(streaming.entry)
                 session.commit()
 

@@ -37,7 +37,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0001", "0001")
+    assert (current, head) == ("0002", "0002")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -50,14 +50,15 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
     assert names == [
         "ix_conversation_status_updated",
         "ix_entry_conversation_kind_seq",
-        "ix_entry_conversation_state",
+        "ix_entry_conversation_state_seq",
+        "ix_entry_state_conversation",
     ]
 
 
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0001"
+        assert MigrationContext.configure(connection).get_current_revision() == "0002"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

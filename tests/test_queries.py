@@ -219,12 +219,6 @@ def test_kind_filter_is_in_the_index_search(engine: Engine) -> None:
     assert all("conversation_id=? AND kind=?" in step for step in steps), steps
 
 
-@pytest.mark.xfail(
-    reason="MISSING INDEX: entries_in_state (every GET of a conversation, every turn) walks the "
-    "conversation's whole timeline through (conversation_id, seq) and filters state row by row; "
-    "models.py needs Index('ix_entry_conversation_state_seq', 'conversation_id', 'state', 'seq')",
-    strict=True,
-)
 def test_state_filter_is_in_the_index_search(engine: Engine) -> None:
     steps = plans(
         engine,

@@ -160,14 +160,16 @@ async def update_conversation(
 @router.get("/conversations/{conversation_id}/context")
 async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
     """Everything the 🧠 modal shows."""
-    conversation = load_conversation(supervisor, conversation_id)
+    load_conversation(supervisor, conversation_id)
+    report = await supervisor.refresh_context(conversation_id)
+    conversation = load_conversation(supervisor, conversation_id)  # as it is after the report
     runner = supervisor.runners.get(conversation_id)
     return context_view(
         conversation,
         env_value=os.environ.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW"),
         turn_running=bool(runner and runner.state != "idle"),
         background_work=False,
-        agent_report=runner.context_report if runner else None,
+        agent_report=report,
     )
 
 
