@@ -19,6 +19,7 @@ from app.supervisor import Supervisor
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
 MAX_BATCH = 256  # events sent in one frame at most
+SEND_TIMEOUT = 10.0  # seconds a frame may wait for a tab to read before the tab is dropped
 
 router = APIRouter()
 
@@ -53,7 +54,12 @@ async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
     while True:
         batch = await subscriber.take(MAX_BATCH)
         # The queue holds encoded events: a batch is their texts joined, nothing re-encoded.
-        await socket.send_text(batch[0] if len(batch) == 1 else f"[{','.join(batch)}]")
+        frame = batch[0] if len(batch) == 1 else f"[{','.join(batch)}]"
+        try:
+            with anyio.fail_after(SEND_TIMEOUT):
+                await socket.send_text(frame)
+        except TimeoutError:
+            return  # a tab that stopped reading is dropped; it reconnects and resyncs
 
 
 async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscriber) -> None:
@@ -61,12 +67,11 @@ async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscr
         message = await socket.receive()
         if message["type"] == "websocket.disconnect":
             return
-        raw = message.get("text")
-        if raw is None:
-            raw = (message.get("bytes") or b"").decode("utf-8", "replace")
-        if len(raw) > MAX_FRAME:
+        data = message.get("bytes") or (message.get("text") or "").encode()
+        if len(data) > MAX_FRAME:  # counted in bytes, as the limit is documented
             await socket.close(code=1009, reason="Message too big.")
             return
+        raw = data.decode("utf-8", "replace")
         try:
             request = json.loads(raw)
         except ValueError:
@@ -86,7 +91,7 @@ def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, A
         return {"type": "error", "detail": f"Unknown message type {kind!r}."}
     conversation_id = request.get("conversation_id")
     seq = request.get("seq")
-    if not isinstance(conversation_id, int) or (seq is not None and not isinstance(seq, int)):
+    if not _is_id(conversation_id) or (seq is not None and not isinstance(seq, int)):
         return {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
     hub = supervisor.hub
     with supervisor.session() as session:
@@ -105,3 +110,8 @@ def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, A
     for published in missed[:-1]:
         subscriber.offer(published.text)
     return missed[-1].text if missed else {"type": "subscribed", "conversation_id": conversation_id}
+
+
+def _is_id(value: Any) -> bool:
+    """A conversation id SQLite can hold."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**63
