@@ -101,6 +101,10 @@ function connect() {
   clearTimeout(socket.retry);
   const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss://' : 'ws://'}${location.host}/ws`);
   socket.ws = ws;
+  let opened = false;
+  ws.addEventListener('open', () => {
+    opened = true;
+  });
   ws.addEventListener('message', (event) => {
     let message;
     try {
@@ -116,8 +120,9 @@ function connect() {
     socket.ws = null;
     clearInterval(socket.ping);
     byId('connection-status').hidden = false;
-    // A refused socket may mean the session ended: an API call sends a logged-out tab to /login.
-    if ([1008, 4401, 4403].includes(event.code)) api('/api/providers').catch(() => {});
+    // A refused socket (the handshake fails before opening: code 1006 in browsers) may mean
+    // the session ended: an API call sends a logged-out tab to /login.
+    if (!opened || [1008, 4401, 4403].includes(event.code)) api('/api/providers').catch(() => {});
     socket.retry = setTimeout(connect, socket.backoff);
     socket.backoff = Math.min(socket.backoff * 2, 5000);
   });

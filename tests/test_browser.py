@@ -730,3 +730,21 @@ def test_claude_permission_question_answered_in_the_browser(
             pages.assert_clean()
         finally:
             relay.stop()
+
+
+# ---- 10. a tab whose login is gone ------------------------------------------------------------
+
+
+def test_tab_goes_to_login_when_its_session_is_gone(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path)
+    cid = relay.create(title="Session")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Session")
+    page.context.clear_cookies()  # as when the browser drops the cookie
+    relay.stop()
+    expect(by_id(page, "connection-status")).to_be_visible()
+    again = LiveRelay(relay.settings).start()  # same port, same data: the socket retries
+    try:
+        expect(page).to_have_url(re.compile(r"/login$"), timeout=20_000)
+    finally:
+        again.stop()
