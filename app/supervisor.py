@@ -517,6 +517,11 @@ class Supervisor:
                 )
         return agent
 
+    def background_work(self, conversation_id: int) -> bool:
+        """True while the conversation's live agent runs background work."""
+        runner = self.runners.get(conversation_id)
+        return bool(runner and runner.agent is not None and runner.agent.background_work())
+
     async def refresh_context(self, conversation_id: int) -> dict[str, Any] | None:
         """The agent's latest context report, asked again when its agent is live and idle."""
         runner = self.runners.get(conversation_id)
@@ -564,6 +569,8 @@ class Supervisor:
             old, new = conversation.applied_window, conversation.auto_compact_window
             if old == new:
                 return
+            if runner.agent is not None and runner.agent.background_work():
+                return  # a restart would kill it: applies once the background work has ended
             # Claude Code reads the window only at start: resume the same session with the new one.
             await self._close_agent(runner)
             self._line(session, conversation, restart_line(old, new), data={"type": "restart"})

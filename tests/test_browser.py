@@ -164,12 +164,15 @@ def test_create_send_and_two_browsers_stay_in_sync(pages: Pages, tmp_path: Path)
             ["Browser chat"]
         )
         assert relay.get(cid)["provider"] == "demo"
+        box = by_id(p1, "message-input")
+        # The new conversation opens with the focus in the box (checked before a second
+        # browser window opens and takes the focus of the headless browser).
+        expect(box).to_be_focused()
 
         p2 = pages.open(relay, f"/c/{cid}")
         expect(by_id(p2, "title")).to_have_text("Browser chat")
 
-        box = by_id(p1, "message-input")
-        expect(box).to_be_focused()  # the new conversation opens with the focus in the box
+        box.click()
         box.type("line one")
         box.press("Shift+Enter")
         box.type("line two")
@@ -649,6 +652,10 @@ class PayloadAgent:
     async def context_usage(self) -> dict[str, Any] | None:
         """No report."""
         return None
+
+    def background_work(self) -> bool:
+        """Never."""
+        return False
 
     async def close(self) -> None:
         """Nothing to close."""

@@ -624,3 +624,22 @@ def test_summarize_input_picks_command_or_path() -> None:
 def test_shorten_says_what_was_cut() -> None:
     assert shorten("abc", 5) == "abc"
     assert shorten("abcdefgh", 5) == "abcde\n… (3 more characters)"
+
+
+def test_mapper_tracks_background_tasks_until_they_end() -> None:
+    mapper = EventMapper("s")
+    base = {"type": "system", "uuid": "u", "session_id": "s"}
+    start = {"subtype": "task_started", "description": "npm run dev", "task_type": "local_bash"}
+    mapper.feed_json(base | start | {"task_id": "t1"})
+    mapper.feed_json(base | start | {"task_id": "t2"})
+    mapper.feed_json(
+        base | {"subtype": "task_updated", "task_id": "t1", "patch": {"status": "running"}}
+    )
+    assert mapper.tasks == {"t1", "t2"}
+    done = {"subtype": "task_notification", "status": "completed", "output_file": "", "summary": ""}
+    mapper.feed_json(base | done | {"task_id": "t1"})
+    assert mapper.tasks == {"t2"}
+    mapper.feed_json(
+        base | {"subtype": "task_updated", "task_id": "t2", "patch": {"status": "killed"}}
+    )
+    assert mapper.tasks == set()

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from app import store
+from app.agents.demo import DemoAgent
 from app.db import get_session, make_engine
 from app.supervisor import RESTART_LINE, is_compact_command
 from tests.relay import LiveRelay, make_settings
@@ -184,3 +185,32 @@ def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
         ]
     finally:
         second.stop()
+
+
+class BackgroundDemo(DemoAgent):
+    """The demo agent, with background work switched on and off by the test."""
+
+    busy = True
+
+    def background_work(self) -> bool:
+        """What the test says."""
+        return BackgroundDemo.busy
+
+
+def test_window_change_waits_for_background_work(relay: LiveRelay) -> None:
+    relay.supervisor.agent_factory = lambda _provider, spec, _settings: BackgroundDemo(spec)
+    BackgroundDemo.busy = True
+    cid = relay.create()["id"]
+    relay.send(cid, "first")
+    relay.wait_idle(cid)
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+    context = relay.http.get(f"/api/conversations/{cid}/context").json()
+    assert context["note"] == "Applies when background work has finished."
+    relay.send(cid, "second")
+    assert texts(relay.wait_idle(cid), "line") == []  # no restart: it would kill the work
+    assert relay.http.get(f"/api/conversations/{cid}/context").json()["pending_restart"] is True
+    BackgroundDemo.busy = False
+    relay.send(cid, "third")
+    assert texts(relay.wait_idle(cid), "line") == [
+        "Restarted the session to apply the compaction window (Auto → 100k)"
+    ]

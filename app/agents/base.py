@@ -167,5 +167,8 @@ class Agent(Protocol):
     async def context_usage(self) -> dict[str, Any] | None:
         """What the agent reports about its context window, when it can say."""
 
+    def background_work(self) -> bool:
+        """True while the agent still runs work of its own between turns (background tasks)."""
+
     async def close(self) -> None:
         """Stop the agent and release its process."""

@@ -45,6 +45,7 @@ from claude_agent_sdk._internal.transport.subprocess_cli import (
     _ACTIVE_CHILDREN,
     SubprocessCLITransport,
 )
+from claude_agent_sdk.types import TERMINAL_TASK_STATUSES
 
 from app.agents.base import (
     Activity,
@@ -146,6 +147,7 @@ class EventMapper:
         self._compacted_without_boundary = False
         self._retry_status: int | None = None
         self._cost_so_far = 0.0
+        self.tasks: set[str] = set()  # tasks started and not known to have ended
 
     def begin_turn(self) -> None:
         """Reset what belongs to one turn."""
@@ -172,6 +174,17 @@ class EventMapper:
                 text = f"Rate limit status: {info.status}"
                 return [Notice(text, level="warning", data={"rate_limit": info.raw})]
         return []
+
+    def _track_task(self, subtype: str, data: dict[str, Any]) -> None:
+        """Remember which of the CLI's tasks (background shells, agents) still run."""
+        task_id = data.get("task_id")
+        if not task_id:
+            return
+        status = data.get("status") or (data.get("patch") or {}).get("status")
+        if subtype == "task_started":
+            self.tasks.add(task_id)
+        elif subtype == "task_notification" or status in TERMINAL_TASK_STATUSES:
+            self.tasks.discard(task_id)
 
     def feed_json(self, data: dict[str, Any]) -> list[AgentEvent]:
         """Return the events one raw stream-json line of the CLI means (for recorded runs)."""
@@ -278,6 +291,7 @@ class EventMapper:
         return events
 
     def _system(self, subtype: str, data: dict[str, Any]) -> list[AgentEvent]:
+        self._track_task(subtype, data)
         if subtype == "init":
             session_id = data.get("session_id")
             if session_id and session_id != self.session_id:
@@ -439,6 +453,10 @@ class ClaudeCodeAgent:
         """The CLI process id while one runs."""
         transport = self._transport
         return transport.process.pid if transport and transport.process else None
+
+    def background_work(self) -> bool:
+        """True while a task the CLI started (e.g. a background shell) has not ended."""
+        return self.is_alive() and bool(self._mapper.tasks)
 
     def is_alive(self) -> bool:
         """Whether the CLI process is running."""

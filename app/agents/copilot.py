@@ -372,6 +372,10 @@ class CopilotAgent:
         home = self.spec.env.get("OARLOCK_AGENT_HOME") or self.spec.env.get("HOME")
         return Path(home or Path.home()) / ".copilot"
 
+    def background_work(self) -> bool:
+        """The engine has no window to apply, so nothing waits on its background work."""
+        return False
+
     def is_alive(self) -> bool:
         """Whether the CLI is connected."""
         return self._session is not None and getattr(self._client, "_state", "") == "connected"

@@ -73,6 +73,10 @@ class DemoAgent:
             "categories": [],
         }
 
+    def background_work(self) -> bool:
+        """The demo never works in the background."""
+        return False
+
     async def close(self) -> None:
         """Nothing to stop."""
 

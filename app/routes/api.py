@@ -168,7 +168,7 @@ async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep
         conversation,
         env_value=os.environ.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW"),
         turn_running=bool(runner and runner.state != "idle"),
-        background_work=False,
+        background_work=supervisor.background_work(conversation_id),
         agent_report=report,
     )
 
