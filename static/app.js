@@ -775,6 +775,7 @@ byId('new-form').addEventListener('submit', async (e) => {
   try {
     const { data } = await api('/api/conversations', { method: 'POST', body });
     onConversation(data);
+    newDialog.returnFocus = null; // the focus goes to the new conversation's composer instead
     dialogs.close(newDialog);
     navigate(data.id, { focus: true });
   } catch (err) {
