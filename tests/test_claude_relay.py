@@ -778,3 +778,21 @@ def test_cli_killed_during_compaction_leaves_no_line_and_resumes(
     after = turn(live, cid, "turn 4")
     assert of_kind(after, "agent")[-1]["text"] == "You said: turn 4"
     assert after["session_id"] == view["session_id"]  # the same session, resumed
+
+
+def test_idle_agent_is_stopped_then_resumed(start: StartRelay, fake: FakeAnthropic) -> None:
+    live = start(agent_idle_timeout=1.0)
+    cid = create_claude(live)
+    session_before = turn(live, cid, "remember idle")["session_id"]
+    runner = live.supervisor.runners[cid]
+    pid = runner.agent.pid
+    deadline = time.monotonic() + 20
+    while runner.agent is not None:  # the reaper checks every 0.5 s at this timeout
+        assert time.monotonic() < deadline, "the idle agent was never stopped"
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()  # the CLI process is gone
+    view = turn(live, cid, "after idle")
+    assert of_kind(view, "agent")[-1]["text"] == "You said: after idle"
+    assert view["session_id"] == session_before
+    history = json.dumps(fake.message_bodies()[-1])
+    assert "remember idle" in history  # the resumed session still has the earlier turn

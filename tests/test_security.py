@@ -1,3 +1,4 @@
+import hmac
 import os
 import socket
 import stat
@@ -381,3 +382,30 @@ def test_serve_refuses_no_auth_on_all_interfaces(tmp_path: Path) -> None:
         "Refusing to listen on 0.0.0.0 without a token: agents run shell commands.\n"
         "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1.\n",
     )
+
+
+def test_cookie_is_secure_behind_tls(anon: httpx.Client) -> None:
+    # A TLS proxy on this machine says so with X-Forwarded-Proto (uvicorn trusts 127.0.0.1).
+    response = anon.get(f"/?token={TOKEN}", headers={"X-Forwarded-Proto": "https"})
+    assert response.headers.get_list("set-cookie") == [SET_COOKIE + "; Secure"]
+
+
+def test_token_is_compared_in_constant_time(
+    anon: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    assert (
+        anon.get("/api/conversations", headers={"Authorization": "Bearer guess"}).status_code == 401
+    )
+    assert (
+        anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"}).status_code
+        == 200
+    )
+    assert compared == [(b"guess", TOKEN.encode()), (TOKEN.encode(), TOKEN.encode())]
