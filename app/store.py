@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func
@@ -32,16 +33,21 @@ def get_conversation(*, session: Session, conversation_id: int) -> Conversation 
 
 
 def list_conversations(
-    *, session: Session, status: str, limit: int = 100, before: Conversation | None = None
+    *,
+    session: Session,
+    status: str,
+    limit: int = 100,
+    before: tuple[datetime, int] | None = None,
 ) -> list[Conversation]:
-    """Conversations with this status, most recently updated first, one page."""
+    """Conversations with this status, most recently updated first, after a (time, id) cursor."""
     query = select(Conversation).where(Conversation.status == status)
     if before is not None:
+        updated_at, conversation_id = before
         query = query.where(
-            (col(Conversation.updated_at) < before.updated_at)
+            (col(Conversation.updated_at) < updated_at)
             | (
-                (col(Conversation.updated_at) == before.updated_at)
-                & (col(Conversation.id) < before.id)
+                (col(Conversation.updated_at) == updated_at)
+                & (col(Conversation.id) < conversation_id)
             )
         )
     query = query.order_by(col(Conversation.updated_at).desc(), col(Conversation.id).desc())

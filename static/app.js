@@ -235,15 +235,32 @@ function onConversation(conv) {
   }
 }
 
+/** Where each sidebar list's next page starts (null: everything is loaded). */
+const more = { active: null, archived: null };
+
+async function loadPage(status, before) {
+  const cursor = before ? `&before=${encodeURIComponent(before)}` : '';
+  const { data } = await api(`/api/conversations?status=${status}&limit=100${cursor}`);
+  for (const conv of data.conversations) state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  more[status] = data.next;
+}
+
 async function loadLists() {
-  const [active, archived] = await Promise.all([
-    api('/api/conversations?status=active&limit=100'),
-    api('/api/conversations?status=archived&limit=100'),
-  ]);
-  for (const conv of [...active.data.conversations, ...archived.data.conversations]) {
-    state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
-  }
+  await Promise.all([loadPage('active'), loadPage('archived')]);
   renderLists();
+}
+
+function moreButton(status) {
+  const button = h('button', { type: 'button', class: 'list-more', testid: `${status}-more`, text: 'Show more' });
+  button.addEventListener('click', async () => {
+    button.disabled = true;
+    try {
+      await loadPage(status, more[status]);
+    } finally {
+      renderLists();
+    }
+  });
+  return h('li', {}, button);
 }
 
 async function loadProviders() {
@@ -266,8 +283,12 @@ function drawLists() {
   const query = state.archiveQuery.trim().toLowerCase();
   const active = all.filter((c) => !isArchived(c));
   const archived = all.filter((c) => isArchived(c) && (!query || (c.title || '').toLowerCase().includes(query)));
-  byId('conversation-list').replaceChildren(...active.map((c) => convItem(c, 'conversation-item')));
-  byId('archive-list').replaceChildren(...archived.map((c) => convItem(c, 'archive-item')));
+  const activeItems = active.map((c) => convItem(c, 'conversation-item'));
+  const archivedItems = archived.map((c) => convItem(c, 'archive-item'));
+  if (more.active) activeItems.push(moreButton('active'));
+  if (more.archived) archivedItems.push(moreButton('archived'));
+  byId('conversation-list').replaceChildren(...activeItems);
+  byId('archive-list').replaceChildren(...archivedItems);
   byId('conversation-empty').hidden = active.length > 0;
   const archiveEmpty = byId('archive-empty');
   archiveEmpty.hidden = archived.length > 0;

@@ -249,7 +249,16 @@ def test_list_conversations_pages_with_next(relay: LiveRelay) -> None:
     pages = [listed(relay, "?limit=2")]
     while pages[-1][1] is not None:
         pages.append(listed(relay, f"?limit=2&before={pages[-1][1]}"))
-    assert pages == [([5, 4], 4), ([3, 2], 2), ([1], None)]
+    assert [ids for ids, _ in pages] == [[5, 4], [3, 2], [1]]
+    assert [cursor is None for _, cursor in pages] == [False, False, True]
+
+
+def test_list_conversations_cursor_survives_updates(relay: LiveRelay) -> None:
+    for _ in range(4):
+        relay.create()
+    first, cursor = listed(relay, "?limit=2")
+    chat(relay, 3, "hello")  # the page's last conversation (the cursor's) moves to the top
+    assert (first, listed(relay, f"?limit=2&before={cursor}")[0]) == ([4, 3], [2, 1])
 
 
 def test_list_conversations_message_moves_to_top(relay: LiveRelay) -> None:
@@ -266,9 +275,9 @@ def test_list_conversations_archived(relay: LiveRelay) -> None:
 
 
 def test_list_conversations_bad_query_422(relay: LiveRelay) -> None:
-    queries = ["status=deleted", "limit=0", "limit=501", "before=x"]
+    queries = ["status=deleted", "limit=0", "limit=501", "before=x", "before=12", "before=1-x"]
     statuses = [relay.http.get(f"/api/conversations?{q}").status_code for q in queries]
-    assert statuses == [422] * 4
+    assert statuses == [422] * len(queries)
 
 
 # -- get ---------------------------------------------------------------------------------

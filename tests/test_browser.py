@@ -755,3 +755,20 @@ def test_tab_goes_to_login_when_its_session_is_gone(pages: Pages, tmp_path: Path
         expect(page).to_have_url(re.compile(r"/login$"), timeout=20_000)
     finally:
         again.stop()
+
+
+# ---- 11. long sidebar lists -------------------------------------------------------------------
+
+
+def test_sidebar_shows_more_than_a_page(pages: Pages, relay: LiveRelay) -> None:
+    for n in range(105):
+        relay.create(title=f"c{n}")
+    page = pages.open(relay)
+    items = by_id(page, "conversation-list").get_by_test_id("conversation-item")
+    expect(items).to_have_count(100)
+    expect(items.first).to_have_text("c104")
+    by_id(page, "active-more").click()
+    expect(items).to_have_count(105)
+    expect(items.last).to_have_text("c0")
+    expect(by_id(page, "active-more")).to_have_count(0)
+    pages.assert_clean()

@@ -12,6 +12,7 @@ import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def plans(engine: Engine, call: Any) -> list[str]:
 REQUEST_QUERIES = {
     "list_conversations": lambda s: store.list_conversations(session=s, status="active"),
     "list_conversations_before": lambda s: store.list_conversations(
-        session=s, status="active", before=store.get_conversation(session=s, conversation_id=1)
+        session=s, status="active", before=(datetime(2026, 1, 1, tzinfo=UTC), 1)
     ),
     "get_conversation": lambda s: store.get_conversation(session=s, conversation_id=1),
     "get_entry": lambda s: store.get_entry(session=s, entry_id=1),

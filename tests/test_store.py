@@ -331,7 +331,7 @@ def test_list_conversations_pages_by_updated_at_then_id(engine: Engine) -> None:
     for minute in minutes:
         new_conversation(engine, updated_at=T0 + timedelta(minutes=minute))
     pages: list[list[int]] = []
-    cursor: Conversation | None = None
+    cursor: tuple[datetime, int] | None = None
     with get_session(engine) as session:
         while True:
             page = store.list_conversations(
@@ -340,7 +340,7 @@ def test_list_conversations_pages_by_updated_at_then_id(engine: Engine) -> None:
             if not page:
                 break
             pages.append([c.id or 0 for c in page])
-            cursor = page[-1]
+            cursor = (page[-1].updated_at, page[-1].id or 0)
     assert pages == [[1, 4], [3, 2], [5]]
 
 

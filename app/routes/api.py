@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,9 +34,11 @@ DEFAULT_TITLE = "New conversation"
 router = APIRouter(prefix="/api")
 SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]
 MAX_ID = 2**63 - 1  # SQLite's largest integer
+PAGE_CURSOR = re.compile(r"^\d{1,17}-\d{1,19}$")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ConversationId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 EntryId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
-Cursor = Annotated[int | None, Query(ge=1, le=MAX_ID)]
+Cursor = Annotated[int | None, Query(ge=1, le=MAX_ID)]  # a timeline position (seq)
 
 
 def _settings(request: Request) -> Settings:
@@ -73,16 +77,32 @@ async def list_conversations(
     supervisor: SupervisorDep,
     status: Literal["active", "archived"] = "active",
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    before: Cursor = None,
+    before: Annotated[str | None, Query(pattern=PAGE_CURSOR.pattern, max_length=40)] = None,
 ) -> dict[str, Any]:
-    """Conversations, most recently updated first, one page at a time."""
+    """Conversations, most recently updated first, one page at a time (`next` → `before`)."""
     with supervisor.session() as session:
-        cursor = store.get_conversation(session=session, conversation_id=before) if before else None
-        page = store.list_conversations(session=session, status=status, limit=limit, before=cursor)
+        page = store.list_conversations(
+            session=session, status=status, limit=limit, before=parse_cursor(before)
+        )
+    last = page[-1] if len(page) == limit else None
     return {
         "conversations": [conversation_view(c) for c in page],
-        "next": page[-1].id if len(page) == limit else None,
+        "next": make_cursor(last.updated_at, last.id or 0) if last else None,
     }
+
+
+def make_cursor(updated_at: datetime, conversation_id: int) -> str:
+    """A page cursor: where a page ended, as it was then (later updates cannot move it)."""
+    micros = (updated_at.astimezone(UTC) - EPOCH) // timedelta(microseconds=1)
+    return f"{micros}-{conversation_id}"
+
+
+def parse_cursor(cursor: str | None) -> tuple[datetime, int] | None:
+    """The (time, id) a cursor stands for."""
+    if cursor is None:
+        return None
+    micros, conversation_id = (int(part) for part in cursor.split("-"))
+    return EPOCH + timedelta(microseconds=micros), conversation_id
 
 
 @router.post("/conversations", status_code=201)
