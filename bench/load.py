@@ -24,6 +24,8 @@ from websockets.asyncio.client import connect
 
 from bench.reliability import TOKEN, Relay
 
+SAMPLE_EVERY = 30.0  # seconds between RSS samples
+
 
 @dataclass
 class Watcher:
@@ -128,7 +130,10 @@ async def run(
             stalled = asyncio.create_task(stall(url, headers, ids[0], stop))
             await asyncio.sleep(1)
             drivers = [asyncio.create_task(drive(client, cid, stop)) for cid in ids]
-            await asyncio.sleep(seconds)
+            samples = []  # RSS over time: flat once the hub's replay buffers are full
+            for _ in range(max(1, round(seconds / SAMPLE_EVERY))):
+                await asyncio.sleep(seconds / max(1, round(seconds / SAMPLE_EVERY)))
+                samples.append(round(rss_kib(relay.process.pid) / 1024))
             stop.set()
             messages = sum(await asyncio.gather(*drivers))
             await asyncio.sleep(1)  # let the last events arrive
@@ -148,6 +153,7 @@ async def run(
         "stalled_dropped": dropped,
         "rss_start_mib": round(rss_start / 1024, 1),
         "rss_end_mib": round(rss_end / 1024, 1),
+        "rss_mib_samples": ",".join(str(sample) for sample in samples),
     }
 
 

@@ -30,11 +30,10 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fake_server import FakeServer
+from tests.fake_server import LOREM, FakeServer, Request, content_text
 
 REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 SUMMARY_MARKER = "Your task is to create a detailed summary of the conversation so far"
@@ -55,31 +54,12 @@ CONTROLS = {
     "summary_input_tokens": int,
     "long_word_delay": float,
 }
-LOREM = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request the fake received."""
-
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-def block_text(content: Any) -> str:
-    """Return the text of a message or tool_result content (a string or a list of blocks)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
-    return ""
 
 
 def user_texts(message: dict[str, Any]) -> list[str]:
     """Return the text blocks of one message, without the CLI's system reminders."""
     content = message.get("content")
-    blocks = [content] if isinstance(content, str) else [block_text([b]) for b in content or []]
+    blocks = [content] if isinstance(content, str) else [content_text([b]) for b in content or []]
     texts = [REMINDER.sub("", t).strip() for t in blocks]
     return [t for t in texts if t]
 
@@ -162,7 +142,7 @@ class FakeAnthropic(FakeServer):
         last = messages[-1]
         text = last_user_text(body)
         reply: dict[str, Any] = {"wait": 0.0, "word_delay": self.delta_delay, "usage": None}
-        if SUMMARY_MARKER in block_text(last.get("content")):
+        if SUMMARY_MARKER in content_text(last.get("content")):
             summary = f"FAKE SUMMARY of {len(messages) - 1} messages"
             analysis = "<analysis>Fake analysis.</analysis>\n"
             reply.update(wait=self.summary_delay, usage=self._usage(self.summary_input_tokens))

@@ -30,11 +30,10 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fake_server import FakeServer
+from tests.fake_server import LOREM, FakeServer, Request, content_text
 
 SUMMARY_MARKER = "Please create a detailed summary of the conversation so far"
 CONTEXT_BLOCK = re.compile(r"<([a-z_]+)>.*?</\1>", re.DOTALL)
@@ -55,25 +54,6 @@ CONTROLS = {
     "summary_status": lambda value: None if value is None else int(value),
     "long_word_delay": float,
 }
-LOREM = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request the fake received."""
-
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-def content_text(content: Any) -> str:
-    """Return the text of a message's content (a string or a list of parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def user_text(message: dict[str, Any]) -> str:

@@ -4,8 +4,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+from typing import Any, Self
+
+LOREM = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request a fake received."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content: a string, or a list of text parts/blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
 
 
 class FakeServer:

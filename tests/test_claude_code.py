@@ -43,9 +43,9 @@ from app.agents.claude_code import (
     shorten,
     summarize_input,
 )
+from tests.agent_turns import TURN_TIMEOUT, allow_all, done, of, run_turn
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic
 
-TURN_TIMEOUT = 30
 MODEL = "claude-opus-5-5"  # the bundled CLI's default model
 SDK_VARS = {
     "CLAUDE_CODE_ENTRYPOINT",
@@ -55,10 +55,6 @@ SDK_VARS = {
 }
 
 MakeAgent = Callable[..., ClaudeCodeAgent]
-
-
-async def allow_all(request: PermissionRequest) -> PermissionDecision:
-    return PermissionDecision(allow=True)
 
 
 @pytest.fixture
@@ -105,32 +101,9 @@ async def make_agent(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[MakeA
         await agent.close()
 
 
-async def run_turn(
-    agent: ClaudeCodeAgent,
-    prompt: str,
-    on_event: Callable[[AgentEvent], Awaitable[None]] | None = None,
-) -> list[AgentEvent]:
-    events: list[AgentEvent] = []
-    async with asyncio.timeout(TURN_TIMEOUT):
-        async for event in agent.turn(prompt):
-            events.append(event)
-            if on_event is not None:
-                await on_event(event)
-    return events
-
-
-def of(events: list[AgentEvent], kind: type) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
-
-
 def environ_of(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(v.decode().split("=", 1) for v in raw if v)
-
-
-def done(events: list[AgentEvent]) -> TurnDone:
-    assert isinstance(events[-1], TurnDone), events
-    return events[-1]
 
 
 async def test_turn_streams_reply(make_agent: MakeAgent, fake: FakeAnthropic) -> None:

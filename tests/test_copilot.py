@@ -55,18 +55,14 @@ from app.agents.copilot import (
     openai_provider,
     permission_request,
 )
+from tests.agent_turns import TURN_TIMEOUT, allow_all, compactions, done, of, run_turn
 from tests.fake_openai import SUMMARY_MARKER, FakeOpenAI
 
-TURN_TIMEOUT = 30
 MODEL = "gpt-4.1"
 WINDOW = 128_000  # the engine's token limit for gpt-4.1
 
 MakeAgent = Callable[..., CopilotAgent]
 Ask = Callable[[PermissionRequest], Awaitable[PermissionDecision]]
-
-
-async def allow_all(request: PermissionRequest) -> PermissionDecision:
-    return PermissionDecision(allow=True)
 
 
 @pytest.fixture
@@ -109,35 +105,6 @@ async def make_agent(
     yield make
     for agent in agents:
         await agent.close()
-
-
-async def run_turn(
-    agent: CopilotAgent,
-    prompt: str,
-    on_event: Callable[[AgentEvent], Awaitable[None]] | None = None,
-) -> list[AgentEvent]:
-    events: list[AgentEvent] = []
-    async with asyncio.timeout(TURN_TIMEOUT):
-        async for event in agent.turn(prompt):
-            events.append(event)
-            if on_event is not None:
-                await on_event(event)
-    return events
-
-
-def of(events: list[AgentEvent], kind: type) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
-
-
-def done(events: list[AgentEvent]) -> TurnDone:
-    assert isinstance(events[-1], TurnDone), events
-    assert of(events, TurnDone) == [events[-1]]
-    return events[-1]
-
-
-def compactions(events: list[AgentEvent]) -> list[AgentEvent]:
-    kinds = (CompactionStarted, CompactionFinished, CompactionFailed)
-    return [e for e in events if isinstance(e, kinds)]
 
 
 async def test_turn_streams_reply(make_agent: MakeAgent, fake: FakeOpenAI, tmp_path: Path) -> None:
