@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from claude_agent_sdk._internal.message_parser import parse_message
 
 from app.agents.base import (
     Activity,
@@ -40,6 +41,7 @@ from app.agents.claude_code import (
     RESUME_FAILED,
     ClaudeCodeAgent,
     EventMapper,
+    _answers,
     shorten,
     summarize_input,
 )
@@ -616,3 +618,27 @@ def test_mapper_tracks_background_tasks_until_they_end() -> None:
         base | {"subtype": "task_updated", "task_id": "t2", "patch": {"status": "killed"}}
     )
     assert mapper.tasks == set()
+
+
+def result_answering(*uuids: str) -> Any:
+    """A result message (as the CLI sends it) of a turn that took in these user messages."""
+    raw: dict[str, Any] = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "duration_ms": 5,
+        "duration_api_ms": 4,
+        "num_turns": 1,
+        "session_id": "s",
+        "result": "ok",
+    }
+    if uuids:
+        raw |= {"user_message_uuid": uuids[-1], "user_message_uuids": list(uuids)}
+    return parse_message(raw)
+
+
+def test_result_of_an_injected_turn_does_not_answer_our_prompt() -> None:
+    assert _answers(result_answering("mine"), "mine")
+    assert _answers(result_answering("other", "mine"), "mine")  # merged into one turn
+    assert not _answers(result_answering("background-notification"), "mine")
+    assert _answers(result_answering(), "mine")  # no uuids (older CLI): as before

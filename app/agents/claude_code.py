@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import re
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -360,6 +361,24 @@ class EventMapper:
         return [*events, done]
 
 
+async def _user_message(prompt: str, prompt_id: str) -> AsyncIterator[dict[str, Any]]:
+    """The prompt as the one user message of a query, carrying its own uuid."""
+    yield {
+        "type": "user",
+        "message": {"role": "user", "content": prompt},
+        "parent_tool_use_id": None,
+        "uuid": prompt_id,
+    }
+
+
+def _answers(result: ResultMessage, prompt_id: str) -> bool:
+    """True unless the result says it answers other messages than the prompt (uuid) sent."""
+    taken = result.user_message_uuids or (
+        [result.user_message_uuid] if result.user_message_uuid else []
+    )
+    return not taken or prompt_id in taken
+
+
 class _ExactEnvTransport(SubprocessCLITransport):
     """The SDK's subprocess transport, spawning the CLI with exactly the given environment.
 
@@ -551,13 +570,24 @@ class ClaudeCodeAgent:
         mapper.begin_turn()
         self._in_turn, finished = True, False
         try:
-            await client.query(prompt)
-            async for message in client.receive_response():
-                for event in mapper.feed(message):
-                    if isinstance(event, SessionStarted):
-                        self.session_id = event.session_id
-                    finished = isinstance(event, TurnDone)
-                    yield event
+            # The CLI also runs turns of its own (background-task notifications...): a result
+            # that names other messages than ours is such a turn's, and does not end ours.
+            prompt_id = str(uuid.uuid4())
+            await client.query(_user_message(prompt, prompt_id))
+            async with contextlib.aclosing(client.receive_messages()) as messages:
+                async for message in messages:
+                    injected = isinstance(message, ResultMessage) and not _answers(
+                        message, prompt_id
+                    )
+                    for event in mapper.feed(message):
+                        if isinstance(event, SessionStarted):
+                            self.session_id = event.session_id
+                        if injected and isinstance(event, TurnDone):
+                            continue  # shown as part of this turn; ours goes on
+                        finished = isinstance(event, TurnDone)
+                        yield event
+                    if finished:
+                        break
             if not finished:
                 raise CLIConnectionError("the message stream ended without a result")
         except Exception as e:
