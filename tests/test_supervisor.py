@@ -35,7 +35,8 @@ def test_turn_stores_user_agent_and_result(relay: LiveRelay) -> None:
     agent = view["timeline"][1]
     assert agent["text"].startswith("You said: “hello”")
     assert agent["html"].startswith("<p>You said: “hello”</p>")
-    assert agent["data"]["result"] == {"cost_usd": 0.0, "duration_ms": 0}
+    assert agent["data"]["result"]["cost_usd"] is None  # the demo costs nothing
+    assert agent["data"]["result"]["duration_ms"] >= 0
     assert view["context_tokens"] == 9_000 + 12_000 + len("hello") // 4
     assert view["session_id"] == f"demo-{conversation['id']}"
 

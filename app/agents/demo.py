@@ -10,6 +10,7 @@ its auto-compact threshold. Words in the message trigger the rest:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -82,6 +83,7 @@ class DemoAgent:
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """Answer one prompt."""
+        began = time.monotonic()
         self._interrupted = False
         yield SessionStarted(self.session_id)
         if self.context >= self.window - COMPACT_BUFFER:
@@ -119,7 +121,8 @@ class DemoAgent:
         yield MessageDone(message_id, "".join(written))
         self.context += GROWTH_PER_TURN + len(prompt) // 4
         yield Usage(self.context, MODEL, MODEL_WINDOW)
-        yield TurnDone(interrupted=self._interrupted, cost_usd=0.0, duration_ms=0)
+        took = round((time.monotonic() - began) * 1000)
+        yield TurnDone(interrupted=self._interrupted, duration_ms=took)  # it costs nothing
 
     async def _tool(
         self, tool_id: str, command: str, output: str, *, is_error: bool = False
