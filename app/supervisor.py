@@ -50,6 +50,7 @@ from app.window import ENV_VAR, restart_line
 
 log = logging.getLogger(__name__)
 
+REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
 CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least this often
 TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
@@ -528,7 +529,10 @@ class Supervisor:
         if runner is None:
             return None
         if runner.agent is not None and runner.state == "idle":
-            await self._report_context(runner, runner.agent)
+            # The modal waits for this: a slow agent gets the last report instead.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REFRESH_SECONDS):
+                    await self._report_context(runner, runner.agent)
         return runner.context_report
 
     async def _report_context(self, runner: Runner, agent: Agent) -> None:
