@@ -772,3 +772,106 @@ def test_sidebar_shows_more_than_a_page(pages: Pages, relay: LiveRelay) -> None:
     expect(items.last).to_have_text("c0")
     expect(by_id(page, "active-more")).to_have_count(0)
     pages.assert_clean()
+
+
+# ---- 12. parts the issues name that the tests above do not reach ------------------------------
+
+PILL_AND_LINE = """() => {
+  const scroller = document.getElementById('timeline');
+  const rail = document.getElementById('pill-rail');
+  const line = document.querySelector('.line.compaction');
+  const pill = document.querySelector('[data-testid=compaction-pill]');
+  return [parseFloat(pill.style.top) / rail.clientHeight, line.offsetTop / scroller.scrollHeight];
+}"""
+
+
+def pill_follows_line(page: Page) -> float:
+    """The line's relative height, once the pill stands at the same relative height."""
+    page.wait_for_function(
+        f"() => {{ const [p, l] = ({PILL_AND_LINE})(); return Math.abs(p - l) < 0.02; }}"
+    )
+    return float(page.evaluate(PILL_AND_LINE)[1])
+
+
+def test_meter_warns_and_pill_follows_growth_and_resize(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path)
+    try:
+        cid = relay.create(title="Meter")["id"]
+        relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+        for n in range(3):  # 9k + 3 × 12k = 45k: below 80% of the 67k threshold
+            relay.send(cid, f"m{n}")
+            relay.wait_idle(cid)
+        page = pages.open(relay, f"/c/{cid}", viewport={"width": 1000, "height": 700})
+        meter = by_id(page, "context-button")
+        expect(meter).to_have_text("🧠 45k / 100k")
+        expect(meter).not_to_have_attribute("data-warn", "true")
+        relay.send(cid, "m3")  # 57k > 53.6k: the meter turns to its warning colour, live
+        expect(meter).to_have_text("🧠 57k / 100k")
+        expect(meter).to_have_attribute("data-warn", "true")
+        for n in (4, 5):  # the 6th turn starts at 69k ≥ 67k: a compaction line and its pill
+            relay.wait_idle(cid)
+            relay.send(cid, f"m{n}")
+        relay.wait_idle(cid)
+        expect(by_id(page, "compaction-pill")).to_have_count(1)
+        expect(meter).not_to_have_attribute("data-warn", "true")  # 15k after compacting
+        at_first = pill_follows_line(page)
+        for n in range(6, 12):  # the timeline grows below the line: it moves up the rail
+            relay.send(cid, f"m{n}")
+            relay.wait_idle(cid)
+        after_growth = pill_follows_line(page)
+        assert after_growth < at_first - 0.05
+        page.set_viewport_size({"width": 520, "height": 900})  # reflow: the pill follows
+        pill_follows_line(page)
+        pages.assert_clean()
+    finally:
+        relay.stop()
+
+
+def test_archive_search_filters_by_title(pages: Pages, relay: LiveRelay) -> None:
+    for title in ("Fix the parser", "Write docs", "Parser benchmarks"):
+        cid = relay.create(title=title)["id"]
+        relay.send(cid, "/compact")
+    page = pages.open(relay)
+    archived = by_id(page, "archive-list").get_by_test_id("archive-item")
+    expect(archived).to_have_count(3)
+    by_id(page, "archive-search").fill("parser")
+    expect(archived).to_have_text(["Parser benchmarks", "Fix the parser"])
+    by_id(page, "archive-search").fill("nothing like it")
+    expect(archived).to_have_count(0)
+    expect(page.get_by_text("No archived conversation matches.")).to_be_visible()
+    pages.assert_clean()
+
+
+def test_phone_layout_drawer_and_chat(pages: Pages, relay: LiveRelay) -> None:
+    first = relay.create(title="On the phone")["id"]
+    relay.create(title="Other")
+    page = pages.open(relay, f"/c/{first}", viewport={"width": 390, "height": 800})
+    sidebar_item = by_id(page, "conversation-list").get_by_test_id("conversation-item")
+    expect(sidebar_item.first).not_to_be_in_viewport()  # the sidebar is a closed drawer
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scroll
+    by_id(page, "menu-button").click()
+    expect(sidebar_item.first).to_be_in_viewport()
+    sidebar_item.filter(has_text="Other").click()
+    expect(by_id(page, "title")).to_have_text("Other")
+    expect(sidebar_item.first).not_to_be_in_viewport()  # choosing closes the drawer
+    send_text(page, "hello from a phone")
+    expect(agent_reply(page, "hello from a phone")).to_have_count(1)
+    expect(by_id(page, "send-button")).to_be_in_viewport()
+    pages.assert_clean()
+
+
+def test_load_earlier_pages_back_through_a_long_timeline(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Long")["id"]
+    for n in range(110):  # 220 entries: more than the first page of 200
+        relay.send(cid, f"n{n}")
+    relay.wait_idle(cid, timeout=120)
+    first_page = [e["text"] for e in relay.get(cid)["timeline"] if e["kind"] == "user"]
+    assert 0 < len(first_page) < 110  # the first page (200 entries) does not hold them all
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "entry-user")).to_have_count(len(first_page))
+    expect(by_id(page, "entry-user").first).to_have_text(first_page[0])
+    by_id(page, "load-earlier").click()
+    expect(by_id(page, "entry-user")).to_have_count(110)
+    expect(by_id(page, "entry-user").first).to_have_text("n0")
+    expect(by_id(page, "load-earlier")).to_be_hidden()
+    pages.assert_clean()
