@@ -10,13 +10,7 @@ from typing import Literal
 
 from app.tokens import format_tokens
 
-Style = Literal["line", "activity"]
-ACTIVITY_PROVIDERS = ("copilot", "openai")
-
-
-def style_of(provider: str) -> Style:
-    """How a provider's compactions are shown."""
-    return "activity" if provider in ACTIVITY_PROVIDERS else "line"
+Style = Literal["line", "activity"]  # which one a provider uses: providers.compaction_style
 
 
 def started_text(style: Style) -> str:

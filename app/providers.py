@@ -10,11 +10,36 @@ from typing import Any
 
 from app.agent_env import agent_environment, parse_passthrough
 from app.agents.base import Agent, AgentSpec
+from app.compaction import Style
 from app.config import Settings
 
 WINDOW_ENV = "CLAUDE_CODE_AUTO_COMPACT_WINDOW"
-WINDOW_PROVIDERS = ("claude", "deepseek", "demo")
 COPILOT_TOKENS = ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a provider is, whether or not it can run here."""
+
+    name: str
+    compact_window: bool  # the per-conversation auto-compact window applies
+    compaction: Style  # how its own compactions show in the timeline
+
+
+# The one place that knows each provider's traits.
+TRAITS: dict[str, Traits] = {
+    "claude": Traits("Claude Code", compact_window=True, compaction="line"),
+    "deepseek": Traits("DeepSeek", compact_window=True, compaction="line"),
+    "copilot": Traits("Copilot", compact_window=False, compaction="activity"),
+    "openai": Traits("OpenAI-compatible", compact_window=False, compaction="activity"),
+    "demo": Traits("Demo (offline)", compact_window=True, compaction="line"),
+}
+WINDOW_PROVIDERS = tuple(name for name, traits in TRAITS.items() if traits.compact_window)
+
+
+def compaction_style(provider: str) -> Style:
+    """How a provider's own compactions are shown."""
+    return TRAITS[provider].compaction if provider in TRAITS else "line"
 
 
 @dataclass(frozen=True)
@@ -58,24 +83,22 @@ def provider_infos(
             "ANTHROPIC_BASE_URL",
         )
     ) or _claude_logged_in(env)
+    ready = {
+        "claude": (claude_ready, "Set ANTHROPIC_API_KEY or run `claude login` first."),
+        "deepseek": (bool(env.get("DEEPSEEK_API_KEY")), "Set DEEPSEEK_API_KEY first."),
+        "copilot": (copilot_ready, copilot_reason),
+        "openai": (openai_ready, openai_reason),
+        "demo": (True, ""),
+    }
     return [
         ProviderInfo(
-            "claude",
-            "Claude Code",
-            claude_ready,
-            "" if claude_ready else "Set ANTHROPIC_API_KEY or run `claude login` first.",
-            compact_window=True,
-        ),
-        ProviderInfo(
-            "deepseek",
-            "DeepSeek",
-            bool(env.get("DEEPSEEK_API_KEY")),
-            "" if env.get("DEEPSEEK_API_KEY") else "Set DEEPSEEK_API_KEY first.",
-            compact_window=True,
-        ),
-        ProviderInfo("copilot", "Copilot", copilot_ready, copilot_reason),
-        ProviderInfo("openai", "OpenAI-compatible", openai_ready, openai_reason),
-        ProviderInfo("demo", "Demo (offline)", True, compact_window=True),
+            provider,
+            traits.name,
+            ready[provider][0],
+            "" if ready[provider][0] else ready[provider][1],
+            traits.compact_window,
+        )
+        for provider, traits in TRAITS.items()
     ]
 
 

@@ -38,12 +38,12 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
-from app.compaction import failed_text, finished_text, started_text, style_of
+from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session
 from app.hub import Hub
 from app.models import Conversation, Entry
-from app.providers import agent_env, make_agent
+from app.providers import agent_env, compaction_style, make_agent
 from app.summary import SummaryMessage, build_summary, compose_first_message
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
@@ -722,7 +722,7 @@ class Supervisor:
                     store.update_conversation(session=session, conversation=conversation, **changes)
                     self.publish_conversation(conversation)
                 case CompactionStarted(trigger=trigger):
-                    style = style_of(conversation.provider)
+                    style = compaction_style(conversation.provider)
                     runner.state = "compacting"
                     runner.compaction = self._add(
                         session,
@@ -736,7 +736,7 @@ class Supervisor:
                 case CompactionFinished():
                     self._on_compacted(session, runner, conversation, event)
                 case CompactionFailed(reason=reason):
-                    failed = failed_text(style_of(conversation.provider), reason)
+                    failed = failed_text(compaction_style(conversation.provider), reason)
                     if runner.compaction is not None and failed is None:
                         self._remove(session, conversation, runner.compaction)
                     elif runner.compaction is not None:
@@ -791,7 +791,7 @@ class Supervisor:
         conversation: Conversation,
         event: CompactionFinished,
     ) -> None:
-        style = style_of(conversation.provider)
+        style = compaction_style(conversation.provider)
         numbers = {
             "pre_tokens": event.pre_tokens,
             "post_tokens": event.post_tokens,

@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-from app.compaction import failed_text, finished_text, started_text, style_of
-
-
-def test_style_of_claude_is_line() -> None:
-    assert style_of("claude") == "line"
-    assert style_of("deepseek") == "line"
-    assert style_of("demo") == "line"
-
-
-def test_style_of_sdk_engine_is_activity() -> None:
-    assert style_of("copilot") == "activity"
-    assert style_of("openai") == "activity"
+from app.compaction import failed_text, finished_text, started_text
 
 
 def test_started_text_per_style() -> None:
