@@ -24,6 +24,7 @@ from app.agents.base import (
     TurnDone,
 )
 from app.agents.demo import reply_text
+from app.tokens import format_tokens
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import TOKEN, LiveRelay, make_settings
 from tests.xss_corpus import PAYLOADS
@@ -875,3 +876,15 @@ def test_load_earlier_pages_back_through_a_long_timeline(pages: Pages, relay: Li
     expect(by_id(page, "entry-user").first).to_have_text("n0")
     expect(by_id(page, "load-earlier")).to_be_hidden()
     pages.assert_clean()
+
+
+def test_browser_token_format_matches_the_server(pages: Pages, relay: LiveRelay) -> None:
+    edges = [0, 999, 1000, 2450, 2500, 3000, 9949, 9950, 10_000, 150_046, 999_499, 999_500]
+    edges += [1_000_000, 1_049_999, 1_050_000, 1_234_567]
+    page = pages.open(relay)
+    shown = page.evaluate(
+        "async (ns) => { const u = await import('/static/util.js');"
+        " return ns.map((n) => u.fmtTokens(n)); }",
+        edges,
+    )
+    assert shown == [format_tokens(n) for n in edges]
