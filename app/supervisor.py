@@ -562,7 +562,6 @@ class Supervisor:
                 resolved.window,
                 resolved.source,
             )
-        self.hub.emit(runner.conversation_id, {"type": "context", "report": _public_report(report)})
 
     async def _apply_window(self, runner: Runner) -> None:
         """Restart the agent once when its conversation's window setting changed."""
@@ -838,9 +837,3 @@ class Supervisor:
         entry_id = entry.id
         store.delete_entry(session=session, entry=entry)
         self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})
-
-
-def _public_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The parts of an agent's context report that clients use."""
-    keys = ("maxTokens", "autoCompactThreshold", "autocompactSource", "totalTokens", "model")
-    return {key: report.get(key) for key in keys}

@@ -377,8 +377,11 @@ def test_streamed_turn_arrives_complete_whatever_the_framing(relay: LiveRelay) -
     with relay.socket() as ws:
         snapshot = subscribe(ws, cid)["conversation"]
         relay.send(cid, "slow please")
-        # The agent's context report is the turn's last event (after the idle turn).
-        events = numbered(receive_until(ws, lambda m: m["type"] == "context"), cid)
+        # The turn going idle with nothing queued is the last event of the exchange.
+        idle = {"state": "idle", "queued": 0}
+        events = numbered(
+            receive_until(ws, lambda m: m["type"] == "turn" and m["turn"] == idle), cid
+        )
     view = relay.get(cid)
     seqs = [event["seq"] for event in events]
     assert seqs == list(range(snapshot["seq"] + 1, view["seq"] + 1))
