@@ -53,8 +53,8 @@ format: $(VENV)/.installed-test
 # Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
 # running that the asyncio tests after it could not start theirs in.
 test: $(VENV)/.installed-test chromium copilot-cli lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/test_browser.py
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser.py
+	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob="tests/test_browser*.py"
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser*.py
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from app.agents.copilot import INSTALL_HINT, copilot_cli_path
+from tests.browser import Pages
 from tests.relay import LiveRelay, make_settings
 
 
@@ -22,6 +23,16 @@ def relay(tmp_path: Path) -> Iterator[LiveRelay]:
         yield live
     finally:
         live.stop()
+
+
+@pytest.fixture
+def pages(browser: Any) -> Iterator[Pages]:
+    """Logged-in, watched browser pages (tests/browser.py); closed after the test."""
+    watched = Pages(browser)
+    try:
+        yield watched
+    finally:
+        watched.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,121 @@
+"""Shared pieces of the browser tests: watched pages, the pages fixture, locator helpers.
+
+Browser test files are named tests/test_browser*.py; `make test` runs them in their own
+pytest process (Playwright's sync API keeps an event loop running).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
+
+from tests.relay import TOKEN, LiveRelay, make_settings
+
+T = 15_000  # ms: the longest any expectation or action waits
+expect.set_options(timeout=T)
+
+# Records CSP violations in the page itself (Chromium also logs them as console errors).
+CSP_WATCH = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`);
+});
+"""
+
+QUESTION = "Compact this conversation into a new one with carry-over summary?"
+IDLE_TEXT = "Applies on the next message (the session restarts once)."
+
+
+class Pages:
+    """Logged-in pages, each in its own browser context, watched for problems."""
+
+    def __init__(self, browser: Browser) -> None:
+        self.browser = browser
+        self.contexts: list[BrowserContext] = []
+        self.pages: list[Page] = []
+        self.problems: list[str] = []
+        self.dialogs: list[str] = []
+
+    def open(self, relay: LiveRelay, path: str = "/", **context_args: Any) -> Page:
+        """A new browser (context), logged in with the token, showing path."""
+        context = self.browser.new_context(**context_args)
+        self.contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(T)
+        name = f"page{len(self.pages) + 1}"
+        page.on(
+            "console",
+            lambda m: (
+                self.problems.append(f"{name} console {m.type}: {m.text}")
+                if m.type == "error"
+                else None
+            ),
+        )
+        page.on("pageerror", lambda e: self.problems.append(f"{name} pageerror: {e}"))
+        page.on("dialog", self._on_dialog)
+        page.add_init_script(CSP_WATCH)
+        self.pages.append(page)
+        page.goto(f"{relay.base}/?token={TOKEN}")
+        if path != "/":
+            page.goto(relay.base + path)
+        return page
+
+    def _on_dialog(self, dialog: Any) -> None:
+        self.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def assert_clean(self) -> None:
+        """No console error, page error, CSP violation or dialog on any page."""
+        for page in self.pages:
+            if not page.is_closed():
+                violations = page.evaluate("window.__cspViolations || []")
+                self.problems.extend(f"CSP violation: {v}" for v in violations)
+        assert self.problems == []
+        assert self.dialogs == []
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+        self.contexts.clear()
+
+
+def own_relay(tmp_path: Path, **overrides: Any) -> LiveRelay:
+    """A relay with other settings than the shared fixture's (stop it in finally)."""
+    return LiveRelay(make_settings(tmp_path / "data", **overrides)).start()
+
+
+def by_id(page: Page, testid: str) -> Locator:
+    return page.get_by_test_id(testid)
+
+
+def send_text(page: Page, text: str) -> None:
+    """Type a one-line message in the composer and press Enter."""
+    box = by_id(page, "message-input")
+    box.click()
+    box.fill(text)
+    box.press("Enter")
+
+
+def user_bubble(page: Page, text: str) -> Locator:
+    return by_id(page, "entry-user").filter(has_text=text)
+
+
+def agent_reply(page: Page, prompt: str) -> Locator:
+    """The finished agent message that quotes prompt."""
+    quoted = " ".join(prompt.split())
+    return page.locator('[data-testid="entry-agent"][data-state="done"]').filter(
+        has_text=f"You said: “{quoted}”"
+    )
+
+
+def line(page: Page, text: str) -> Locator:
+    return by_id(page, "entry-line").filter(has_text=text)
+
+
+def conv_id(page: Page) -> int:
+    match = re.search(r"/c/(\d+)$", page.url)
+    assert match, page.url
+    return int(match.group(1))
