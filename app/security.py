@@ -7,6 +7,7 @@ is checked here before any route sees it, WebSocket upgrades included.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import secrets
@@ -17,11 +18,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+import anyio
 from starlette.requests import cookie_parser
 
 from app.sessions import LIFETIME, Sessions
 
 COOKIE = "oarlock_session"  # a session id (app/sessions.py), never the token
+SESSION_SCOPE_KEY = "oarlock.session"  # from _check to __call__: the socket's session
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 PUBLIC_PATHS = ("/healthz", "/login", "/favicon.ico")
 PUBLIC_PREFIXES = ("/static/",)
@@ -149,7 +152,26 @@ class Guard:
         if login is not None:
             await _refuse(scope, receive, send, *login)
             return
+        session_id = scope.pop(SESSION_SCOPE_KEY, None)
+        if scope["type"] == "websocket" and session_id and self.sessions is not None:
+            await self._socket_of_session(scope, receive, send, session_id)
+            return
         await self.app(scope, receive, _with_headers(send))
+
+    async def _socket_of_session(
+        self, scope: Scope, receive: Receive, send: Send, session_id: str
+    ) -> None:
+        """Run a socket logged in by a session; log out ends it with code 4401."""
+        assert self.sessions is not None
+        with anyio.CancelScope() as cancel:
+            unwatch = self.sessions.watch(session_id, cancel.cancel)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                unwatch()
+        if cancel.cancelled_caught:
+            with contextlib.suppress(Exception):  # the socket may be gone already
+                await send({"type": "websocket.close", "code": 4401, "reason": "Logged out."})
 
     async def _check(
         self, scope: Scope, headers: dict[str, str]
@@ -178,7 +200,8 @@ class Guard:
                     if await self.limiter.failed(_client(scope)):
                         return 429, "Too many failed attempts; wait a minute.", []
                     return _unauthorized(page)
-            elif self._session_of(headers) is not None:
+            elif (session_id := self._session_of(headers)) is not None:
+                scope[SESSION_SCOPE_KEY] = session_id
                 if (websocket or method in STATE_CHANGING) and origin is None:
                     return 403, "Cross-origin request refused (no Origin header).", []
             elif _url_token(scope) is not None:

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Callable
 
 from sqlalchemy import delete
 from sqlalchemy.engine import Engine
@@ -28,6 +29,7 @@ class Sessions:
     def __init__(self, engine: Engine, token: str) -> None:
         self.engine = engine
         self._token = token.encode()
+        self._watchers: dict[str, set[Callable[[], None]]] = {}
 
     def key(self, session_id: str) -> str:
         """The stored form of a session id."""
@@ -58,7 +60,16 @@ class Sessions:
         return row is not None
 
     def end(self, session_id: str) -> None:
-        """End a session: its cookie no longer logs anyone in."""
+        """End a session: its cookie no longer logs anyone in, its open sockets close."""
+        key = self.key(session_id)
         with get_session(self.engine) as db:
-            db.exec(delete(LoginSession).where(LoginSession.key == self.key(session_id)))  # type: ignore[call-overload]
+            db.exec(delete(LoginSession).where(LoginSession.key == key))  # type: ignore[call-overload]
             db.commit()
+        for callback in list(self._watchers.pop(key, ())):
+            callback()
+
+    def watch(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call callback when the session ends; returns the function that stops watching."""
+        watchers = self._watchers.setdefault(self.key(session_id), set())
+        watchers.add(callback)
+        return lambda: watchers.discard(callback)

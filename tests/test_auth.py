@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from app.logs import redact
@@ -126,6 +126,27 @@ def test_logout_ended_cookie_cannot_open_a_socket(relay: LiveRelay) -> None:
     with pytest.raises(InvalidStatus) as refused, connect(url, additional_headers=headers):
         pass
     assert refused.value.response.status_code == 401
+
+
+def test_logout_closes_the_sessions_open_sockets(relay: LiveRelay) -> None:
+    cookie, other = relay.login(), relay.login()
+    url = f"ws://127.0.0.1:{relay.settings.port}/ws"
+    with (
+        connect(url, additional_headers={"Cookie": cookie, "Origin": relay.base}) as ended,
+        connect(url, additional_headers={"Cookie": other, "Origin": relay.base}) as kept,
+    ):
+        assert ['"hello"' in str(ws.recv(timeout=10)) for ws in (ended, kept)] == [True, True]
+        logout(relay, cookie, relay.base)
+        with pytest.raises(ConnectionClosed) as closed:
+            ended.recv(timeout=10)
+        kept.send('{"type": "ping"}')
+        pong = kept.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason, '"pong"' in str(pong)) == (
+        4401,
+        "Logged out.",
+        True,
+    )
 
 
 def test_logout_needs_the_relays_origin(relay: LiveRelay) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -98,6 +99,23 @@ def test_log_out_returns_to_login_and_refuses_the_old_cookie(
             "/api/conversations", headers={"Cookie": f"{old['name']}={old['value']}"}
         )
     assert answer.status_code == 401
+    pages.assert_clean()
+
+
+def test_log_out_sends_the_browsers_other_tabs_to_login(pages: Pages, relay: LiveRelay) -> None:
+    first = pages.open(relay)
+    second = first.context.new_page()
+    second.goto(relay.base + "/")
+    for page in (first, second):
+        expect(by_id(page, "new-conversation")).to_be_visible()
+    # Both tabs' sockets are open before the first tab logs out.
+    deadline = time.monotonic() + 15
+    while len(relay.supervisor.hub._everyone) < 2:
+        assert time.monotonic() < deadline, "the tabs' sockets did not open"
+        time.sleep(0.02)
+    by_id(first, "logout").click()
+    expect(first).to_have_url(f"{relay.base}/login")
+    expect(second).to_have_url(f"{relay.base}/login")
     pages.assert_clean()
 
 
