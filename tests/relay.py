@@ -33,6 +33,7 @@ def free_port() -> int:
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     """Settings for a test relay living in data_dir."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the relay makes it
     workspace = data_dir / "work"
     workspace.mkdir(parents=True, exist_ok=True)
     values: dict[str, Any] = {
