@@ -41,7 +41,7 @@ class Sessions:
         now = int(time.time())
         with get_session(self.engine) as db:
             # Ended and expired rows go as new ones come: the table stays small.
-            db.exec(delete(LoginSession).where(LoginSession.expires_at <= now))  # type: ignore[call-overload]
+            db.exec(delete(LoginSession).where(LoginSession.expires_at <= now))
             db.add(LoginSession(key=self.key(session_id), expires_at=now + LIFETIME))
             db.commit()
         return session_id
@@ -63,7 +63,7 @@ class Sessions:
         """End a session: its cookie no longer logs anyone in, its open sockets close."""
         key = self.key(session_id)
         with get_session(self.engine) as db:
-            db.exec(delete(LoginSession).where(LoginSession.key == key))  # type: ignore[call-overload]
+            db.exec(delete(LoginSession).where(LoginSession.key == key))
             db.commit()
         for callback in list(self._watchers.pop(key, ())):
             callback()
