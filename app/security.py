@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import anyio
+from sqlalchemy.exc import OperationalError
 from starlette.requests import cookie_parser
 
 from app.sessions import LIFETIME, Sessions
@@ -243,7 +244,12 @@ class Guard:
         query = parse_qs(_query(scope), keep_blank_values=True)
         rest = {k: v for k, v in query.items() if k != "token"}
         location = scope["path"] + (f"?{urlencode(rest, doseq=True)}" if rest else "")
-        cookie = session_cookie(self.sessions.create(), secure=scope.get("scheme") == "https")
+        try:
+            session_id = self.sessions.create()
+        except OperationalError as error:  # as the app's own handler answers (main.py)
+            reason = str(error.orig) if error.orig else str(error)
+            return 503, f"The database cannot be used right now ({reason}). Nothing was stored.", []
+        cookie = session_cookie(session_id, secure=scope.get("scheme") == "https")
         return 303, "", [(b"location", location.encode()), (b"set-cookie", cookie)]
 
 

@@ -12,9 +12,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
@@ -100,6 +102,33 @@ def test_changing_the_token_ends_every_session(tmp_path: Path) -> None:
         assert api(second, cookie) == 401
     finally:
         second.stop()
+
+
+def test_login_with_a_read_only_database_answers_503(relay: LiveRelay) -> None:
+    engine = relay.app.state.engine
+
+    def read_only(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA query_only = ON")
+
+    event.listen(engine, "connect", read_only)
+    engine.dispose()  # every connection from now on refuses writes
+    try:
+        with httpx.Client(base_url=relay.base, timeout=10) as client:
+            answers = [
+                client.get(f"/?token={TOKEN}"),
+                client.post("/login", data={"token": TOKEN}, headers={"Origin": relay.base}),
+            ]
+    finally:
+        event.remove(engine, "connect", read_only)
+        engine.dispose()
+    detail = (
+        "The database cannot be used right now (attempt to write a readonly database). "
+        "Nothing was stored."
+    )
+    assert [(r.status_code, r.json(), r.headers.get("set-cookie")) for r in answers] == [
+        (503, {"detail": detail}, None)
+    ] * 2
+    assert relay.login().startswith("oarlock_session=")  # writable again: logins work
 
 
 # -- log out -----------------------------------------------------------------------------
