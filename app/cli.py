@@ -12,7 +12,19 @@ import click
 import uvicorn
 
 from app.config import Settings
+from app.logs import RedactTokens, uvicorn_log_config
 from app.security import is_loopback
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn options from the settings: forwarded headers only from trusted proxies, logs."""
+    trusted = settings.trusted_proxies
+    return {
+        # uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1: any local process.
+        "proxy_headers": bool(trusted),
+        "forwarded_allow_ips": ",".join(trusted),
+        "log_config": uvicorn_log_config(),
+    }
 
 
 def _settings(**options: Any) -> Settings:
@@ -39,6 +51,7 @@ def main(context: click.Context) -> None:
 )
 def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     """Migrate the database and run the relay."""
+    from app.db import ensure_private_dir
     from app.main import create_app
     from app.migrate import upgrade
 
@@ -46,12 +59,14 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactTokens())
     if settings.no_auth and not is_loopback(settings.host):
         sys.exit(
             f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"
             "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1."
         )
-    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(settings.resolved_data_dir)
     upgrade(settings.db_url)
     app = create_app(settings)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
@@ -69,16 +84,23 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     # handlers that were there before it: make those end the process with status 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        **server_options(settings),
+    )
 
 
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data directory.")
 def migrate(data_dir: Path | None) -> None:
     """Create or upgrade the database schema."""
+    from app.db import ensure_private_dir
     from app.migrate import upgrade
 
     settings = _settings(data_dir=data_dir)
-    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(settings.resolved_data_dir)
     upgrade(settings.db_url)
     click.echo(f"Database is up to date: {settings.db_url}")

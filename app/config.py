@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     # Extra Host names and Origins to accept (reverse proxies, a server's name).
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Proxies whose X-Forwarded-For/-Proto are believed (client address, https); none by default.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_message_bytes: int = 256 * 1024
     # Directories agents may work in; default: the user's home.
     workspace_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
@@ -46,7 +48,9 @@ class Settings(BaseSettings):
     demo_delay: float = 0.04  # seconds between the demo agent's streamed pieces
     log_level: str = "info"
 
-    @field_validator("allowed_hosts", "allowed_origins", "workspace_roots", mode="before")
+    @field_validator(
+        "allowed_hosts", "allowed_origins", "trusted_proxies", "workspace_roots", mode="before"
+    )
     @classmethod
     def _split_list(cls, value: object) -> object:
         """Accept a comma-separated string where a list is expected."""

@@ -17,11 +17,12 @@ from starlette.responses import Response
 
 from app import __version__
 from app.config import Settings
-from app.db import get_session, make_engine
+from app.db import ensure_private_dir, get_session, make_engine
 from app.hub import Hub
 from app.models import Conversation
 from app.routes import api, pages, ws
 from app.security import LOOPBACK_HOSTS, FailureLimiter, Guard, load_or_create_token
+from app.sessions import Sessions
 from app.supervisor import Supervisor
 
 STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -48,7 +49,7 @@ def allowed_hosts(settings: Settings) -> list[str]:
 
 def create_app(settings: Settings) -> FastAPI:
     """Build the relay's app; nothing starts until its lifespan runs."""
-    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(settings.resolved_data_dir)
     engine = make_engine(settings.db_url)
 
     def load_seq(conversation_id: int) -> int:
@@ -82,6 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.supervisor = supervisor
     app.state.token = token
     app.state.limiter = FailureLimiter()
+    app.state.sessions = None if token is None else Sessions(engine, token)
     app.add_middleware(
         Guard,
         token=token,
@@ -89,6 +91,7 @@ def create_app(settings: Settings) -> FastAPI:
         allowed_origins=settings.allowed_origins,
         max_body=settings.max_message_bytes + 4096,
         limiter=app.state.limiter,
+        sessions=app.state.sessions,
     )
     app.include_router(api.router)
     app.include_router(ws.router)

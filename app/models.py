@@ -64,6 +64,18 @@ class Entry(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+class LoginSession(SQLModel, table=True):
+    """A browser's login: only a keyed hash of its cookie is stored, never the cookie."""
+
+    __tablename__ = "login_session"
+
+    id: int | None = Field(default=None, primary_key=True)
+    # HMAC-SHA256 of the cookie value keyed with the token: a new token matches no row.
+    key: str = Field(unique=True, max_length=64)
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: int  # Unix time: compared in SQL, no time zone to get wrong
+
+
 class ConversationCreate(SQLModel):
     """What a client may say when it creates a conversation."""
 

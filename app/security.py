@@ -6,6 +6,8 @@ is checked here before any route sees it, WebSocket upgrades included.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import secrets
@@ -16,9 +18,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+import anyio
+from sqlalchemy.exc import OperationalError
 from starlette.requests import cookie_parser
 
-COOKIE = "oarlock_token"
+from app.sessions import LIFETIME, Sessions
+
+COOKIE = "oarlock_session"  # a session id (app/sessions.py), never the token
+SESSION_SCOPE_KEY = "oarlock.session"  # from _check to __call__: the socket's session
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 PUBLIC_PATHS = ("/healthz", "/login", "/favicon.ico")
 PUBLIC_PREFIXES = ("/static/",)
@@ -31,7 +38,9 @@ SECURITY_HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: with no-referrer Chromium posts forms with Origin: null,
+    # which the Origin check must refuse. Other sites still get no Referer at all.
+    (b"referrer-policy", b"same-origin"),
 ]
 
 Scope = dict[str, Any]
@@ -71,11 +80,16 @@ def host_name(host_header: str) -> str:
 
 
 class FailureLimiter:
-    """Counts failed tokens per client address; too many in a window are refused."""
+    """Counts failed tokens per client address; past the limit, failures are slowed.
 
-    def __init__(self, limit: int = 10, window: float = 60.0) -> None:
+    Only failures are slowed and refused (429): a correct token or a live session always
+    gets in, so a page that makes the owner's browser send wrong guesses locks nobody out.
+    """
+
+    def __init__(self, limit: int = 10, window: float = 60.0, pause: float = 1.0) -> None:
         self.limit = limit
         self.window = window
+        self.pause = pause
         self._failures: dict[str, deque[float]] = {}
 
     def blocked(self, client: str) -> bool:
@@ -94,6 +108,14 @@ class FailureLimiter:
         if len(self._failures) > 10_000:  # bounded memory under a flood of addresses
             self._failures.pop(next(iter(self._failures)))
 
+    async def failed(self, client: str) -> bool:
+        """Record a failure; past the limit, wait before answering. True when past it."""
+        past = self.blocked(client)
+        self.fail(client)
+        if past:
+            await asyncio.sleep(self.pause)
+        return past
+
 
 class Guard:
     """ASGI middleware applying every check, for HTTP and WebSocket alike."""
@@ -107,6 +129,7 @@ class Guard:
         allowed_origins: Iterable[str] = (),
         max_body: int = 256 * 1024,
         limiter: FailureLimiter | None = None,
+        sessions: Sessions | None = None,
     ) -> None:
         self.app = app
         self.token = token
@@ -114,25 +137,44 @@ class Guard:
         self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
         self.max_body = max_body
         self.limiter = limiter or FailureLimiter()
+        self.sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = self._check(scope, headers)
+        refusal = await self._check(scope, headers)
         if refusal is not None:
             status, detail, extra = refusal
             await _refuse(scope, receive, send, status, detail, extra)
             return
-        redirect = self._login_by_url(scope, headers)
-        if redirect is not None:
-            await send({"type": "http.response.start", "status": 303, "headers": redirect})
-            await send({"type": "http.response.body", "body": b""})
+        login = await self._login_by_url(scope)
+        if login is not None:
+            await _refuse(scope, receive, send, *login)
+            return
+        session_id = scope.pop(SESSION_SCOPE_KEY, None)
+        if scope["type"] == "websocket" and session_id and self.sessions is not None:
+            await self._socket_of_session(scope, receive, send, session_id)
             return
         await self.app(scope, receive, _with_headers(send))
 
-    def _check(
+    async def _socket_of_session(
+        self, scope: Scope, receive: Receive, send: Send, session_id: str
+    ) -> None:
+        """Run a socket logged in by a session; log out ends it with code 4401."""
+        assert self.sessions is not None
+        with anyio.CancelScope() as cancel:
+            unwatch = self.sessions.watch(session_id, cancel.cancel)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                unwatch()
+        if cancel.cancelled_caught:
+            with contextlib.suppress(Exception):  # the socket may be gone already
+                await send({"type": "websocket.close", "code": 4401, "reason": "Logged out."})
+
+    async def _check(
         self, scope: Scope, headers: dict[str, str]
     ) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
         """Why a request is refused (status, detail, headers), or None to let it through."""
@@ -150,32 +192,24 @@ class Guard:
         if (websocket or method in STATE_CHANGING) and foreign:
             return 403, "Cross-origin request refused.", []
         if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
-            if path == "/login" and method == "POST" and self.limiter.blocked(_client(scope)):
-                return 429, "Too many failed attempts; wait a minute.", []
             return None
         if self.token is not None:
+            page = not websocket and method == "GET" and not path.startswith("/api/")
             bearer = headers.get("authorization", "")
-            given, by_cookie = None, False
             if bearer.lower().startswith("bearer "):
-                given = bearer[7:].strip()
-            else:
-                # Lenient parsing: another app's odd cookie on localhost must not hide ours.
-                cookies = cookie_parser(headers.get("cookie", ""))
-                if COOKIE in cookies:
-                    given, by_cookie = cookies[COOKIE], True
-            client = _client(scope)
-            if self.limiter.blocked(client):
-                return 429, "Too many failed attempts; wait a minute.", []
-            if given is None and _url_token(scope) is not None:
+                if not hmac.compare_digest(bearer[7:].strip().encode(), self.token.encode()):
+                    if await self.limiter.failed(_client(scope)):
+                        return 429, "Too many failed attempts; wait a minute.", []
+                    return _unauthorized(page)
+            elif (session_id := self._session_of(headers)) is not None:
+                scope[SESSION_SCOPE_KEY] = session_id
+                if (websocket or method in STATE_CHANGING) and origin is None:
+                    return 403, "Cross-origin request refused (no Origin header).", []
+            elif _url_token(scope) is not None:
                 return None  # a login by URL: _login_by_url checks it and redirects
-            if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
-                if given is not None:
-                    self.limiter.fail(client)
-                if not websocket and method == "GET" and not path.startswith("/api/"):
-                    return 303, "Log in first.", [(b"location", b"/login")]
-                return 401, "Missing or invalid token.", [(b"www-authenticate", b"Bearer")]
-            if by_cookie and (websocket or method in STATE_CHANGING) and origin is None:
-                return 403, "Cross-origin request refused (no Origin header).", []
+            else:
+                # A stale or unknown cookie is not a guess of the token: it is not counted.
+                return _unauthorized(page)
         if not websocket and method in STATE_CHANGING and path.startswith("/api/"):
             length = headers.get("content-length")
             if length is not None and not length.strip().isdigit():
@@ -188,38 +222,64 @@ class Guard:
                 return 415, "The API accepts application/json only.", []
         return None
 
-    def _login_by_url(
-        self, scope: Scope, headers: dict[str, str]
-    ) -> list[tuple[bytes, bytes]] | None:
-        """For GET ?token=…: set the cookie and redirect to the same URL without the token."""
-        given = _url_token(scope)
-        if given is None or self.token is None:
+    def _session_of(self, headers: dict[str, str]) -> str | None:
+        """The request's session id when it names a live session, else None."""
+        if self.sessions is None:
             return None
+        # Lenient parsing: another app's odd cookie on localhost must not hide ours.
+        session_id = cookie_parser(headers.get("cookie", "")).get(COOKIE)
+        return session_id if session_id and self.sessions.valid(session_id) else None
+
+    async def _login_by_url(
+        self, scope: Scope
+    ) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
+        """For GET ?token=…: start a session and redirect to the same URL without the token."""
+        given = _url_token(scope)
+        if given is None or self.token is None or self.sessions is None:
+            return None
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            if await self.limiter.failed(_client(scope)):
+                return 429, "Too many failed attempts; wait a minute.", []
+            return 303, "", [(b"location", b"/login?failed=1")]
         query = parse_qs(_query(scope), keep_blank_values=True)
         rest = {k: v for k, v in query.items() if k != "token"}
         location = scope["path"] + (f"?{urlencode(rest, doseq=True)}" if rest else "")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            self.limiter.fail(_client(scope))
-            return [(b"location", b"/login?failed=1"), *SECURITY_HEADERS]
-        return [
-            (b"location", location.encode()),
-            (b"set-cookie", session_cookie(self.token, secure=scope.get("scheme") == "https")),
-            *SECURITY_HEADERS,
-        ]
+        try:
+            session_id = self.sessions.create()
+        except OperationalError as error:  # as the app's own handler answers (main.py)
+            reason = str(error.orig) if error.orig else str(error)
+            return 503, f"The database cannot be used right now ({reason}). Nothing was stored.", []
+        cookie = session_cookie(session_id, secure=scope.get("scheme") == "https")
+        return 303, "", [(b"location", location.encode()), (b"set-cookie", cookie)]
 
 
-def check_login(expected: str | None, given: str, limiter: FailureLimiter, scope: Scope) -> bool:
-    """Check a token typed into the login form (a failure counts against the client)."""
+async def check_login(
+    expected: str | None, given: str, limiter: FailureLimiter, scope: Scope
+) -> bool:
+    """Check a token typed into the login form (a failure counts, and is slowed past the limit)."""
     ok = expected is None or hmac.compare_digest(given.encode(), expected.encode())
     if not ok:
-        limiter.fail(_client(scope))
+        await limiter.failed(_client(scope))
     return ok
 
 
-def session_cookie(token: str, *, secure: bool) -> bytes:
+def session_cookie(session_id: str, *, secure: bool) -> bytes:
     """The Set-Cookie value that logs a browser in."""
-    value = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000"
+    value = f"{COOKIE}={session_id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={LIFETIME}"
     return (value + ("; Secure" if secure else "")).encode()
+
+
+def cleared_cookie(*, secure: bool) -> bytes:
+    """The Set-Cookie value that removes the login cookie from a browser."""
+    value = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
+    return (value + ("; Secure" if secure else "")).encode()
+
+
+def _unauthorized(page: bool) -> tuple[int, str, list[tuple[bytes, bytes]]]:
+    """Pages go to the login form; the API and the socket get 401."""
+    if page:
+        return 303, "Log in first.", [(b"location", b"/login")]
+    return 401, "Missing or invalid token.", [(b"www-authenticate", b"Bearer")]
 
 
 def _client(scope: Scope) -> str:
@@ -261,17 +321,21 @@ async def _refuse(
     detail: str,
     extra: list[tuple[bytes, bytes]],
 ) -> None:
-    if scope["type"] == "websocket":
-        await receive()  # websocket.connect
-        # Close before accepting: the handshake fails with 403; the reason is in the log.
-        await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
-        return
-    body = json.dumps({"detail": detail}).encode()
+    """Answer with status and a JSON detail (none for a redirect), on HTTP or a handshake."""
+    body = json.dumps({"detail": detail}).encode() if detail else b""
     headers = [
-        (b"content-type", b"application/json"),
+        *([(b"content-type", b"application/json")] if body else []),
         (b"content-length", str(len(body)).encode()),
         *extra,
         *SECURITY_HEADERS,
     ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    prefix = "http."
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            # A server without the denial extension: the handshake fails with a bare 403.
+            await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+            return
+        prefix = "websocket.http."  # ASGI WebSocket Denial Response: a real status and body
+    await send({"type": prefix + "response.start", "status": status, "headers": headers})
+    await send({"type": prefix + "response.body", "body": body})

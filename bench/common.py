@@ -249,8 +249,14 @@ class Relay:
         self.stop()
 
     def ws_headers(self) -> dict[str, str]:
-        """What a browser tab's socket sends: the cookie and the relay's own origin."""
-        return {"Cookie": f"oarlock_token={TOKEN}", "Origin": self.base}
+        """What a browser tab's socket sends: a session cookie and the relay's own origin."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request("GET", f"/?token={TOKEN}")  # a login by URL starts a session
+            cookie = connection.getresponse().getheader("set-cookie") or ""
+        finally:
+            connection.close()
+        return {"Cookie": cookie.split(";")[0], "Origin": self.base}
 
     def create(self, provider: str = "demo", title: str = "Bench") -> int:
         """Create a conversation; its id."""

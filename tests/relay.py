@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
+from app.cli import server_options
 from app.config import Settings
 from app.main import create_app
 from app.migrate import upgrade
@@ -32,6 +33,7 @@ def free_port() -> int:
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     """Settings for a test relay living in data_dir."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the relay makes it
     workspace = data_dir / "work"
     workspace.mkdir(parents=True, exist_ok=True)
     values: dict[str, Any] = {
@@ -54,13 +56,20 @@ class LiveRelay:
         upgrade(settings.db_url)
         self.app = create_app(settings)
         self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning")
+            uvicorn.Config(
+                self.app,
+                host="127.0.0.1",
+                port=settings.port,
+                log_level="warning",
+                **server_options(settings),
+            )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.base = f"http://127.0.0.1:{settings.port}"
         self.http = httpx.Client(
             base_url=self.base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
         )
+        self._cookie: str | None = None
 
     def start(self) -> LiveRelay:
         """Start serving and wait until it answers."""
@@ -77,6 +86,20 @@ class LiveRelay:
         self.http.close()
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+    def login(self) -> str:
+        """A new browser session: the Cookie header value a login by URL sets."""
+        with httpx.Client(base_url=self.base, timeout=30) as client:
+            response = client.get(f"/?token={TOKEN}")
+        assert response.status_code == 303, response.text
+        return response.headers["set-cookie"].split(";")[0]
+
+    @property
+    def cookie(self) -> str:
+        """The Cookie header of one logged-in browser (the same for the relay's life)."""
+        if self._cookie is None:
+            self._cookie = self.login()
+        return self._cookie
 
     @property
     def supervisor(self) -> Any:
@@ -125,7 +148,7 @@ class LiveRelay:
     @contextmanager
     def socket(self, origin: str | None = None) -> Iterator[ClientConnection]:
         """A WebSocket logged in with the cookie, from the relay's own origin."""
-        headers = {"Cookie": f"oarlock_token={TOKEN}", "Origin": origin or self.base}
+        headers = {"Cookie": self.cookie, "Origin": origin or self.base}
         url = f"ws://127.0.0.1:{self.settings.port}/ws"
         with connect(url, additional_headers=headers, open_timeout=10) as ws:
             try:

@@ -30,14 +30,19 @@ def engine(url: str) -> Iterator[Engine]:
 
 
 def test_upgrade_creates_tables(engine: Engine) -> None:
-    assert sorted(inspect(engine).get_table_names()) == ["alembic_version", "conversation", "entry"]
+    assert sorted(inspect(engine).get_table_names()) == [
+        "alembic_version",
+        "conversation",
+        "entry",
+        "login_session",
+    ]
 
 
 def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0002", "0002")
+    assert (current, head) == ("0003", "0003")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -58,7 +63,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0002"
+        assert MigrationContext.configure(connection).get_current_revision() == "0003"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

@@ -1,5 +1,7 @@
 import hmac
+import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -14,11 +16,13 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from app.security import load_or_create_token
-from tests.relay import TOKEN, LiveRelay, free_port
+from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-COOKIE = f"oarlock_token={TOKEN}"
-SET_COOKIE = f"oarlock_token={TOKEN}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000"
+# A session cookie: a random id (never the token), HttpOnly, SameSite=Strict, 30 days.
+SET_COOKIE = re.compile(
+    r"oarlock_session=[A-Za-z0-9_-]{43}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000"
+)
 UNAUTHORIZED = {"detail": "Missing or invalid token."}
 TOO_MANY = {"detail": "Too many failed attempts; wait a minute."}
 CROSS_ORIGIN = {"detail": "Cross-origin request refused."}
@@ -36,20 +40,26 @@ def anon(relay: LiveRelay) -> Iterator[httpx.Client]:
 
 def browser(relay: LiveRelay, origin: str | None = None) -> dict[str, str]:
     """Headers of a logged-in browser request (from origin, when given)."""
-    headers = {"Cookie": COOKIE}
+    headers = {"Cookie": relay.cookie}
     if origin is not None:
         headers["Origin"] = origin
     return headers
 
 
-def ws_refusal(url: str, headers: dict[str, str], **options: Any) -> int:
-    """The HTTP status a refused WebSocket handshake got."""
+def ws_refusal(url: str, headers: dict[str, str], **options: Any) -> tuple[int, Any]:
+    """The HTTP status and JSON body a refused WebSocket handshake got."""
     with (
         pytest.raises(InvalidStatus) as refused,
         connect(url, additional_headers=headers, open_timeout=10, **options),
     ):
         pass
-    return refused.value.response.status_code
+    response = refused.value.response
+    return response.status_code, json.loads(response.body or b"null")
+
+
+def cookies_set(response: httpx.Response) -> list[bool]:
+    """For each Set-Cookie of a response: is it a fresh session cookie?"""
+    return [SET_COOKIE.fullmatch(c) is not None for c in response.headers.get_list("set-cookie")]
 
 
 def ws_url(relay: LiveRelay) -> str:
@@ -88,7 +98,7 @@ def test_public_paths_without_token_200(anon: httpx.Client) -> None:
 
 
 def test_wrong_token_401(anon: httpx.Client) -> None:
-    wrong = [{"Authorization": "Bearer nope"}, {"Cookie": "oarlock_token=nope"}]
+    wrong = [{"Authorization": "Bearer nope"}, {"Cookie": "oarlock_session=nope"}]
     answers = [anon.get("/api/conversations", headers=headers) for headers in wrong]
     assert [(r.status_code, r.json()) for r in answers] == [(401, UNAUTHORIZED)] * 2
 
@@ -108,10 +118,10 @@ def test_valid_token_accepted(anon: httpx.Client, relay: LiveRelay) -> None:
 def test_url_token_sets_cookie_and_redirects(anon: httpx.Client) -> None:
     home = anon.get(f"/?token={TOKEN}")
     deep = anon.get(f"/c/3?token={TOKEN}&view=full")
-    assert [
-        (r.status_code, r.headers["location"], r.headers.get_list("set-cookie"))
-        for r in (home, deep)
-    ] == [(303, "/", [SET_COOKIE]), (303, "/c/3?view=full", [SET_COOKIE])]
+    assert [(r.status_code, r.headers["location"], cookies_set(r)) for r in (home, deep)] == [
+        (303, "/", [True]),
+        (303, "/c/3?view=full", [True]),
+    ]
 
 
 def test_url_wrong_token_redirects_to_failed_login(anon: httpx.Client) -> None:
@@ -128,9 +138,10 @@ def test_login_form_checks_token(anon: httpx.Client, relay: LiveRelay) -> None:
         anon.post("/login", data={"token": token}, headers={"Origin": relay.base})
         for token in ("nope", TOKEN)
     ]
-    assert [
-        (r.status_code, r.headers["location"], r.headers.get_list("set-cookie")) for r in answers
-    ] == [(303, "/login?failed=1", []), (303, "/", [SET_COOKIE])]
+    assert [(r.status_code, r.headers["location"], cookies_set(r)) for r in answers] == [
+        (303, "/login?failed=1", []),
+        (303, "/", [True]),
+    ]
 
 
 def test_login_form_foreign_origin_403(anon: httpx.Client) -> None:
@@ -141,15 +152,21 @@ def test_login_form_foreign_origin_403(anon: httpx.Client) -> None:
 def test_repeated_failures_429(anon: httpx.Client) -> None:
     wrong = {"Authorization": "Bearer nope"}
     statuses = [anon.get("/api/conversations", headers=wrong).status_code for _ in range(10)]
-    response = anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
+    response = anon.get("/api/conversations", headers=wrong)
     assert (statuses, response.status_code, response.json()) == ([401] * 10, 429, TOO_MANY)
 
 
-def test_repeated_failures_block_login_form(anon: httpx.Client, relay: LiveRelay) -> None:
+def test_repeated_failures_still_let_the_token_in(anon: httpx.Client, relay: LiveRelay) -> None:
     for _ in range(10):
         anon.post("/login", data={"token": "nope"}, headers={"Origin": relay.base})
-    response = anon.post("/login", data={"token": TOKEN}, headers={"Origin": relay.base})
-    assert (response.status_code, response.json()) == (429, TOO_MANY)
+    bearer = anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
+    form = anon.post("/login", data={"token": TOKEN}, headers={"Origin": relay.base})
+    assert (bearer.status_code, form.status_code, form.headers["location"], cookies_set(form)) == (
+        200,
+        303,
+        "/",
+        [True],
+    )
 
 
 def test_nine_failures_still_allowed(anon: httpx.Client) -> None:
@@ -176,10 +193,11 @@ def test_url_empty_token_fails_login(anon: httpx.Client) -> None:
     assert (response.status_code, response.headers.get("location")) == (303, "/login?failed=1")
 
 
-def test_cookie_beside_unusual_cookies_works(anon: httpx.Client) -> None:
+def test_cookie_beside_unusual_cookies_works(anon: httpx.Client, relay: LiveRelay) -> None:
     others = ['prefs={"a":1}', "greeting=hello world"]
     answers = [
-        anon.get("/api/conversations", headers={"Cookie": f"{other}; {COOKIE}"}) for other in others
+        anon.get("/api/conversations", headers={"Cookie": f"{other}; {relay.cookie}"})
+        for other in others
     ]
     assert [r.status_code for r in answers] == [200, 200]
 
@@ -270,10 +288,17 @@ def test_ws_handshake_refused(relay: LiveRelay) -> None:
     refused = [
         browser(relay, EVIL),  # foreign Origin
         {"Origin": relay.base},  # no token
-        {"Origin": relay.base, "Cookie": "oarlock_token=nope"},  # wrong token
+        {"Origin": relay.base, "Cookie": "oarlock_session=nope"},  # unknown session
+        {"Origin": relay.base, "Authorization": "Bearer nope"},  # wrong token
         browser(relay),  # cookie without Origin
     ]
-    assert [ws_refusal(ws_url(relay), headers) for headers in refused] == [403] * 4
+    assert [ws_refusal(ws_url(relay), headers) for headers in refused] == [
+        (403, CROSS_ORIGIN),
+        (401, UNAUTHORIZED),
+        (401, UNAUTHORIZED),
+        (401, UNAUTHORIZED),
+        (403, NO_ORIGIN),
+    ]
 
 
 # -- Host (DNS rebinding) ----------------------------------------------------------------
@@ -302,8 +327,11 @@ def test_rebinding_host_ws_refused(relay: LiveRelay) -> None:
     port = relay.settings.port
     evil = f"http://evil.example:{port}"
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        status = ws_refusal(f"ws://evil.example:{port}/ws", browser(relay, evil), sock=sock)
-    assert status == 403
+        status, body = ws_refusal(f"ws://evil.example:{port}/ws", browser(relay, evil), sock=sock)
+    assert (status, body) == (
+        403,
+        {"detail": f"Host 'evil.example:{port}' is not allowed; add it to OARLOCK_ALLOWED_HOSTS."},
+    )
 
 
 # -- headers -----------------------------------------------------------------------------
@@ -324,7 +352,7 @@ def test_security_headers(relay: LiveRelay) -> None:
             r.headers["referrer-policy"],
         )
         for r in answers
-    ] == [("nosniff", "DENY", "no-referrer")] * 4
+    ] == [("nosniff", "DENY", "same-origin")] * 4
 
 
 def test_security_headers_on_refusal(anon: httpx.Client) -> None:
@@ -384,10 +412,16 @@ def test_serve_refuses_no_auth_on_all_interfaces(tmp_path: Path) -> None:
     )
 
 
-def test_cookie_is_secure_behind_tls(anon: httpx.Client) -> None:
-    # A TLS proxy on this machine says so with X-Forwarded-Proto (uvicorn trusts 127.0.0.1).
-    response = anon.get(f"/?token={TOKEN}", headers={"X-Forwarded-Proto": "https"})
-    assert response.headers.get_list("set-cookie") == [SET_COOKIE + "; Secure"]
+def test_cookie_is_secure_behind_tls(tmp_path: Path) -> None:
+    # A TLS proxy on this machine, named in OARLOCK_TRUSTED_PROXIES, says so with X-Forwarded-Proto.
+    relay = LiveRelay(make_settings(tmp_path / "data", trusted_proxies=["127.0.0.1"])).start()
+    try:
+        with httpx.Client(base_url=relay.base, timeout=10) as client:
+            response = client.get(f"/?token={TOKEN}", headers={"X-Forwarded-Proto": "https"})
+    finally:
+        relay.stop()
+    [cookie] = response.headers.get_list("set-cookie")
+    assert (SET_COOKIE.match(cookie) is not None, cookie.endswith("; Secure")) == (True, True)
 
 
 def test_token_is_compared_in_constant_time(

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app import __version__
-from app.security import check_login, session_cookie
+from app.security import COOKIE, check_login, cleared_cookie, session_cookie
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
 
@@ -39,9 +39,26 @@ async def login(request: Request) -> Response:
     body = (await request.body())[:4096].decode("utf-8", "replace")
     token = parse_qs(body).get("token", [""])[0].strip()
     state = request.app.state
-    if not token or not check_login(state.token, token, state.limiter, request.scope):
+    if not token or not await check_login(state.token, token, state.limiter, request.scope):
         return RedirectResponse("/login?failed=1", status_code=303)
     response = RedirectResponse("/", status_code=303)
-    cookie = session_cookie(token, secure=request.url.scheme == "https").decode()
-    response.headers.append("set-cookie", cookie)
+    if state.sessions is not None:
+        secure = request.url.scheme == "https"
+        response.headers.append(
+            "set-cookie", session_cookie(state.sessions.create(), secure=secure).decode()
+        )
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    """End this browser's session (its cookie stops working) and go to the login form."""
+    sessions = request.app.state.sessions
+    session_id = request.cookies.get(COOKIE)
+    if sessions is not None and session_id:
+        sessions.end(session_id)
+    response = RedirectResponse("/login", status_code=303)
+    response.headers.append(
+        "set-cookie", cleared_cookie(secure=request.url.scheme == "https").decode()
+    )
     return response

@@ -1,0 +1,374 @@
+"""Login and the token: sessions, log out, the limiter, forwarded headers, logs, file modes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from app.logs import redact
+from tests.relay import TOKEN, LiveRelay, free_port, make_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+UNAUTHORIZED = {"detail": "Missing or invalid token."}
+TOO_MANY = {"detail": "Too many failed attempts; wait a minute."}
+NO_ORIGIN = {"detail": "Cross-origin request refused (no Origin header)."}
+CROSS_ORIGIN = {"detail": "Cross-origin request refused."}
+SERVE_TOKEN = "serve-token-3q2f9x0b7mZt"
+
+
+def relay_with(tmp_path: Path, **overrides: object) -> LiveRelay:
+    """A relay with other settings than the shared fixture's (stop it in finally)."""
+    return LiveRelay(make_settings(tmp_path / "data", **overrides)).start()
+
+
+def api(relay: LiveRelay, cookie: str) -> int:
+    """The status of the conversation list for a browser holding cookie."""
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        return client.get("/api/conversations", headers={"Cookie": cookie}).status_code
+
+
+def logout(relay: LiveRelay, cookie: str, origin: str | None) -> httpx.Response:
+    headers = {"Cookie": cookie} | ({"Origin": origin} if origin else {})
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        return client.post("/logout", headers=headers)
+
+
+# -- the cookie is a session, not the token ------------------------------------------------
+
+
+def test_cookie_is_a_session_id_not_the_token(relay: LiveRelay) -> None:
+    by_url = relay.login()
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        form = client.post("/login", data={"token": TOKEN}, headers={"Origin": relay.base})
+    by_form = form.headers["set-cookie"].split(";")[0]
+    values = [cookie.split("=", 1)[1] for cookie in (by_url, by_form)]
+    assert [(TOKEN in value, len(value)) for value in values] == [(False, 43)] * 2
+    assert values[0] != values[1]
+    assert [api(relay, by_url), api(relay, by_form)] == [200, 200]
+
+
+def test_cookie_holding_the_token_is_refused(relay: LiveRelay) -> None:
+    cookies = [f"oarlock_session={TOKEN}", f"oarlock_token={TOKEN}"]
+    assert [api(relay, cookie) for cookie in cookies] == [401, 401]
+
+
+def test_database_stores_no_session_id_nor_token(relay: LiveRelay) -> None:
+    session_id = relay.login().split("=", 1)[1]
+    db = sqlite3.connect(relay.settings.resolved_data_dir / "oarlock.db")
+    rows = db.execute("SELECT key, expires_at - CAST(strftime('%s') AS INTEGER) FROM login_session")
+    stored = rows.fetchall()
+    db.close()
+    [(key, lifetime)] = stored
+    assert (session_id in key, TOKEN in key, len(key)) == (False, False, 64)
+    assert 30 * 86400 - 60 < lifetime <= 30 * 86400
+
+
+def test_session_survives_a_restart(tmp_path: Path) -> None:
+    first = relay_with(tmp_path)
+    try:
+        cookie = first.login()
+    finally:
+        first.stop()
+    second = relay_with(tmp_path)
+    try:
+        assert api(second, cookie) == 200
+    finally:
+        second.stop()
+
+
+def test_changing_the_token_ends_every_session(tmp_path: Path) -> None:
+    first = relay_with(tmp_path)
+    try:
+        cookie = first.login()
+    finally:
+        first.stop()
+    second = relay_with(tmp_path, token="a-brand-new-token-after-a-leak")
+    try:
+        assert api(second, cookie) == 401
+    finally:
+        second.stop()
+
+
+def test_login_with_a_read_only_database_answers_503(relay: LiveRelay) -> None:
+    engine = relay.app.state.engine
+
+    def read_only(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA query_only = ON")
+
+    event.listen(engine, "connect", read_only)
+    engine.dispose()  # every connection from now on refuses writes
+    try:
+        with httpx.Client(base_url=relay.base, timeout=10) as client:
+            answers = [
+                client.get(f"/?token={TOKEN}"),
+                client.post("/login", data={"token": TOKEN}, headers={"Origin": relay.base}),
+            ]
+    finally:
+        event.remove(engine, "connect", read_only)
+        engine.dispose()
+    detail = (
+        "The database cannot be used right now (attempt to write a readonly database). "
+        "Nothing was stored."
+    )
+    assert [(r.status_code, r.json(), r.headers.get("set-cookie")) for r in answers] == [
+        (503, {"detail": detail}, None)
+    ] * 2
+    assert relay.login().startswith("oarlock_session=")  # writable again: logins work
+
+
+# -- log out -----------------------------------------------------------------------------
+
+
+def test_logout_ends_the_session(relay: LiveRelay) -> None:
+    cookie, other = relay.login(), relay.login()
+    response = logout(relay, cookie, relay.base)
+    assert (response.status_code, response.headers["location"]) == (303, "/login")
+    assert response.headers["set-cookie"].startswith("oarlock_session=; ")
+    assert "Max-Age=0" in response.headers["set-cookie"]
+    # The old cookie no longer works anywhere; another browser's session still does.
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        page = client.get("/", headers={"Cookie": cookie})
+    assert (api(relay, cookie), page.status_code, page.headers["location"]) == (401, 303, "/login")
+    assert api(relay, other) == 200
+
+
+def test_logout_ended_cookie_cannot_open_a_socket(relay: LiveRelay) -> None:
+    cookie = relay.login()
+    logout(relay, cookie, relay.base)
+    url = f"ws://127.0.0.1:{relay.settings.port}/ws"
+    headers = {"Cookie": cookie, "Origin": relay.base}
+    with pytest.raises(InvalidStatus) as refused, connect(url, additional_headers=headers):
+        pass
+    assert refused.value.response.status_code == 401
+
+
+def test_logout_closes_the_sessions_open_sockets(relay: LiveRelay) -> None:
+    cookie, other = relay.login(), relay.login()
+    url = f"ws://127.0.0.1:{relay.settings.port}/ws"
+    with (
+        connect(url, additional_headers={"Cookie": cookie, "Origin": relay.base}) as ended,
+        connect(url, additional_headers={"Cookie": other, "Origin": relay.base}) as kept,
+    ):
+        assert ['"hello"' in str(ws.recv(timeout=10)) for ws in (ended, kept)] == [True, True]
+        logout(relay, cookie, relay.base)
+        with pytest.raises(ConnectionClosed) as closed:
+            ended.recv(timeout=10)
+        kept.send('{"type": "ping"}')
+        pong = kept.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason, '"pong"' in str(pong)) == (
+        4401,
+        "Logged out.",
+        True,
+    )
+
+
+def test_logout_needs_the_relays_origin(relay: LiveRelay) -> None:
+    cookie = relay.login()
+    answers = [logout(relay, cookie, origin) for origin in (None, "http://evil.example", "null")]
+    assert [(r.status_code, r.json()) for r in answers] == [
+        (403, NO_ORIGIN),
+        (403, CROSS_ORIGIN),
+        (403, CROSS_ORIGIN),
+    ]
+    assert api(relay, cookie) == 200
+
+
+# -- the failure limiter never locks the owner out -----------------------------------------
+
+
+def test_owner_session_works_while_guesses_are_refused(relay: LiveRelay) -> None:
+    cookie = relay.login()
+    with httpx.Client(base_url=relay.base, timeout=30) as attacker:
+        guesses = [attacker.get(f"/?token=guess{n}").status_code for n in range(12)]
+    with httpx.Client(base_url=relay.base, timeout=10) as owner:
+        page = owner.get("/", headers={"Cookie": cookie})
+        created = owner.post(
+            "/api/conversations",
+            json={"provider": "demo"},
+            headers={"Cookie": cookie, "Origin": relay.base},
+        )
+    with relay.socket() as ws:
+        hello = ws.recv(timeout=10)
+    assert guesses == [303] * 10 + [429] * 2
+    assert (page.status_code, created.status_code, '"hello"' in str(hello)) == (200, 201, True)
+
+
+def test_correct_token_gets_in_past_the_limit(relay: LiveRelay) -> None:
+    with httpx.Client(base_url=relay.base, timeout=30) as client:
+        for n in range(11):
+            client.get(f"/?token=guess{n}")
+        wrong = client.get("/?token=guess-again")
+        right = client.get(f"/?token={TOKEN}")
+    assert (wrong.status_code, wrong.json()) == (429, TOO_MANY)
+    assert (right.status_code, right.headers["location"]) == (303, "/")
+    assert api(relay, right.headers["set-cookie"].split(";")[0]) == 200
+
+
+# -- forwarded headers are believed only from OARLOCK_TRUSTED_PROXIES ----------------------
+
+
+def test_rotating_forwarded_for_does_not_reset_the_limit(relay: LiveRelay) -> None:
+    with httpx.Client(base_url=relay.base, timeout=30) as client:
+        answers = [
+            client.get(
+                "/api/conversations",
+                headers={"Authorization": "Bearer nope", "X-Forwarded-For": f"203.0.113.{n}"},
+            )
+            for n in range(11)
+        ]
+    assert [r.status_code for r in answers] == [401] * 10 + [429]
+
+
+def test_forwarded_proto_ignored_by_default(relay: LiveRelay) -> None:
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        response = client.get(f"/?token={TOKEN}", headers={"X-Forwarded-Proto": "https"})
+    assert (response.status_code, "Secure" in response.headers["set-cookie"]) == (303, False)
+
+
+def test_trusted_proxy_limits_each_forwarded_client(tmp_path: Path) -> None:
+    relay = relay_with(tmp_path, trusted_proxies=["127.0.0.1"])
+    try:
+        with httpx.Client(base_url=relay.base, timeout=30) as client:
+
+            def attempt(client_address: str) -> int:
+                headers = {"Authorization": "Bearer nope", "X-Forwarded-For": client_address}
+                return client.get("/api/conversations", headers=headers).status_code
+
+            first = [attempt("203.0.113.7") for _ in range(11)]
+            other = attempt("198.51.100.1")
+    finally:
+        relay.stop()
+    assert (first, other) == ([401] * 10 + [429], 401)
+
+
+# -- the token in no log line ----------------------------------------------------------------
+
+
+def test_redact_replaces_every_token_parameter() -> None:
+    lines = ["GET /?token=abc HTTP/1.1", "/c/3?view=full&token=x-y_z&a=1", "/api?xtoken=keep"]
+    assert [redact(line) for line in lines] == [
+        "GET /?token=[redacted] HTTP/1.1",
+        "/c/3?view=full&token=[redacted]&a=1",
+        "/api?xtoken=keep",
+    ]
+
+
+@contextmanager
+def serve(data_dir: Path, log: Path) -> Iterator[httpx.Client]:
+    """`python -m app serve` as a child process (umask 022, like a login shell), output to log."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "OARLOCK_TOKEN": SERVE_TOKEN,
+        "OARLOCK_WORKSPACE_ROOTS": str(data_dir.parent),
+        "OARLOCK_LOG_LEVEL": "info",
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = [sys.executable, "-m", "app", "serve", "--port", str(port)]
+    command += ["--data-dir", str(data_dir)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, umask=0o022
+        )
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.05)
+            yield client
+        finally:
+            client.close()
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=60)
+
+
+def test_access_log_never_holds_the_token(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with serve(tmp_path / "data", log) as client:
+        statuses = [
+            client.get(f"/?token={SERVE_TOKEN}").status_code,
+            client.get(f"/c/1?view=full&token={SERVE_TOKEN}").status_code,
+            client.get(f"/?token={SERVE_TOKEN[:-1]}").status_code,  # a near miss, too
+        ]
+    lines = log.read_text().splitlines()
+    assert statuses == [303, 303, 303]
+    # The one line holding the token is the URL printed at start, for the owner to open.
+    assert [line.strip() for line in lines if SERVE_TOKEN[:-1] in line] == [
+        f"http://127.0.0.1:{client.base_url.port}/?token={SERVE_TOKEN}"
+    ]
+    assert [line.split('"')[1] for line in lines if "token=[redacted]" in line] == [
+        "GET /?token=[redacted] HTTP/1.1",
+        "GET /c/1?view=full&token=[redacted] HTTP/1.1",
+        "GET /?token=[redacted] HTTP/1.1",
+    ]
+
+
+# -- the data directory is private ----------------------------------------------------------
+
+
+def modes(data_dir: Path) -> dict[str, str]:
+    """The permission bits of the data directory and the database files in it."""
+    names = ["", "oarlock.db", "oarlock.db-wal", "oarlock.db-shm", "token"]
+    return {
+        name or ".": oct(stat.S_IMODE((data_dir / name).stat().st_mode))
+        for name in names
+        if (data_dir / name).exists()
+    }
+
+
+def create_conversation(client: httpx.Client) -> int:
+    headers = {"Authorization": f"Bearer {SERVE_TOKEN}"}
+    response = client.post("/api/conversations", json={"provider": "demo"}, headers=headers)
+    return response.status_code
+
+
+def test_new_data_dir_and_database_are_private(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with serve(data, tmp_path / "serve.log") as client:
+        assert create_conversation(client) == 201
+        seen = modes(data)
+    assert seen == {
+        ".": "0o700",
+        "oarlock.db": "0o600",
+        "oarlock.db-wal": "0o600",
+        "oarlock.db-shm": "0o600",
+    }
+
+
+def test_existing_data_dir_and_database_are_made_private(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with serve(data, tmp_path / "first.log") as client:
+        assert create_conversation(client) == 201
+    # What an earlier version left behind: a world-readable directory and database.
+    data.chmod(0o755)
+    (data / "oarlock.db").chmod(0o644)
+    with serve(data, tmp_path / "second.log") as client:
+        assert create_conversation(client) == 201
+        seen = modes(data)
+    assert seen == {
+        ".": "0o700",
+        "oarlock.db": "0o600",
+        "oarlock.db-wal": "0o600",
+        "oarlock.db-shm": "0o600",
+    }

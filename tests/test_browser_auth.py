@@ -1,0 +1,149 @@
+"""Logging in and out in a real Chromium, and a hostile page that sends wrong tokens."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+from playwright.sync_api import Page, expect
+
+from tests.browser import Pages, agent_reply, by_id, send_text
+from tests.relay import TOKEN, LiveRelay, free_port
+
+GUESSES = 12  # more than the limiter's 10 failures a minute
+
+
+def fresh_page(pages: Pages) -> Page:
+    """A page in a new browser context that has never logged in (closed with the others)."""
+    context = pages.browser.new_context()
+    pages.contexts.append(context)
+    page = context.new_page()
+    page.on("pageerror", lambda e: pages.problems.append(f"pageerror: {e}"))
+    pages.pages.append(page)
+    return page
+
+
+def type_token(page: Page, relay: LiveRelay, token: str) -> None:
+    """Open the relay, be sent to the login form, type the token and submit it."""
+    page.goto(relay.base + "/")
+    expect(page).to_have_url(f"{relay.base}/login")
+    by_id(page, "login-token").fill(token)
+    by_id(page, "login-submit").click()
+
+
+def session_cookie(page: Page) -> dict[str, Any]:
+    [cookie] = [c for c in page.context.cookies() if c["name"] == "oarlock_session"]
+    return dict(cookie)
+
+
+@contextmanager
+def hostile_site(relay: LiveRelay) -> Iterator[str]:
+    """Another origin on this machine whose page makes the browser guess tokens."""
+    images = "".join(
+        f'<img src="{relay.base}/?token=guess{n}" alt="">' for n in range(GUESSES)
+    ).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(images)))
+            self.end_headers()
+            self.wfile.write(images)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_typing_the_token_into_the_login_form_logs_in(pages: Pages, relay: LiveRelay) -> None:
+    page = fresh_page(pages)
+    type_token(page, relay, "not-the-token")
+    expect(by_id(page, "login-error")).to_have_text("That token is not valid.")
+    type_token(page, relay, TOKEN)
+    expect(page).to_have_url(f"{relay.base}/")
+    expect(by_id(page, "new-conversation")).to_be_visible()
+    assert TOKEN not in session_cookie(page)["value"]
+    pages.assert_clean()
+
+
+def test_log_out_returns_to_login_and_refuses_the_old_cookie(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    page = pages.open(relay)
+    expect(by_id(page, "new-conversation")).to_be_visible()
+    old = session_cookie(page)
+    by_id(page, "logout").click()
+    expect(page).to_have_url(f"{relay.base}/login")
+    assert [c["name"] for c in page.context.cookies()] == []
+    # The browser dropped the cookie; one kept elsewhere is refused too.
+    page.context.add_cookies([old])  # type: ignore[list-item]
+    page.goto(relay.base + "/")
+    expect(page).to_have_url(f"{relay.base}/login")
+    with httpx.Client(base_url=relay.base, timeout=10) as client:
+        answer = client.get(
+            "/api/conversations", headers={"Cookie": f"{old['name']}={old['value']}"}
+        )
+    assert answer.status_code == 401
+    pages.assert_clean()
+
+
+def test_log_out_sends_the_browsers_other_tabs_to_login(pages: Pages, relay: LiveRelay) -> None:
+    first = pages.open(relay)
+    second = first.context.new_page()
+    second.goto(relay.base + "/")
+    for page in (first, second):
+        expect(by_id(page, "new-conversation")).to_be_visible()
+    # Both tabs' sockets are open before the first tab logs out.
+    deadline = time.monotonic() + 15
+    while len(relay.supervisor.hub._everyone) < 2:
+        assert time.monotonic() < deadline, "the tabs' sockets did not open"
+        time.sleep(0.02)
+    by_id(first, "logout").click()
+    expect(first).to_have_url(f"{relay.base}/login")
+    expect(second).to_have_url(f"{relay.base}/login")
+    pages.assert_clean()
+
+
+def test_a_hostile_page_cannot_lock_the_owner_out(pages: Pages, relay: LiveRelay) -> None:
+    owner = pages.open(relay)
+    expect(by_id(owner, "new-conversation")).to_be_visible()
+    with hostile_site(relay) as url:
+        hostile = owner.context.new_page()
+        hostile.goto(url)
+        hostile.wait_for_function(
+            f"document.images.length === {GUESSES} && [...document.images].every(i => i.complete)",
+            timeout=60_000,
+        )
+        # Every guess reached the relay: the browser's address is now past the limit.
+        assert relay.app.state.limiter.blocked("127.0.0.1")
+        # The owner's tab keeps working: reload it, start a conversation, get a reply.
+        owner.reload()
+        by_id(owner, "new-conversation").click()
+        by_id(owner, "new-provider").select_option("demo")
+        by_id(owner, "new-create").click()
+        expect(owner).to_have_url(re.compile(r"/c/\d+$"))
+        send_text(owner, "still here")
+        expect(agent_reply(owner, "still here")).to_be_visible()
+        # And a browser that is not logged in yet still gets in with the right token.
+        other = fresh_page(pages)
+        type_token(other, relay, TOKEN)
+        expect(other).to_have_url(f"{relay.base}/")
+        expect(by_id(other, "new-conversation")).to_be_visible()
+        hostile.close()
+    assert relay.app.state.limiter.blocked("127.0.0.1")
+    pages.assert_clean()
