@@ -38,6 +38,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.agents.lifetime import reap_leftovers
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session
@@ -123,6 +124,7 @@ class Supervisor:
 
     async def start(self) -> None:
         """Recover from a previous run, deliver what was queued, start the idle reaper."""
+        reap_leftovers(self.settings.resolved_data_dir)  # agent processes a crash left running
         with self.session() as session:
             for conversation in store.conversations_with_work(session=session):
                 self._recover(session, conversation)
