@@ -348,9 +348,15 @@ def test_copilot_cli_dies_with_a_killed_relay(
         relays.spawned.append(copilot)
         spawned = descendants(copilot[0])
         relays.spawned.extend(spawned)
+        # The Copilot CLI exits when its stdin closes, if it is well enough to notice: hold a
+        # writer on that pipe, so that only the kernel's parent-death signal can end it.
+        holder = os.open(f"/proc/{copilot[0]}/fd/0", os.O_WRONLY)
 
-        relay.crash()
-        wait_gone([copilot], "the Copilot CLI outlived the relay")
+        try:
+            relay.crash()
+            wait_gone([copilot], "the Copilot CLI outlived the relay")
+        finally:
+            os.close(holder)
         if spawned:  # whatever the CLI started itself goes at the next start
             relays(relay.env)
             wait_gone(spawned, "the restarted relay left the Copilot CLI's children running")
