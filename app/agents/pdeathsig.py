@@ -1,7 +1,8 @@
 """Exec a command that the kernel kills (SIGKILL) when the relay dies; standalone, stdlib only.
 
 Run as `python -I -S pdeathsig.py RELAY_PID COMMAND [ARG...]`: sets PR_SET_PDEATHSIG in this
-process, then replaces itself with COMMAND (the pid stays the same, the setting survives exec).
+process, then replaces itself with COMMAND (the pid stays the same, the setting survives exec),
+handing it exactly the environment this process got.
 """
 
 import ctypes
@@ -10,6 +11,18 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def original_environment() -> dict[bytes, bytes]:
+    """The environment this process was started with, before Python changed it.
+
+    Python's start-up sets LC_CTYPE in a C locale (PEP 538, not avoidable under -I); the
+    kernel's copy in /proc/self/environ is what the relay handed over.
+    """
+    with open("/proc/self/environ", "rb") as dump:
+        items = dump.read().split(b"\0")
+    pairs = (item.partition(b"=") for item in items if b"=" in item)
+    return {name: value for name, _, value in pairs}
 
 
 def main(argv: list[str]) -> None:
@@ -22,7 +35,7 @@ def main(argv: list[str]) -> None:
     if os.getppid() != relay:  # the relay died before the signal was armed: nobody to serve
         sys.exit(1)
     try:
-        os.execvp(command[0], command)
+        os.execvpe(command[0], command, original_environment())
     except OSError as e:
         print(f"oarlock: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
         sys.exit(127)
