@@ -10,7 +10,8 @@ from typing import Any
 
 from app.agent_env import agent_environment, parse_passthrough
 from app.agents.base import Agent, AgentSpec
-from app.agents.lifetime import RELAY_ENV, relay_marker
+from app.agents.lifetime import relay_marker
+from app.agents.sweep import RELAY_ENV
 from app.compaction import Style
 from app.config import Settings
 

@@ -9,6 +9,7 @@ reused pid never counts as a survivor.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,14 +23,8 @@ import httpx
 import pytest
 
 from app.agents.claude_code import stderr_reason
-from app.agents.lifetime import (
-    RELAY_ENV,
-    data_key,
-    is_leftover,
-    marker_of,
-    reap_leftovers,
-    relay_marker,
-)
+from app.agents.lifetime import WATCHER, Lifetime, data_key, reap_leftovers, relay_marker
+from app.agents.sweep import RELAY_ENV, is_leftover, marker_of
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
@@ -272,10 +267,8 @@ def test_claude_cli_dies_with_a_killed_relay(
     wait_gone([cli], "the Claude Code CLI outlived the relay")
 
 
-def test_restart_kills_the_tool_commands_a_killed_relay_left(
-    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
-) -> None:
-    relay = relays(claude_env)
+def start_tool_command(relay: RelayProcess) -> tuple[Proc, list[Proc]]:
+    """Have Claude Code run a command that never ends; return the CLI and the tool's processes."""
     cid = relay.conversation(provider="claude", permission_mode="default")
     relay.send(cid, "[[BASH:tail -f /dev/null]]")
 
@@ -293,10 +286,35 @@ def test_restart_kills_the_tool_commands_a_killed_relay_left(
         "the tool command never started",
     )
     tools = descendants(cli[0])  # the shell and `tail`, in a session of their own
+    assert all(stat_fields(p[0])[3] != stat_fields(cli[0])[3] for p in tools)  # type: ignore[index]
+    return cli, tools
+
+
+def test_tool_commands_die_with_a_killed_relay(
+    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
+) -> None:
+    relay = relays(claude_env)
+    cli, tools = start_tool_command(relay)
     relays.spawned.extend([cli, *tools])
 
     relay.crash()
+
     wait_gone([cli], "the Claude Code CLI outlived the relay")
+    wait_gone(tools, "the tool commands outlived the relay")
+
+
+def test_restart_kills_what_a_killed_relay_and_its_watcher_left(
+    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
+) -> None:
+    relay = relays(claude_env)
+    (watcher,) = [c for c in children(relay.process.pid) if str(WATCHER) in command(c)]
+    cli, tools = start_tool_command(relay)
+    relays.spawned.extend([cli, *tools])
+
+    os.kill(watcher, signal.SIGKILL)  # as `kill -9` of everything the relay started would
+    relay.crash()
+    wait_gone([cli], "the Claude Code CLI outlived the relay")
+    assert all(alive(p) for p in tools)  # nothing left to kill them
     relays(claude_env)  # a new relay on the same data directory
 
     wait_gone(tools, "the restarted relay left the tool commands running")
@@ -398,10 +416,10 @@ def test_reap_kills_only_leftovers_of_this_data_directory(tmp_path: Path) -> Non
         gone = proc(ended.pid)  # a relay that has ended: its pid and start time
     key, me = data_key(data), proc(os.getpid())
     markers = {
-        "dead relay": f"{key} {gone[0]} {gone[1]}",
-        "reused pid": f"{key} {me[0]} {me[1] + 1}",  # this pid, but another process's start
+        "dead relay": f"{key} {gone[0]} {gone[1]} x",
+        "reused pid": f"{key} {me[0]} {me[1] + 1} x",  # this pid, but another process's start
         "live relay": relay_marker(data),  # this process is its relay, and it runs
-        "other data dir": f"{data_key(other)} {gone[0]} {gone[1]}",
+        "other data dir": f"{data_key(other)} {gone[0]} {gone[1]} x",
         "unmarked": None,
     }
     sleepers = {
@@ -421,13 +439,40 @@ def test_reap_kills_only_leftovers_of_this_data_directory(tmp_path: Path) -> Non
 
 
 def test_marker_parsing() -> None:
-    environ = b"HOME=/h\0OARLOCK_RELAY=abc 12 34\0PATH=/bin\0"
-    assert marker_of(environ) == "abc 12 34"
-    assert marker_of(b"HOME=/h\0XOARLOCK_RELAY=abc 1 2\0") is None
+    environ = b"HOME=/h\0OARLOCK_RELAY=abc 12 34 x\0PATH=/bin\0"
+    assert marker_of(environ) == "abc 12 34 x"
+    assert marker_of(b"HOME=/h\0XOARLOCK_RELAY=abc 1 2 x\0") is None
     assert marker_of(b"") is None
-    for broken in (None, "", "abc", "abc 12", "abc x 34", "abc 12 34 56"):
+    for broken in (None, "", "abc", "abc 12 34", "abc x 34 x", "abc 12 34 56 x"):
         assert not is_leftover(broken, "abc")
-    assert not is_leftover("abd 1 2", "abc")
+    assert not is_leftover("abd 1 2 x", "abc")
+    assert is_leftover("abc 1 2 x", "abc")  # pid 1 did not start 2 ticks after boot
+
+
+def test_a_stopping_relay_kills_what_its_agents_left(tmp_path: Path) -> None:
+    """The watcher kills processes of its relay's exact marker: not another relay's."""
+    data = tmp_path / "data"
+    first, second = Lifetime(data), Lifetime(data)  # two relays of one process, one data dir
+    first.start()
+    second.start()
+    sleepers = [
+        subprocess.Popen(["sleep", "600"], env={RELAY_ENV: lifetime.marker})
+        for lifetime in (first, second)
+    ]
+    procs = [proc(sleeper.pid) for sleeper in sleepers]
+    try:
+        assert relay_marker(data) == second.marker  # what agents started now would carry
+        asyncio.run(first.stop())
+        wait_gone(procs[:1], "the watcher left its relay's process running")
+        assert alive(procs[1])
+        asyncio.run(second.stop())
+        wait_gone(procs[1:], "the watcher left its relay's process running")
+    finally:
+        for lifetime in (first, second):
+            asyncio.run(lifetime.stop())
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
 
 
 def test_stderr_reason_is_the_last_lines_without_stack_frames() -> None:
