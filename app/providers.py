@@ -137,7 +137,7 @@ def agent_env(
                 env[name] = source[name]
     if window is not None and provider in WINDOW_PROVIDERS:
         env[WINDOW_ENV] = str(window)
-    env[RELAY_ENV] = relay_marker(settings.resolved_data_dir)  # lets a restart find leftovers
+    env[RELAY_ENV] = relay_marker(settings.resolved_data_dir)  # finds what agents started
     return env
 
 
