@@ -31,7 +31,7 @@ from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 PROJECT = Path(__file__).resolve().parents[1]
 TIMEOUT = 60  # the longest a relay or an agent may take to get somewhere
-GONE_WITHIN = 15  # a generous bound for a killed process to be gone (the bug kept it 35 s)
+GONE_WITHIN = 15  # a generous bound for a killed process to be gone (issue 12 saw 35 s)
 ROOT_REFUSAL = "--dangerously-skip-permissions cannot be used with root/sudo privileges"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
