@@ -10,6 +10,8 @@ from typing import Any
 
 from app.agent_env import agent_environment, parse_passthrough
 from app.agents.base import Agent, AgentSpec
+from app.agents.lifetime import relay_marker
+from app.agents.sweep import RELAY_ENV
 from app.compaction import Style
 from app.config import Settings
 
@@ -135,6 +137,7 @@ def agent_env(
                 env[name] = source[name]
     if window is not None and provider in WINDOW_PROVIDERS:
         env[WINDOW_ENV] = str(window)
+    env[RELAY_ENV] = relay_marker(settings.resolved_data_dir)  # finds what agents started
     return env
 
 

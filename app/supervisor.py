@@ -38,6 +38,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.agents.lifetime import Lifetime
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session
@@ -118,11 +119,13 @@ class Supervisor:
         self.runners: dict[int, Runner] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
+        self.lifetime = Lifetime(settings.resolved_data_dir)  # agents end with this relay
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Recover from a previous run, deliver what was queued, start the idle reaper."""
+        self.lifetime.start()  # kills the agent processes a crash left running, first
         with self.session() as session:
             for conversation in store.conversations_with_work(session=session):
                 self._recover(session, conversation)
@@ -146,6 +149,7 @@ class Supervisor:
                 await asyncio.wait(pending, timeout=2)
         for runner in self.runners.values():
             await self._close_agent(runner)
+        await self.lifetime.stop()  # and what they left running (tool commands)
 
     def session(self) -> Session:
         """A database session."""

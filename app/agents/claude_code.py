@@ -13,7 +13,7 @@ import logging
 import re
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
 from subprocess import PIPE
@@ -65,6 +65,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.agents.lifetime import die_with_relay
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ MAX_OUTPUT = 2000
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
 CONTROL_TIMEOUT = 15.0
+STDERR_DRAIN = 2.0  # seconds to wait for an ended CLI's last stderr lines
+STDERR_LINES = 3  # how many of them an error line quotes
+STACK_FRAME = re.compile(r"^\s*at\s")  # a JavaScript stack line says nothing to a user
 
 
 def one_line(text: str, limit: int = 200) -> str:
@@ -371,6 +375,12 @@ async def _user_message(prompt: str, prompt_id: str) -> AsyncIterator[dict[str, 
     }
 
 
+def stderr_reason(lines: Iterable[str], limit: int = 300) -> str:
+    """Return what an ended CLI's last stderr lines say, on one line (stack frames left out)."""
+    said = [" ".join(line.split()) for line in lines if not STACK_FRAME.match(line)]
+    return one_line(" ".join([s for s in said if s][-STDERR_LINES:]), limit)
+
+
 def _answers(result: ResultMessage, prompt_id: str) -> bool:
     """True unless the result says it answers other messages than the prompt (uuid) sent."""
     taken = result.user_message_uuids or (
@@ -407,8 +417,8 @@ class _ExactEnvTransport(SubprocessCLITransport):
             self._cli_path = await anyio.to_thread.run_sync(self._find_cli)
         try:
             process = await anyio.open_process(
-                self._build_command(), stdin=PIPE, stdout=PIPE, stderr=PIPE, cwd=self._cwd,
-                env=self.env,
+                die_with_relay(self._build_command()), stdin=PIPE, stdout=PIPE, stderr=PIPE,
+                cwd=self._cwd, env=self.env,
             )  # fmt: skip
         except OSError as e:
             self._exit_error = CLIConnectionError(f"Failed to start Claude Code: {e}")
@@ -424,6 +434,17 @@ class _ExactEnvTransport(SubprocessCLITransport):
 
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    def exited(self) -> bool:
+        """True once the process has ended (by itself, unless kill() was called)."""
+        return self.process is not None and self.process.returncode is not None
+
+    async def drain_stderr(self) -> None:
+        """Wait (briefly) until every line the ended process wrote to stderr was handed on."""
+        task = self._stderr_task
+        if task is not None:
+            with contextlib.suppress(Exception), anyio.move_on_after(STDERR_DRAIN):
+                await task.wait()  # a grandchild holding the pipe open would block: bounded
 
     async def kill(self) -> None:
         if self.process is None or self.process.returncode is not None:
@@ -528,11 +549,18 @@ class ClaudeCodeAgent:
         transport = _ExactEnvTransport(wire, spec.env)
         client = ClaudeSDKClient(options, transport=transport)
         self._transport = transport
+        self._stderr.clear()  # only this process's lines explain what happens to it
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 await client.connect()
-        except BaseException:
+        except BaseException as e:
+            exited = transport.exited()  # the CLI refused to run (bad option, root...)
             await transport.kill()
+            if exited and isinstance(e, Exception):
+                await transport.drain_stderr()
+                if reason := stderr_reason(self._stderr):
+                    code = transport.process.returncode if transport.process else None
+                    raise CLIConnectionError(f"the CLI exited (code {code}): {reason}") from e
             raise
         self._client = client
         self._mapper = EventMapper(resume)

@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +47,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.agents.lifetime import die_with_relay
 
 log = logging.getLogger(__name__)
 
@@ -408,8 +410,11 @@ class CopilotAgent:
         from copilot import CopilotClient, RuntimeConnection
 
         env = {**self.spec.env, "COPILOT_AUTO_UPDATE": "false"}  # never download at run time
+        # the SDK spawns program + args; a missing CLI is left for the SDK to report
+        found = shutil.which(self._cli_path)
+        program, *args = die_with_relay([found]) if found else [self._cli_path]
         self._client = CopilotClient(
-            connection=RuntimeConnection.for_stdio(path=self._cli_path),
+            connection=RuntimeConnection.for_stdio(path=program, args=args),
             working_directory=str(self.spec.cwd),
             env=env,
             base_directory=str(self.base_directory),
