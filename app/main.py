@@ -20,7 +20,7 @@ from app.config import Settings
 from app.db import get_session, make_engine
 from app.hub import Hub
 from app.models import Conversation
-from app.routes import api, pages, ws
+from app.routes import api, backups, pages, ws
 from app.security import LOOPBACK_HOSTS, FailureLimiter, Guard, load_or_create_token
 from app.supervisor import Supervisor
 
@@ -91,6 +91,7 @@ def create_app(settings: Settings) -> FastAPI:
         limiter=app.state.limiter,
     )
     app.include_router(api.router)
+    app.include_router(backups.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")
