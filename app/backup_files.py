@@ -58,7 +58,7 @@ class BackupFiles:
         """Backup file names, newest (highest n) first."""
         try:
             entries = os.listdir(self.folder(conversation_id))
-        except FileNotFoundError:
+        except OSError:  # none yet, or the directory cannot be read: no backups to show
             return []
         numbered = [(n, name) for name in entries if (n := number_of(name)) is not None]
         return [name for _n, name in sorted(numbered, reverse=True)]

@@ -858,12 +858,13 @@ class Supervisor:
 
     def _backup_figure(self, conversation: Conversation, used: int) -> None:
         """Check a new context figure against the rails (a backup may follow)."""
+        window = self._backup_window(conversation)
+        if window is None:
+            # Not before the window is known (Claude Code says it at the end of its first turn):
+            # the same figure with its window would fire the free rail as a second backup.
+            return
         job = Job(
-            conversation.id or 0,
-            "figure",
-            used=used,
-            window=self._backup_window(conversation),
-            upto_seq=conversation.last_seq,
+            conversation.id or 0, "figure", used=used, window=window, upto_seq=conversation.last_seq
         )
         self.backups.submit(job)
 
