@@ -309,3 +309,34 @@ def test_sdk_engine_threshold_compaction_leaves_precompact_auto(
         assert section(text, "Files Modified") == [f"- {target}"]
     finally:
         live.stop()
+
+
+def test_backup_names_outside_the_pattern_are_refused(tmp_path: Path) -> None:
+    live = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        cid = live.create(title="Names")["id"]
+        for n in range(1, 5):  # a real backup in the folder (tokens_50k on turn 4)
+            turn(live, cid, f"turn {n}")
+        (backup,) = wait_backups(live, cid, 1)
+        (tmp_path / "data" / "secret.md").write_text("not a backup")
+        base = f"/api/conversations/{cid}/backups"
+        asked = {
+            "..%2F..%2Fsecret.md": live.http.get(f"{base}/..%2F..%2Fsecret.md"),
+            "rails.json": live.http.get(f"{base}/rails.json"),
+            "unknown": live.http.get(f"{base}/9-backup-1st-Jan-2026-1-00am.md"),
+            "other conversation": live.http.get(
+                f"/api/conversations/999/backups/{backup['name']}"
+            ),
+        }
+        assert {name: r.status_code for name, r in asked.items()} == {
+            "..%2F..%2Fsecret.md": 404,
+            "rails.json": 422,
+            "unknown": 404,
+            "other conversation": 404,
+        }
+        assert all("detail" in r.json() for r in asked.values())
+        fresh = live.http.post(f"{base}/rails.json/fresh")
+        assert fresh.status_code == 422
+        assert live.get(cid)["status"] == "active"
+    finally:
+        live.stop()

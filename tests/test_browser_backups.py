@@ -109,8 +109,9 @@ def test_backup_link_list_view_and_start_fresh(
 def test_compaction_line_links_its_backup(pages: Pages, relay: LiveRelay) -> None:
     cid = relay.create(title="Demo")["id"]
     relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+    hostile = '<img src=x onerror="alert(1)"> turn 1'  # shown in the backup as text only
     for n in range(1, 7):  # 9k + 12k a turn: turn 6 starts past 67k and compacts first
-        relay.send(cid, f"turn {n}")
+        relay.send(cid, hostile if n == 1 else f"turn {n}")
         relay.wait_idle(cid)
     found = wait_backups(relay, cid, 4)
     auto = found[0]
@@ -122,6 +123,9 @@ def test_compaction_line_links_its_backup(pages: Pages, relay: LiveRelay) -> Non
     link.click()
     expect(by_id(page, "backup-title")).to_have_text(auto["name"])
     expect(by_id(page, "backup-meta")).to_contain_text("precompact_auto · 31.0% left · ")
+    requests = by_id(page, "backup-body").locator("ul").first.locator("li")
+    expect(requests.first).to_have_text(hostile)
+    expect(by_id(page, "backup-body").locator("img")).to_have_count(0)
     by_id(page, "backup-close").click()
     expect(by_id(page, "backup-dialog")).to_be_hidden()
     by_id(page, "context-button").click()
