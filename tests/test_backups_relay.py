@@ -324,9 +324,7 @@ def test_backup_names_outside_the_pattern_are_refused(tmp_path: Path) -> None:
             "..%2F..%2Fsecret.md": live.http.get(f"{base}/..%2F..%2Fsecret.md"),
             "rails.json": live.http.get(f"{base}/rails.json"),
             "unknown": live.http.get(f"{base}/9-backup-1st-Jan-2026-1-00am.md"),
-            "other conversation": live.http.get(
-                f"/api/conversations/999/backups/{backup['name']}"
-            ),
+            "other conversation": live.http.get(f"/api/conversations/999/backups/{backup['name']}"),
         }
         assert {name: r.status_code for name, r in asked.items()} == {
             "..%2F..%2Fsecret.md": 404,
