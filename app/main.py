@@ -20,7 +20,7 @@ from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine
 from app.hub import Hub
 from app.models import Conversation
-from app.routes import api, pages, ws
+from app.routes import api, backups, pages, ws
 from app.security import LOOPBACK_HOSTS, FailureLimiter, Guard, load_or_create_token
 from app.sessions import Sessions
 from app.supervisor import Supervisor
@@ -94,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
         sessions=app.state.sessions,
     )
     app.include_router(api.router)
+    app.include_router(backups.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")

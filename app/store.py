@@ -205,3 +205,22 @@ def compact_conversation(
     session.commit()
     session.refresh(new)
     return new
+
+
+def backup_entries(
+    *, session: Session, conversation_id: int, upto_seq: int | None, replies: int = 40
+) -> list[Entry]:
+    """What a backup reads: user messages, tool calls, the last agent messages with text."""
+    query = select(Entry).where(
+        Entry.conversation_id == conversation_id, col(Entry.kind).in_(["user", "activity"])
+    )
+    agents = select(Entry).where(
+        Entry.conversation_id == conversation_id, Entry.kind == "agent", Entry.text != ""
+    )
+    if upto_seq is not None:
+        query = query.where(Entry.seq <= upto_seq)
+        agents = agents.where(Entry.seq <= upto_seq)
+    found = list(session.exec(query))
+    found += session.exec(agents.order_by(col(Entry.seq).desc()).limit(replies))
+    found.sort(key=lambda entry: entry.seq)
+    return found

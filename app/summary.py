@@ -6,6 +6,7 @@ from typing import Literal
 
 NEW_REQUEST = "[New user request]"
 HEADER = "[Carry-over context from previous compacted conversation]"
+BACKUP_HEADER = "[Carry-over context from backup"  # + " <file name>]": a fresh start (SPEC §6)
 SUMMARY_WINDOW = 24
 SUMMARY_MESSAGES = 16
 LINE_LIMIT = 260
@@ -50,4 +51,6 @@ def build_summary(title: str, messages: Sequence[SummaryMessage]) -> str:
 
 def compose_first_message(summary: str, text: str) -> str:
     """Put the summary in front of the first message sent in the new conversation."""
+    if summary.startswith(BACKUP_HEADER):  # a backup's carry-over holds its own header line
+        return f"{summary}\n\n{NEW_REQUEST}\n{text}"
     return f"{HEADER}\n{summary}\n\n{NEW_REQUEST}\n{text}"

@@ -39,6 +39,8 @@ from app.agents.base import (
     Usage,
 )
 from app.agents.lifetime import Lifetime
+from app.backup_files import Backups, Job, Outcome
+from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session
@@ -117,6 +119,7 @@ class Supervisor:
         self.hub = hub
         self.agent_factory = agent_factory
         self.runners: dict[int, Runner] = {}
+        self.backups = Backups(settings.resolved_data_dir / "backups", engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
         self.lifetime = Lifetime(settings.resolved_data_dir)  # agents end with this relay
@@ -149,6 +152,7 @@ class Supervisor:
                 await asyncio.wait(pending, timeout=2)
         for runner in self.runners.values():
             await self._close_agent(runner)
+        await self.backups.drain()
         await self.lifetime.stop()  # and what they left running (tool commands)
 
     def session(self) -> Session:
@@ -222,6 +226,7 @@ class Supervisor:
         seen = {entry.id for entry in entries}
         entries += [entry for entry in queued if entry.id not in seen]
         view = conversation_view(conversation)
+        view["backup"] = self.backups.latest(conversation_id)
         view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
         view["has_more"] = has_more
         view["turn"] = self.turn_view(conversation_id, session)
@@ -351,14 +356,19 @@ class Supervisor:
         )
         return entry
 
-    def compact(self, conversation: Conversation) -> Conversation:
-        """Archive a conversation and open its successor with a carry-over summary."""
+    def compact(self, conversation: Conversation, *, carry: str | None = None) -> Conversation:
+        """Archive a conversation and open its successor with a carry-over summary.
+
+        carry replaces the summary: a backup's carry-over ("Start fresh from this backup").
+        """
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it cannot be compacted again.")
+        if carry is None:
+            self._backup_before(conversation, PRECOMPACT_MANUAL)
         with self.session() as session:
             session.add(conversation)
             messages = store.recent_messages(session=session, conversation_id=conversation.id or 0)
-            summary = build_summary(
+            summary = carry or build_summary(
                 conversation.title,
                 [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
             )
@@ -690,13 +700,11 @@ class Supervisor:
                         )
                     runner.last_agent_entry = entry
                 case Activity(phase="call"):
+                    data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
+                    if facts := tool_facts(event.name, event.input):
+                        data["backup"] = facts  # what a backup lists of this call
                     runner.tools[event.tool_id] = self._add(
-                        session,
-                        conversation,
-                        "activity",
-                        event.summary,
-                        state="running",
-                        data={"type": "tool", "tool": event.name, "tool_id": event.tool_id},
+                        session, conversation, "activity", event.summary, state="running", data=data
                     )
                 case Activity(phase="result"):
                     entry = runner.tools.pop(event.tool_id, None)
@@ -724,6 +732,7 @@ class Supervisor:
                         changes["model_window"] = event.model_window
                     store.update_conversation(session=session, conversation=conversation, **changes)
                     self.publish_conversation(conversation)
+                    self._backup_figure(conversation, event.context_tokens)
                 case CompactionStarted(trigger=trigger):
                     style = compaction_style(conversation.provider)
                     runner.state = "compacting"
@@ -735,6 +744,7 @@ class Supervisor:
                         state="running",
                         data={"type": "compaction", "trigger": trigger, "level": "info"},
                     )
+                    self._backup_before(conversation, PRECOMPACT_AUTO, runner.compaction)
                     self.publish_turn(cid, session)
                 case CompactionFinished():
                     self._on_compacted(session, runner, conversation, event)
@@ -808,6 +818,7 @@ class Supervisor:
             **{key: value for key, value in numbers.items() if value is not None},
         }
         text = finished_text(style, **numbers)
+        self.backups.submit(Job(conversation.id or 0, "reset"))  # both rails start over
         if runner.compaction is None:
             self._add(session, conversation, style, text, data=data)
         else:
@@ -821,6 +832,7 @@ class Supervisor:
                 session=session, conversation=conversation, context_tokens=event.post_tokens
             )
             self.publish_conversation(conversation)
+            self._backup_figure(conversation, event.post_tokens)
         runner.state = "running"
         self.publish_turn(runner.conversation_id, session)
 
@@ -841,3 +853,63 @@ class Supervisor:
         entry_id = entry.id
         store.delete_entry(session=session, entry=entry)
         self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})
+
+    # -- backups (SPEC §6): jobs handed to app/backup_files.py, never awaited here -------------
+
+    def _backup_window(self, conversation: Conversation) -> int | None:
+        resolved = effective_window(conversation, os.environ.get(ENV_VAR))
+        return resolved.window if resolved else None
+
+    def _backup_figure(self, conversation: Conversation, used: int) -> None:
+        """Check a new context figure against the rails (a backup may follow)."""
+        window = self._backup_window(conversation)
+        if window is None:
+            # Not before the window is known (Claude Code says it at the end of its first turn):
+            # the same figure with its window would fire the free rail as a second backup.
+            return
+        job = Job(
+            conversation.id or 0, "figure", used=used, window=window, upto_seq=conversation.last_seq
+        )
+        self.backups.submit(job)
+
+    def _backup_before(
+        self, conversation: Conversation, trigger: str, link: Entry | None = None
+    ) -> None:
+        """Back up a conversation before a compaction, from its timeline as it is now."""
+        job = Job(
+            conversation.id or 0,
+            "before",
+            used=conversation.context_tokens,
+            window=self._backup_window(conversation),
+            trigger=trigger,
+            upto_seq=conversation.last_seq,
+            link_entry_id=link.id if link is not None else None,
+        )
+        self.backups.submit(job)
+
+    def _on_backup(self, outcome: Outcome) -> None:
+        """A backup job ended: link it (header, compaction line) or say why it failed."""
+        cid = outcome.conversation_id
+        with self.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=cid)
+            if conversation is None:
+                return
+            if outcome.error is not None:
+                data = {"type": "backup", "trigger": outcome.trigger}
+                self._line(session, conversation, outcome.error, level="warning", data=data)
+                return
+            if outcome.link_entry_id is not None:
+                runner = self.runners.get(cid)
+                entry = (
+                    runner.compaction
+                    if runner is not None
+                    and runner.compaction is not None
+                    and runner.compaction.id == outcome.link_entry_id
+                    else store.get_entry(session=session, entry_id=outcome.link_entry_id)
+                )
+                if entry is not None:  # (gone when the compaction ended without a result)
+                    data = {**entry.data, "backup": outcome.name}
+                    self._save(session, conversation, entry, data=data)
+            view = conversation_view(conversation)
+            view["backup"] = outcome.name
+            self.hub.emit(cid, {"type": "conversation", "conversation": view})

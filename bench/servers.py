@@ -1,11 +1,12 @@
 """The servers benchmarks run in child processes, off the measuring process's core.
 
-    python -m bench.servers relay DATA_DIR --port P --agent stream|noop|real
+    python -m bench.servers relay DATA_DIR --port P --agent stream|noop|usage|real
     python -m bench.servers fake        # the fake Messages API; prints its port
 
 The relay is the real app (`create_app`) served by uvicorn with the settings `oarlock serve`
-uses (uvloop, httptools, websockets-sansio); only the agent differs: `stream` and `noop` are
-bench agents set as `app.state.supervisor.agent_factory`, `real` keeps the providers'.
+uses (uvloop, httptools, websockets-sansio); only the agent differs: `stream`, `noop` and
+`usage` (it reports a context figure) are bench agents set as
+`app.state.supervisor.agent_factory`, `real` keeps the providers'.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from typing import Any
 
 import uvicorn
 
-from app.agents.base import Agent, AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
+from app.agents.base import (
+    Agent,
+    AgentEvent,
+    AgentSpec,
+    MessageDone,
+    TextDelta,
+    TurnDone,
+    Usage,
+)
 from app.config import Settings
 from app.main import create_app
 from app.migrate import upgrade
@@ -90,7 +99,23 @@ class NoopAgent(BenchAgent):
         yield TurnDone()
 
 
-AGENTS = {"stream": StreamAgent, "noop": NoopAgent}
+class UsageAgent(BenchAgent):
+    """Replies at once and reports the context figure the prompt names ("usage 60000")."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        super().__init__(spec)
+        self.turns = 0
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Yield a short reply, the Usage (of a 1M window), then TurnDone."""
+        found = re.search(r"\d+", prompt)
+        self.turns += 1
+        yield MessageDone(f"usage-{self.spec.conversation_id}-{self.turns}", "Done.")
+        yield Usage(int(found[0]) if found else 1_000, "bench", 1_000_000)
+        yield TurnDone()
+
+
+AGENTS = {"stream": StreamAgent, "noop": NoopAgent, "usage": UsageAgent}
 
 
 def agent_factory(kind: str) -> Any:
@@ -145,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     relay = sub.add_parser("relay")
     relay.add_argument("data_dir", type=Path)
     relay.add_argument("--port", type=int, required=True)
-    relay.add_argument("--agent", choices=["stream", "noop", "real"], default="noop")
+    relay.add_argument("--agent", choices=["stream", "noop", "usage", "real"], default="noop")
     relay.add_argument("--extra-index", action="store_true")
     sub.add_parser("fake")
     args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
 import { h, api, byId, fmtTokens, isBusy } from './util.js';
 import { Timeline } from './timeline.js';
 import { ContextModal } from './context.js';
+import { Backups } from './backups.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -90,6 +91,17 @@ const contextModal = new ContextModal({
     } catch (err) {
       toast(`The auto-compact window was not saved: ${err.message}`);
     }
+  },
+}, dialogs);
+
+const backups = new Backups({
+  current: () => {
+    const cur = state.current;
+    return cur && cur.loaded ? { id: cur.id, archived: isArchived(cur.conv) } : null;
+  },
+  onFresh: (conv) => {
+    onConversation(conv);
+    navigate(conv.id, { focus: true });
   },
 }, dialogs);
 
@@ -232,6 +244,7 @@ function onConversation(conv) {
     cur.conv = { ...cur.conv, ...conv };
     renderChrome();
     contextModal.refresh(conv.id);
+    if ('backup' in conv) backups.changed(conv.id);
   }
 }
 
@@ -360,6 +373,7 @@ function leaveConversation() {
   state.opening += 1;
   state.current = null;
   if (contextModal.isOpen) contextModal.close();
+  backups.close();
   renderLists();
 }
 
@@ -473,6 +487,8 @@ function renderChrome() {
   const into = byId('compacted-into-link');
   into.hidden = conv.compacted_into_id == null;
   if (conv.compacted_into_id != null) setConvLink(into, conv.compacted_into_id);
+
+  backups.renderHeader(conv);
 
   byId('pending-summary').hidden = archived || !conv.pending_summary;
   byId('pending-summary-text').textContent = conv.pending_summary || '';
@@ -835,7 +851,10 @@ function wire() {
   byId('stop-button').addEventListener('click', interrupt);
   byId('context-button').addEventListener('click', () => {
     const cur = state.current;
-    if (cur && cur.loaded) contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
+    if (cur && cur.loaded) {
+      contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
+      backups.loadList(cur.id);
+    }
   });
   for (const link of [byId('compacted-from-link'), byId('compacted-into-link')]) {
     link.addEventListener('click', (e) => {

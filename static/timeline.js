@@ -119,7 +119,14 @@ function activityEntry(entry, old, timeline) {
   if (type === 'permission') return permissionEntry(entry, timeline);
   // SDK compaction and anything newer: a quiet row with its text.
   return h('div', { class: `activity note${type === 'compaction' ? ' compaction' : ''}`, testid: 'entry-activity' },
-    h('span', { class: 'note-text', text: entry.text }));
+    h('span', { class: 'note-text', text: entry.text }), backupRef(entry));
+}
+
+/** A compaction's link to the backup written just before it (opened by backups.js). */
+function backupRef(entry) {
+  const name = entry.data && entry.data.type === 'compaction' && entry.data.backup;
+  if (typeof name !== 'string') return null;
+  return h('a', { class: 'backup-ref', href: '#', 'data-backup': name, testid: 'compaction-backup', text: `↳ ${name}` });
 }
 
 /** The tooltip of a compaction line: "auto compaction · 150,046 → 3,012 tokens". */
@@ -144,6 +151,8 @@ function lineEntry(entry) {
     if (entry.state === 'running') line.classList.add('running');
     text.dataset.testid = 'compaction-line';
     text.title = compactionTitle(entry);
+    const ref = backupRef(entry);
+    if (ref) text.after(ref);
   }
   return line;
 }

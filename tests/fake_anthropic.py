@@ -10,7 +10,8 @@ Replies (the model answers whatever was asked, so tests can check what reached i
 * a request whose last message carries a tool_result (and no text) gets
   ``The tool returned: <content>``;
 * markers in the last user message: ``[[BASH:cmd]]`` → a text block plus a ``Bash`` tool_use
-  for ``cmd``; ``[[LONG:N]]`` → N words streamed ``long_word_delay`` seconds apart;
+  for ``cmd``; ``[[WRITE:path|text]]`` → a text block plus a ``Write`` tool_use writing ``text`` to
+  ``path``; ``[[LONG:N]]`` → N words streamed ``long_word_delay`` seconds apart;
   ``[[SLOW:s]]`` → the reply starts after s seconds.
 
 Controls, as attributes or through ``POST /_admin`` with a JSON object of the same names:
@@ -162,11 +163,20 @@ class FakeAnthropic(FakeServer):
             tool = {"command": bash[1], "description": "Run the requested command"}
             tool_use = ("tool_use", f"toolu_fake_{n:04d}", tool)
             return reply | {"blocks": [("text", "I will run the command."), tool_use]}
+        if write := re.search(r"\[\[WRITE:(.*?)\|(.*?)\]\]", text, re.DOTALL):
+            tool = {"file_path": write[1], "content": write[2]}
+            tool_use = ("tool_use", f"toolu_fake_{n:04d}", tool, "Write")
+            return reply | {"blocks": [("text", "I will write the file."), tool_use]}
         if long := re.search(r"\[\[LONG:(\d+)\]\]", text):
             words = [LOREM[i % len(LOREM)] for i in range(int(long[1]))]
             reply["word_delay"] = max(self.delta_delay, self.long_word_delay)
             return reply | {"blocks": [("text", " ".join(words))], "split_words": True}
         return reply | {"blocks": [("text", f"You said: {text}")]}
+
+
+def _tool_name(block: tuple[Any, ...]) -> str:
+    """The tool a tool_use block calls (Bash unless the block names another)."""
+    return str(block[3]) if len(block) > 3 else "Bash"
 
 
 def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
@@ -228,7 +238,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 content = [
                     {"type": "text", "text": b[1]}
                     if b[0] == "text"
-                    else {"type": "tool_use", "id": b[1], "name": "Bash", "input": b[2]}
+                    else {"type": "tool_use", "id": b[1], "name": _tool_name(b), "input": b[2]}
                     for b in plan["blocks"]
                 ]
                 self._json(200, message | {"content": content, "stop_reason": stop})
@@ -258,7 +268,12 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                     chunks = words or [block[1][j : j + 20] for j in range(0, len(block[1]), 20)]
                     deltas = [{"type": "text_delta", "text": c} for c in chunks]
                 else:
-                    start = {"type": "tool_use", "id": block[1], "name": "Bash", "input": {}}
+                    start = {
+                        "type": "tool_use",
+                        "id": block[1],
+                        "name": _tool_name(block),
+                        "input": {},
+                    }
                     deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block[2])}]
                 self._event(
                     "content_block_start",

@@ -292,6 +292,7 @@ def test_get_conversation_new_is_empty(relay: LiveRelay) -> None:
         "has_more": False,
         "turn": {"state": "idle", "queued": 0},
         "seq": 0,
+        "backup": None,  # the newest backup's name (SPEC §6)
     }
 
 

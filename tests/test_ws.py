@@ -48,7 +48,7 @@ def numbered(messages: list[dict[str, Any]], conversation_id: int) -> list[dict[
 
 def conversation_only(view: dict[str, Any]) -> dict[str, Any]:
     """A GET view without the snapshot-only keys: a Conversation."""
-    extra = ("timeline", "has_more", "turn", "seq", "epoch")
+    extra = ("timeline", "has_more", "turn", "seq", "epoch", "backup")
     return {key: value for key, value in view.items() if key not in extra}
 
 

@@ -45,6 +45,8 @@ class Activity:
     summary: str = ""
     output: str = ""
     is_error: bool = False
+    # The call's input (phase "call"), for backups; not part of what the event is equal to.
+    input: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

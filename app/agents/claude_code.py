@@ -268,7 +268,9 @@ class EventMapper:
             if isinstance(block, ToolUseBlock):
                 self._tools[block.id] = block.name
                 summary = summarize_input(block.input)
-                events.append(Activity(block.id, block.name, "call", summary=summary))
+                events.append(
+                    Activity(block.id, block.name, "call", summary=summary, input=block.input)
+                )
         return events
 
     def _api_error(self, text: str, error: str | None) -> list[AgentEvent]:

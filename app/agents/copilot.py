@@ -277,8 +277,10 @@ class EventMapper:
         name = data.get("toolName") or "tool"
         self._tools[tool_id] = name
         events = self._close_messages()
-        summary = summarize_input(data.get("arguments"))
-        return [*events, Activity(tool_id, name, "call", summary=summary)]
+        arguments = data.get("arguments")
+        summary = summarize_input(arguments)
+        called = dict(arguments) if isinstance(arguments, Mapping) else {}
+        return [*events, Activity(tool_id, name, "call", summary=summary, input=called)]
 
     def _tool_complete(self, data: Mapping[str, Any]) -> list[AgentEvent]:
         tool_id = data.get("toolCallId", "")
