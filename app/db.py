@@ -8,12 +8,16 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
+# Seconds a statement waits for another writer's lock before "database is locked" (a 503):
+# every call runs on the event loop, so this is the longest a lock can freeze every socket.
+BUSY_TIMEOUT = 0.25
+
 
 def make_engine(url: str) -> Engine:
     """Create the engine; SQLite gets WAL, foreign keys and a busy timeout."""
     if not url.startswith("sqlite"):
         return create_engine(url)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT})
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -22,7 +26,7 @@ def make_engine(url: str) -> Engine:
         # FULL: a message acknowledged to the user survives even a power cut.
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={round(BUSY_TIMEOUT * 1000)}")
         cursor.close()
 
     return engine
