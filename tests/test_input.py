@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from app.api_docs import Field, operations
 from app.render import render_markdown
-from app.unicode_text import has_visible_character, is_valid_unicode
+from app.unicode_text import has_visible_character, is_valid_unicode, isolate
 from tests.relay import TOKEN, LiveRelay, make_settings, receive
 
 JSON_HEADERS = {"content-type": "application/json"}
@@ -153,6 +154,12 @@ def test_visible_characters() -> None:
         assert not has_visible_character(blank), repr(blank)
 
 
+def test_isolate_wraps_only_bidi_text() -> None:
+    assert isolate("plain text") == "plain text"
+    assert isolate("a\u202eb") == "\u2068a\u202eb\u2069"
+    assert isolate("\u05e9\u05dc\u05d5\u05dd") == "\u2068\u05e9\u05dc\u05d5\u05dd\u2069"
+
+
 def test_valid_unicode() -> None:
     assert is_valid_unicode("héllo 🙂")
     assert not is_valid_unicode("\ud800")
@@ -280,3 +287,25 @@ def test_table_alignment_is_a_class_not_a_style() -> None:
 
 def test_code_language_class_is_still_kept() -> None:
     assert '<code class="language-python">' in render_markdown("```python\nx = 1\n```")
+
+
+# ---- 21. /docs without a CDN --------------------------------------------------------------------
+
+
+def test_docs_page_lists_routes_without_swagger_or_redoc(relay: LiveRelay) -> None:
+    page = relay.http.get("/docs")
+    assert page.status_code == 200
+    assert "<script" not in page.text
+    assert "cdn" not in page.text
+    assert "/api/conversations/{conversation_id}/messages" in page.text
+    for gone in ("/redoc", "/docs/oauth2-redirect"):
+        assert relay.http.get(gone).status_code == 404
+
+
+def test_docs_rows_come_from_the_schema(relay: LiveRelay) -> None:
+    rows = {(op.method, op.path): op for op in operations(relay.app.openapi())}
+    create = rows[("POST", "/api/conversations")]
+    assert Field("title", "body", "string or null", False) in create.fields
+    assert create.statuses == ["201", "422"]
+    listing = rows[("GET", "/api/conversations")]
+    assert Field("status", "query", "active | archived", False) in listing.fields
