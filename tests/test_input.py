@@ -141,6 +141,15 @@ def test_title_without_a_visible_character_is_refused(relay: LiveRelay, title: s
     assert [c["title"] for c in conversations(relay)] == ["visible"]
 
 
+def test_first_message_without_a_visible_character_leaves_the_default_title(
+    relay: LiveRelay,
+) -> None:
+    cid = relay.create()["id"]
+    assert relay.send(cid, "\u200b\u2060").status_code == 202
+    relay.wait_idle(cid)
+    assert relay.get(cid)["title"] == "New conversation"
+
+
 def test_titles_with_a_visible_character_are_kept(relay: LiveRelay) -> None:
     assert relay.create(title="\u200bzero-width then text")["title"] == "\u200bzero-width then text"
     assert relay.create(title="   ")["title"] == "New conversation"  # blank: the default, as before

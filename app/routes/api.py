@@ -25,6 +25,7 @@ from app.models import (
 from app.providers import WINDOW_PROVIDERS, default_provider, provider_infos
 from app.routes.deps import load_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
+from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
 from app.window import validate_setting
 
@@ -233,7 +234,8 @@ async def send_message(
         if is_compact_command(body.text):
             new = supervisor.compact(conversation)
             return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
-        if conversation.title == DEFAULT_TITLE and conversation.last_seq == 0:
+        first = conversation.title == DEFAULT_TITLE and conversation.last_seq == 0
+        if first and has_visible_character(body.text):  # never an invisible title
             conversation = supervisor.update_conversation(
                 conversation, title=_title_from(body.text)
             )
