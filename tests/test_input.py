@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.agents.base import AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
 from app.api_docs import Field, operations
 from app.render import render_markdown
 from app.unicode_text import has_visible_character, is_valid_unicode, isolate
@@ -280,6 +283,64 @@ def test_locked_database_answers_503_while_sockets_flow(relay: LiveRelay) -> Non
     assert relay.send(cid, "while locked").status_code == 202  # the lock is gone: stored
     user, agent = relay.wait_idle(cid)["timeline"]
     assert (user["text"], agent["text"][:24]) == ("while locked", "You said: “while locked”")
+
+
+class GatedAgent:
+    """A stand-in agent: streams a first piece, then finishes its message when the test says."""
+
+    def __init__(self, spec: AgentSpec, go: threading.Event, finishing: threading.Event) -> None:
+        self.spec = spec
+        self.go = go
+        self.finishing = finishing
+
+    async def start(self) -> None:
+        """Nothing to start."""
+
+    async def interrupt(self) -> None:
+        """Nothing to stop."""
+
+    async def context_usage(self) -> dict[str, Any] | None:
+        """No report."""
+        return None
+
+    def background_work(self) -> bool:
+        """Never."""
+        return False
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """A first piece; then, once told, the whole message and the end of the turn."""
+        yield TextDelta("m1", "first piece")
+        await asyncio.to_thread(self.go.wait, 30)
+        self.finishing.set()
+        yield MessageDone("m1", f"first piece, then the rest ({prompt})")
+        yield TurnDone()
+
+
+def test_agent_output_waits_for_a_locked_database_while_sockets_flow(relay: LiveRelay) -> None:
+    go, finishing = threading.Event(), threading.Event()
+    relay.supervisor.agent_factory = lambda _p, spec, _s: GatedAgent(spec, go, finishing)
+    cid = relay.create(title="turn")["id"]
+    assert relay.send(cid, "go").status_code == 202
+    relay.wait_for(cid, lambda v: [e["state"] for e in v["timeline"]] == ["sent", "streaming"])
+    database = relay.settings.resolved_data_dir / "oarlock.db"
+    with relay.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        with write_lock(database) as holder:
+            go.set()
+            assert finishing.wait(10)  # the agent handed over its message while the lock is held
+            ws.send(json.dumps({"type": "ping"}))
+            assert receive(ws) == {"type": "pong"}  # the loop runs: the write waits, not the loop
+            states = [e["state"] for e in relay.get(cid)["timeline"]]
+            assert states == ["sent", "streaming"]  # not stored yet, not failed either
+            assert holder.poll() is None
+    view = relay.wait_idle(cid)
+    assert [(e["kind"], e["state"], e["text"]) for e in view["timeline"]] == [
+        ("user", "sent", "go"),
+        ("agent", "done", "first piece, then the rest (go)"),
+    ]
 
 
 # ---- 20. table alignment without inline styles --------------------------------------------------
