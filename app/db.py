@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import sqlite3
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +46,19 @@ def private_sqlite_files(url: str) -> None:
             log.warning("cannot make %s private: %s", name, error)
 
 
+# Seconds a statement waits for another writer's lock before "database is locked" (a 503):
+# every call runs on the event loop, so this is the longest a lock can freeze every socket.
+BUSY_TIMEOUT = 0.25
+# How long the agent's writes wait (asynchronously, the loop keeps running) for such a lock.
+WRITE_PATIENCE = 30.0
+
+
 def make_engine(url: str) -> Engine:
     """Create the engine; SQLite gets WAL, foreign keys and a busy timeout, files 0600."""
     if not url.startswith("sqlite"):
         return create_engine(url)
     private_sqlite_files(url)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT})
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -57,7 +67,7 @@ def make_engine(url: str) -> Engine:
         # FULL: a message acknowledged to the user survives even a power cut.
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={round(BUSY_TIMEOUT * 1000)}")
         cursor.close()
 
     return engine
@@ -66,3 +76,33 @@ def make_engine(url: str) -> Engine:
 def get_session(engine: Engine) -> Session:
     """A session that keeps loaded objects usable after commit."""
     return Session(engine, expire_on_commit=False)
+
+
+def write_lock_free(engine: Engine) -> bool:
+    """True when no other process holds the write lock now (asks without waiting)."""
+    if engine.dialect.name != "sqlite":
+        return True
+    with engine.connect() as connection:
+        raw = connection.connection.driver_connection
+        assert raw is not None
+        raw.execute("PRAGMA busy_timeout=0")
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("ROLLBACK")
+        except sqlite3.OperationalError:  # "database is locked"
+            return False
+        finally:
+            raw.execute(f"PRAGMA busy_timeout={round(BUSY_TIMEOUT * 1000)}")
+    return True
+
+
+async def wait_until_writable(engine: Engine, patience: float = WRITE_PATIENCE) -> None:
+    """Wait, without blocking the event loop, until another process releases the write lock.
+
+    After `patience` seconds it returns anyway: the write then fails as any database error does.
+    """
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        if write_lock_free(engine):
+            return
+        await asyncio.sleep(0.05)  # polled: another process's lock sends no signal

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
@@ -20,12 +22,19 @@ from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine
 from app.hub import Hub
 from app.models import Conversation
+from app.resources import resource_dir
 from app.routes import api, backups, pages, ws
-from app.security import LOOPBACK_HOSTS, FailureLimiter, Guard, load_or_create_token
+from app.security import (
+    LOOPBACK_HOSTS,
+    SECURITY_HEADERS,
+    FailureLimiter,
+    Guard,
+    load_or_create_token,
+)
 from app.sessions import Sessions
 from app.supervisor import Supervisor
 
-STATIC = Path(__file__).resolve().parents[1] / "static"
+STATIC = resource_dir("static")
 log = logging.getLogger(__name__)
 
 
@@ -37,6 +46,17 @@ class StaticAssets(StaticFiles):
         response = super().file_response(*args, **kwargs)
         response.headers["cache-control"] = "no-cache"
         return response
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that can always be sent: text that is not valid UTF-8 goes out \\u-escaped."""
+
+    def render(self, content: Any) -> bytes:
+        """Encode as UTF-8, or as ASCII with escapes when content holds a lone surrogate."""
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 def allowed_hosts(settings: Settings) -> list[str]:
@@ -71,7 +91,10 @@ def create_app(settings: Settings) -> FastAPI:
             await supervisor.stop()
             engine.dispose()
 
-    app = FastAPI(title="oarlock", version=__version__, lifespan=lifespan)
+    # No Swagger UI or ReDoc: they load scripts from a CDN that the CSP blocks (/docs is ours).
+    app = FastAPI(
+        title="oarlock", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     token = (
         None
         if settings.no_auth
@@ -106,6 +129,18 @@ def create_app(settings: Settings) -> FastAPI:
         reason = str(error.orig) if error.orig else str(error)
         detail = f"The database cannot be used right now ({reason}). Nothing was stored."
         return JSONResponse({"detail": detail}, status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
+        """FastAPI's 422 list of problems, sendable even when the input was not valid UTF-8."""
+        return SafeJSONResponse({"detail": jsonable_encoder(error.errors())}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_request: Request, error: Exception) -> JSONResponse:
+        """Anything unforeseen: a JSON 500 with a message, never plain text (it is logged)."""
+        detail = "The relay failed to answer this request (an internal error, logged)."
+        headers = {k.decode(): v.decode() for k, v in SECURITY_HEADERS}
+        return JSONResponse({"detail": detail}, status_code=500, headers=headers)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

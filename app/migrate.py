@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 
-ROOT = Path(__file__).resolve().parents[1]
+from app.resources import resource_dir
 
 
 def alembic_config(url: str) -> Config:
-    """Alembic's configuration for a database URL."""
-    config = Config(str(ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(ROOT / "alembic"))
+    """Alembic's configuration for a database URL (no alembic.ini needed: it is not shipped)."""
+    config = Config()
+    config.set_main_option("script_location", str(resource_dir("alembic")))
     config.set_main_option("sqlalchemy.url", url)
     return config
 

@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict
+from pydantic import BeforeValidator, ConfigDict, field_validator
+from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, Column, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from app.unicode_text import has_visible_character, is_valid_unicode
+
 EntryKind = Literal["user", "agent", "activity", "line"]
 TurnState = Literal["idle", "running", "compacting"]
+
+
+def _unicode_only(value: object) -> object:
+    """Refuse text that cannot be stored as UTF-8 (a lone surrogate such as \\ud800)."""
+    if isinstance(value, str) and not is_valid_unicode(value):
+        raise PydanticCustomError(
+            "unicode", "The text is not valid Unicode (it holds a lone surrogate such as \\ud800)."
+        )
+    return value
+
+
+def _visible_title(title: str | None) -> str | None:
+    """Refuse a title that looks empty but is not (zero-width or other invisible characters)."""
+    if title is not None and " ".join(title.split()) and not has_visible_character(title):
+        raise PydanticCustomError("title_invisible", "The title has no visible character.")
+    return title
+
+
+# Every string a client sends: valid Unicode, checked before any other rule.
+Text = Annotated[str, BeforeValidator(_unicode_only)]
 
 
 def utcnow() -> datetime:
@@ -81,10 +104,12 @@ class ConversationCreate(SQLModel):
 
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
-    title: str | None = Field(default=None, max_length=200)
-    provider: str | None = None
-    cwd: str | None = Field(default=None, max_length=4096)
-    permission_mode: str | None = None
+    title: Text | None = Field(default=None, max_length=200)
+    provider: Text | None = None
+    cwd: Text | None = Field(default=None, max_length=4096)
+    permission_mode: Text | None = None
+
+    _title = field_validator("title")(_visible_title)
 
 
 class ConversationUpdate(SQLModel):
@@ -92,9 +117,11 @@ class ConversationUpdate(SQLModel):
 
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
-    title: str | None = Field(default=None, max_length=200)
-    permission_mode: str | None = None
+    title: Text | None = Field(default=None, max_length=200)
+    permission_mode: Text | None = None
     auto_compact_window: int | None = None
+
+    _title = field_validator("title")(_visible_title)
 
 
 class MessageCreate(SQLModel):
@@ -102,7 +129,7 @@ class MessageCreate(SQLModel):
 
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
-    text: str
+    text: Text
 
 
 class PermissionAnswer(SQLModel):
@@ -111,7 +138,7 @@ class PermissionAnswer(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     allow: bool
-    message: str = Field(default="", max_length=2000)
+    message: Text = Field(default="", max_length=2000)
 
 
 class EntryPublic(SQLModel):

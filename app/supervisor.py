@@ -43,7 +43,7 @@ from app.backup_files import Backups, Job, Outcome
 from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
-from app.db import get_session
+from app.db import get_session, wait_until_writable, write_lock_free
 from app.hub import Hub
 from app.models import Conversation, Entry
 from app.providers import agent_env, compaction_style, make_agent
@@ -433,6 +433,7 @@ class Supervisor:
 
     async def _deliver_queue(self, runner: Runner) -> None:
         while not self._closing:
+            await wait_until_writable(self.engine)  # another program's lock: wait, loop running
             with self.session() as session:
                 conversation = store.get_conversation(
                     session=session, conversation_id=runner.conversation_id
@@ -452,6 +453,7 @@ class Supervisor:
             except Exception:  # one failing turn must not stop the queue
                 log.exception("turn failed in conversation %s", runner.conversation_id)
             finally:
+                await wait_until_writable(self.engine)
                 self._end_turn(runner)
 
     def _begin_turn(
@@ -601,10 +603,13 @@ class Supervisor:
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
+            await wait_until_writable(self.engine)
             self._error_line(runner, f"The agent could not start: {error}")
             return
         try:
             async for event in agent.turn(prompt):
+                if not isinstance(event, TextDelta) or event.message_id not in runner.streaming:
+                    await wait_until_writable(self.engine)  # then the event is stored at once
                 self._handle(runner, event)
                 if isinstance(event, TurnDone):
                     break
@@ -615,6 +620,7 @@ class Supervisor:
                 runner.reporting = asyncio.create_task(self._report_context(runner, agent))
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
+            await wait_until_writable(self.engine)
             self._error_line(runner, f"The agent stopped unexpectedly: {error}")
             await self._close_agent(runner)
 
@@ -628,6 +634,7 @@ class Supervisor:
 
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
+        await wait_until_writable(self.engine)
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
             entry = self._add(
@@ -789,7 +796,8 @@ class Supervisor:
             {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
         )
         now = time.monotonic()
-        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+        # Skipped while another program holds the write lock: the next delta tries again.
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS and write_lock_free(self.engine):
             # A crash-safe checkpoint of the partial text, not a write per delta.
             streaming.checkpoint_at = now
             streaming.entry.text = streaming.text

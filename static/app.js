@@ -1,6 +1,6 @@
 // app.js — the oarlock browser UI: state, the WebSocket, the sidebar, routing, the chat's
 // header and notices, the composer with /compact, and the dialogs.
-import { h, api, byId, fmtTokens, isBusy } from './util.js';
+import { h, api, byId, fmtTokens, isBusy, isolate } from './util.js';
 import { Timeline } from './timeline.js';
 import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
@@ -317,8 +317,8 @@ function convItem(conv, testid) {
     'data-id': conv.id,
     'data-provider': conv.provider,
     'aria-current': open ? 'page' : null,
-    title: `${conv.title || 'Untitled'} · ${providerName(conv.provider)}`,
-  }, h('span', { class: 'conv-title', text: conv.title || 'Untitled' }));
+    title: `${isolate(conv.title || 'Untitled')} · ${providerName(conv.provider)}`,
+  }, h('span', { class: 'conv-title', dir: 'auto', text: conv.title || 'Untitled' }));
   link.addEventListener('click', (e) => {
     if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
     e.preventDefault();
@@ -460,7 +460,7 @@ function renderChrome() {
   const conv = cur && cur.conv;
   if (!conv) return;
   const archived = isArchived(conv);
-  document.title = `${conv.title || 'Untitled'} · oarlock`;
+  document.title = `${isolate(conv.title || 'Untitled')} · oarlock`;
 
   const title = byId('title');
   title.textContent = conv.title || 'Untitled';
@@ -534,7 +534,7 @@ function startRename() {
   if (!cur || !cur.conv || isArchived(cur.conv) || renaming) return;
   const title = byId('title');
   const field = h('input', {
-    class: 'title-input', testid: 'title-input', maxlength: 200, 'aria-label': 'Conversation title',
+    class: 'title-input', testid: 'title-input', dir: 'auto', maxlength: 200, 'aria-label': 'Conversation title',
   });
   field.value = cur.conv.title || '';
   renaming = { field, id: cur.id };

@@ -8,12 +8,15 @@ const isQueued = (entry) => entry.kind === 'user' && entry.state === 'queued';
 // Agent messages made only of tool calls have no text: they are not shown.
 const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Boolean(entry.html);
 
+// User and agent text is isolated (dir="auto"): a bidi control in it (U+202E) cannot
+// reorder anything outside its element, and right-to-left text gets its own direction.
+
 // ---- rendering per kind ------------------------------------------------------------------------
 
 function userEntry(entry) {
   const queued = isQueued(entry);
   return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
-    h('div', { class: 'bubble' }, h('div', { class: 'plain', text: entry.text })),
+    h('div', { class: 'bubble' }, h('div', { class: 'plain', dir: 'auto', text: entry.text })),
     queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null);
 }
 
@@ -39,9 +42,9 @@ function enhance(body) {
 function agentEntry(entry) {
   const bubble = h('div', { class: 'bubble' });
   if (entry.state === 'streaming' || entry.html == null) {
-    bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', text: entry.text }));
+    bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', dir: 'auto', text: entry.text }));
   } else {
-    const body = h('div', { class: 'md' });
+    const body = h('div', { class: 'md', dir: 'auto' });
     body.innerHTML = entry.html; // sanitized by the server: the only HTML the UI inserts
     enhance(body);
     bubble.append(body);
@@ -65,11 +68,11 @@ function toolEntry(entry, old) {
   const details = h('details', { class: `activity tool${failed ? ' failed' : ''}`, testid: 'entry-activity' },
     h('summary', {},
       h('span', { class: 'tool-icon', 'aria-hidden': 'true', text: '🔧' }), ' ',
-      h('span', { class: 'tool-name', text: data.tool || 'Tool' }),
+      h('span', { class: 'tool-name', dir: 'auto', text: data.tool || 'Tool' }),
       entry.text ? ' · ' : '',
-      entry.text ? h('span', { class: 'tool-summary', text: entry.text }) : null,
+      entry.text ? h('span', { class: 'tool-summary', dir: 'auto', text: entry.text }) : null,
       status),
-    h('pre', { class: 'tool-output', text: output }));
+    h('pre', { class: 'tool-output', dir: 'auto', text: output }));
   if (old && old.open) details.open = true;
   return details;
 }
@@ -88,8 +91,8 @@ const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
 function permissionEntry(entry, timeline) {
   const data = entry.data || {};
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
-    h('div', { class: 'perm-title' }, h('strong', { text: data.tool || 'The agent' }), ' wants to run:'),
-    h('pre', { class: 'perm-input', text: inputSummary(data.input) }));
+    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), ' wants to run:'),
+    h('pre', { class: 'perm-input', dir: 'auto', text: inputSummary(data.input) }));
   if (entry.state !== 'pending') {
     card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));
     return card;
@@ -119,7 +122,7 @@ function activityEntry(entry, old, timeline) {
   if (type === 'permission') return permissionEntry(entry, timeline);
   // SDK compaction and anything newer: a quiet row with its text.
   return h('div', { class: `activity note${type === 'compaction' ? ' compaction' : ''}`, testid: 'entry-activity' },
-    h('span', { class: 'note-text', text: entry.text }), backupRef(entry));
+    h('span', { class: 'note-text', dir: 'auto', text: entry.text }), backupRef(entry));
 }
 
 /** A compaction's link to the backup written just before it (opened by backups.js). */
@@ -144,7 +147,7 @@ function compactionTitle(entry) {
 function lineEntry(entry) {
   const data = entry.data || {};
   const level = ['warning', 'error'].includes(data.level) ? data.level : 'info';
-  const text = h('span', { class: 'line-text', text: entry.text });
+  const text = h('span', { class: 'line-text', dir: 'auto', text: entry.text });
   const line = h('div', { class: `line level-${level}`, testid: 'entry-line', role: level === 'error' ? 'alert' : null }, text);
   if (data.type === 'compaction') {
     line.classList.add('compaction');

@@ -22,6 +22,12 @@ export function h(tag, props = {}, ...children) {
 
 export const byId = (id) => document.getElementById(id);
 
+// Right-to-left letters and bidi controls (U+202A–U+202E, U+2066–U+2069, marks).
+const BIDI = /[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc\u061c\u200f\u202a-\u202e\u2066-\u2069\u{10800}-\u{10fff}\u{1e800}-\u{1efff}]/u;
+
+/** Text for a plain-text place (a tooltip, the tab title): isolated (FSI…PDI) when it holds bidi text. */
+export const isolate = (text) => (BIDI.test(text) ? `\u2068${text}\u2069` : text);
+
 // ---- API ---------------------------------------------------------------------------------------
 
 export class ApiError extends Error {

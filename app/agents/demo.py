@@ -28,6 +28,7 @@ from app.agents.base import (
     Usage,
 )
 from app.summary import NEW_REQUEST
+from app.unicode_text import isolate
 from app.window import COMPACT_BUFFER, parse_env_window
 
 MODEL = "demo"
@@ -138,7 +139,7 @@ def reply_text(prompt: str) -> str:
     if len(quoted) > 200:
         quoted = quoted[:199] + "…"
     return (
-        f"You said: “{quoted}”\n\n"
+        f"You said: “{isolate(quoted)}”\n\n"
         "I am the **demo** agent: I run offline and quote what you send. "
         "Try a message with *use a tool*, *ask permission* or *slow*."
     )

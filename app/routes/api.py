@@ -25,6 +25,7 @@ from app.models import (
 from app.providers import WINDOW_PROVIDERS, default_provider, provider_infos
 from app.routes.deps import load_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
+from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
 from app.window import validate_setting
 
@@ -48,16 +49,34 @@ def _settings(request: Request) -> Settings:
 
 def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
     """The conversation's working directory: inside the allowed roots, existing; else 400."""
-    raw = Path(cwd).expanduser() if cwd else settings.cwd_default
+    if cwd and "\0" in cwd:
+        raise HTTPException(400, "The working directory cannot contain a NUL character.")
+    try:
+        raw = Path(cwd).expanduser() if cwd else settings.cwd_default
+    except RuntimeError:  # "~name" of a user this machine does not know
+        raise HTTPException(400, f"The working directory {cwd!r} names an unknown user.") from None
     if not raw.is_absolute():
         raise HTTPException(400, "The working directory must be an absolute path.")
-    path = raw.resolve()  # follows symlinks and "..", so escapes show as outside the roots
+    try:
+        path = raw.resolve()  # follows symlinks and "..", so escapes show as outside the roots
+    except RuntimeError:  # Python 3.11 and 3.12 say "Symlink loop" this way
+        raise HTTPException(400, "The working directory goes through a symlink loop.") from None
+    except OSError as error:  # a name too long for the file system, a loop on 3.13, …
+        raise HTTPException(
+            400, f"The working directory cannot be used: {error.strerror}."
+        ) from None
     if not any(path == root or root in path.parents for root in settings.roots):
         roots = ", ".join(str(root) for root in settings.roots)
         raise HTTPException(
             400, f"The working directory must be inside {roots} (OARLOCK_WORKSPACE_ROOTS)."
         )
-    if not path.is_dir():
+    try:
+        exists = path.is_dir()
+    except OSError as error:
+        raise HTTPException(
+            400, f"The working directory cannot be used: {error.strerror}."
+        ) from None
+    if not exists:
         raise HTTPException(400, f"The working directory {path} does not exist.")
     return path
 
@@ -215,7 +234,8 @@ async def send_message(
         if is_compact_command(body.text):
             new = supervisor.compact(conversation)
             return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
-        if conversation.title == DEFAULT_TITLE and conversation.last_seq == 0:
+        first = conversation.title == DEFAULT_TITLE and conversation.last_seq == 0
+        if first and has_visible_character(body.text):  # never an invisible title
             conversation = supervisor.update_conversation(
                 conversation, title=_title_from(body.text)
             )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -10,9 +9,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app import __version__
+from app.api_docs import operations
+from app.resources import resource_dir
 from app.security import COOKIE, check_login, cleared_cookie, session_cookie
 
-TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
+TEMPLATES = Jinja2Templates(directory=str(resource_dir("templates")))
 
 router = APIRouter(include_in_schema=False)
 
@@ -24,6 +25,13 @@ async def index(request: Request) -> Response:
     return TEMPLATES.TemplateResponse(
         request, "index.html", {"version": __version__, "static_url": "/static"}
     )
+
+
+@router.get("/docs", response_class=HTMLResponse)
+async def api_docs(request: Request) -> Response:
+    """The API reference, rendered here from the OpenAPI schema (no CDN, no script)."""
+    context = {"version": __version__, "operations": operations(request.app.openapi())}
+    return TEMPLATES.TemplateResponse(request, "docs.html", context)
 
 
 @router.get("/login", response_class=HTMLResponse)

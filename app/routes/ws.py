@@ -77,6 +77,9 @@ async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscr
         except ValueError:
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
             continue
+        except RecursionError:  # "[[[[…" thousands deep: a small frame, a deep parse
+            subscriber.offer({"type": "error", "detail": "The message is nested too deeply."})
+            continue
         if not isinstance(request, dict):
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
             continue
@@ -88,7 +91,10 @@ def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, A
     if kind == "ping":
         return {"type": "pong"}
     if kind != "subscribe":
-        return {"type": "error", "detail": f"Unknown message type {kind!r}."}
+        # Only scalars are named: repr() of a deeply nested list or object would recurse.
+        scalar = kind is None or isinstance(kind, str | int | float)
+        named = repr(kind)[:60] if scalar else "(a list or object)"
+        return {"type": "error", "detail": f"Unknown message type {named}."}
     conversation_id = request.get("conversation_id")
     seq = request.get("seq")
     if not _is_id(conversation_id) or (seq is not None and not isinstance(seq, int)):
