@@ -12,6 +12,7 @@ import click
 import uvicorn
 
 from app.config import Settings
+from app.limits import server_options
 from app.security import is_loopback
 
 
@@ -69,7 +70,13 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     # handlers that were there before it: make those end the process with status 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        **server_options(settings),
+    )
 
 
 @main.command()

@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_message_bytes: int = 256 * 1024
+    # Seconds a client has to send a request's head, and then its body (slow clients: 408).
+    request_timeout: float = 20.0
     # Directories agents may work in; default: the user's home.
     workspace_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     default_cwd: Path | None = None

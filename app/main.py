@@ -19,6 +19,7 @@ from app import __version__
 from app.config import Settings
 from app.db import get_session, make_engine
 from app.hub import Hub
+from app.limits import BodyLimit
 from app.models import Conversation
 from app.routes import api, pages, ws
 from app.security import LOOPBACK_HOSTS, FailureLimiter, Guard, load_or_create_token
@@ -89,6 +90,10 @@ def create_app(settings: Settings) -> FastAPI:
         allowed_origins=settings.allowed_origins,
         max_body=settings.max_message_bytes + 4096,
         limiter=app.state.limiter,
+    )
+    # Outside the Guard: bodies are limited on every route, before the token is even checked.
+    app.add_middleware(
+        BodyLimit, max_body=settings.max_message_bytes + 4096, timeout=settings.request_timeout
     )
     app.include_router(api.router)
     app.include_router(ws.router)

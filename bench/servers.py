@@ -24,6 +24,7 @@ import uvicorn
 
 from app.agents.base import Agent, AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
 from app.config import Settings
+from app.limits import server_options
 from app.main import create_app
 from app.migrate import upgrade
 from app.providers import make_agent
@@ -122,7 +123,7 @@ def serve_relay(data_dir: Path, port: int, agent: str, extra_index: bool) -> Non
             db.execute(PROPOSED_INDEX)
     app = create_app(settings)
     app.state.supervisor.agent_factory = agent_factory(agent)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options(settings))
 
 
 def serve_fake() -> None:

@@ -17,6 +17,7 @@ import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from app.config import Settings
+from app.limits import server_options
 from app.main import create_app
 from app.migrate import upgrade
 
@@ -54,7 +55,13 @@ class LiveRelay:
         upgrade(settings.db_url)
         self.app = create_app(settings)
         self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning")
+            uvicorn.Config(
+                self.app,
+                host="127.0.0.1",
+                port=settings.port,
+                log_level="warning",
+                **server_options(settings),  # the protocol and limits `oarlock serve` uses
+            )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.base = f"http://127.0.0.1:{settings.port}"
