@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 
 import nh3
 from markdown_it import MarkdownIt
@@ -24,9 +25,58 @@ _ATTRIBUTES = {
 }
 
 
-@lru_cache(maxsize=4096)
+CACHE_CHARS = 8 * 1024 * 1024  # characters of Markdown and HTML the cache holds at most
+
+
+class TextCache:
+    """A least-recently-used cache of texts, bounded by the characters it holds."""
+
+    def __init__(self, chars: int) -> None:
+        self.chars = chars
+        self.held = 0
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()  # routes render in the loop and in worker threads
+
+    def get(self, key: str) -> str | None:
+        """The cached value, now the most recently used; None when absent."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: str) -> None:
+        """Keep a value, forgetting the least recently used beyond the bound."""
+        size = len(key) + len(value)
+        if size > self.chars // 16:  # a huge text would push out hundreds of ordinary ones
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.held -= len(key) + len(old)
+            self._items[key] = value
+            self.held += size
+            while self.held > self.chars:
+                first, dropped = self._items.popitem(last=False)
+                self.held -= len(first) + len(dropped)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_cache = TextCache(CACHE_CHARS)
+
+
 def render_markdown(text: str) -> str:
     """Render agent Markdown as sanitized HTML (no script, no images, no raw HTML)."""
+    cached = _cache.get(text)
+    if cached is None:
+        cached = _render(text)
+        _cache.put(text, cached)
+    return cached
+
+
+def _render(text: str) -> str:
     html = _markdown.render(text)
     return nh3.clean(
         html,
