@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 
@@ -25,15 +26,15 @@ _ATTRIBUTES = {
 }
 
 
-CACHE_CHARS = 8 * 1024 * 1024  # characters of Markdown and HTML the cache holds at most
+CACHE_BYTES = 8 * 1024 * 1024  # memory the cache's Markdown and HTML texts take at most
 
 
 class TextCache:
-    """A least-recently-used cache of texts, bounded by the characters it holds."""
+    """A least-recently-used cache of texts, bounded by the bytes its texts take."""
 
-    def __init__(self, chars: int) -> None:
-        self.chars = chars
-        self.held = 0
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0  # bytes (sys.getsizeof) of the keys and values kept
         self._items: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()  # routes render in the loop and in worker threads
 
@@ -47,24 +48,24 @@ class TextCache:
 
     def put(self, key: str, value: str) -> None:
         """Keep a value, forgetting the least recently used beyond the bound."""
-        size = len(key) + len(value)
-        if size > self.chars // 16:  # a huge text would push out hundreds of ordinary ones
+        size = sys.getsizeof(key) + sys.getsizeof(value)
+        if size > self.limit // 16:  # a huge text would push out hundreds of ordinary ones
             return
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self.held -= len(key) + len(old)
+                self.held -= sys.getsizeof(key) + sys.getsizeof(old)
             self._items[key] = value
             self.held += size
-            while self.held > self.chars:
+            while self.held > self.limit:
                 first, dropped = self._items.popitem(last=False)
-                self.held -= len(first) + len(dropped)
+                self.held -= sys.getsizeof(first) + sys.getsizeof(dropped)
 
     def __len__(self) -> int:
         return len(self._items)
 
 
-_cache = TextCache(CACHE_CHARS)
+_cache = TextCache(CACHE_BYTES)
 
 
 def render_markdown(text: str) -> str:

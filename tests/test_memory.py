@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,12 +169,13 @@ def test_release_forgets_and_numbering_reloads() -> None:
     assert hub.emit(1, {"type": "turn"})["seq"] == 3
 
 
-def test_markdown_cache_is_bounded_by_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_markdown_cache_is_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = render.TextCache(400_000)
     monkeypatch.setattr(render, "_cache", cache)
     texts = [f"# Text {n}\n\n" + "word " * 1000 for n in range(60)]
     htmls = [render.render_markdown(text) for text in texts]
     assert 380_000 < cache.held <= 400_000
+    assert cache.held == sum(sys.getsizeof(t) + sys.getsizeof(h) for t, h in cache._items.items())
     assert cache.get(texts[-1]) == htmls[-1]
     assert cache.get(texts[0]) is None  # the least recently used went first
     huge = "word " * 10_000  # over 1/16 of the cache: rendered, not kept
