@@ -9,7 +9,11 @@ serves HTTP with a subclass of its protocol that closes such connections.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import json
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -205,3 +209,23 @@ def fit_snapshot(view: dict[str, Any], chars: int = SNAPSHOT_CHARS) -> dict[str,
         total -= sizes[len(timeline) - keep]
         keep -= 1
     return {**view, "timeline": timeline[-keep:], "has_more": True}
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+    return trim
+
+
+_malloc_trim = _find_malloc_trim()
+
+
+def give_back_memory() -> None:
+    """Return freed heap memory to the system: glibc keeps it for reuse otherwise."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)

@@ -42,6 +42,7 @@ from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session
 from app.hub import Hub
+from app.limits import give_back_memory
 from app.models import Conversation, Entry
 from app.providers import agent_env, compaction_style, make_agent
 from app.summary import SummaryMessage, build_summary, compose_first_message
@@ -696,6 +697,8 @@ class Supervisor:
                 store.raise_last_seqs(session=session, seqs=seqs)
             for conversation_id in seqs:
                 self.hub.release(conversation_id)
+        if released or seqs:
+            give_back_memory()  # else what was released stays in the process's RSS
         return released
 
     # -- agent events ----------------------------------------------------------------------
