@@ -13,7 +13,7 @@ import ctypes
 import ctypes.util
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -21,7 +21,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.config import Settings
 from app.hub import encode
-from app.security import SECURITY_HEADERS, ASGIApp, Message, Receive, Scope, Send
+from app.security import SECURITY_HEADERS
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SNAPSHOT_CHARS = 1024 * 1024  # a socket's snapshot holds the newest entries that fit in this
 WS_MAX_MESSAGE = 64 * 1024  # bytes uvicorn accepts in one WebSocket message (ws.py allows 16 KiB)
