@@ -12,18 +12,23 @@ import click
 import uvicorn
 
 from app.config import Settings
+from app.limits import protocol_options
 from app.logs import RedactTokens, uvicorn_log_config
 from app.security import is_loopback
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn options from the settings: forwarded headers only from trusted proxies, logs."""
+    """uvicorn options every way of serving the relay uses (CLI, tests, benchmarks).
+
+    Forwarded headers only from trusted proxies, redacted logs, the timed protocol and limits.
+    """
     trusted = settings.trusted_proxies
     return {
         # uvicorn would otherwise believe X-Forwarded-For from 127.0.0.1: any local process.
         "proxy_headers": bool(trusted),
         "forwarded_allow_ips": ",".join(trusted),
         "log_config": uvicorn_log_config(),
+        **protocol_options(settings),
     }
 
 

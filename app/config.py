@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     # Proxies whose X-Forwarded-For/-Proto are believed (client address, https); none by default.
     trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_message_bytes: int = 256 * 1024
+    # Seconds a client has to send a request's head, and then its body (slow clients: 408).
+    request_timeout: float = 20.0
     # Directories agents may work in; default: the user's home.
     workspace_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     default_cwd: Path | None = None

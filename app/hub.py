@@ -13,6 +13,13 @@ the loop on frames of one event. The hub holds the wake-up while each loop turn
 brings a new event, up to HOLD, or up to as long as the tabs' last sending took
 when that is longer (so many tabs never starve the agent); a lone event waits
 one loop turn.
+
+What a tab can make the relay hold is bounded: its queue by events and by
+characters (SOCKET_BUDGET), each frame by characters (FRAME_CHARS), and a
+conversation's replay by events and by characters (REPLAY_CHARS). A
+conversation nobody touched for a while is released (`release`): its numbering
+starts again from the database (the supervisor stores the last number first),
+and a tab that comes back with an older seq gets a snapshot.
 """
 
 from __future__ import annotations
@@ -22,14 +29,17 @@ import json
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 Event = dict[str, Any]
 
 REPLAY_EVENTS = 2048  # events kept per conversation for reconnecting tabs
+REPLAY_CHARS = 1024 * 1024  # characters of JSON kept per conversation for reconnecting tabs
 SUBSCRIBER_QUEUE = 4096  # events a tab may fall behind before it is dropped
+SOCKET_BUDGET = 8 * 1024 * 1024  # characters of JSON one tab's queue may hold
+FRAME_CHARS = 256 * 1024  # a frame takes queued texts up to this many characters (one at least)
 HOLD = 0.0003  # seconds a burst may gather before its tabs are woken (more with many tabs)
 RESYNC = '{"type":"resync","reason":"fell behind"}'
 
@@ -51,6 +61,24 @@ class Published:
     text: str
 
 
+class Replay:
+    """A conversation's recent events, bounded by count and by characters."""
+
+    __slots__ = ("chars", "events")
+
+    def __init__(self) -> None:
+        self.events: deque[Published] = deque()
+        self.chars = 0
+
+    def append(self, published: Published) -> None:
+        """Keep an event, forgetting the oldest beyond the bounds (the newest always stays)."""
+        events = self.events
+        events.append(published)
+        self.chars += len(published.text)
+        while len(events) > 1 and (len(events) > REPLAY_EVENTS or self.chars > REPLAY_CHARS):
+            self.chars -= len(events.popleft().text)
+
+
 @dataclass(eq=False)
 class Subscriber:
     """One tab's view: a bounded queue of JSON texts the socket's sender drains."""
@@ -59,29 +87,54 @@ class Subscriber:
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set: the sender may take
     conversation_id: int | None = None
     overflowed: bool = False
+    chars: int = 0  # characters queued
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # set: under half the budget
 
     def offer(self, message: Event | str, *, wake: bool = True) -> None:
         """Queue an event (or its JSON text) without waiting; a full queue means fallen behind."""
         if self.overflowed:
             return
-        if len(self.queue) >= SUBSCRIBER_QUEUE:
+        text = message if isinstance(message, str) else encode(message)
+        if not self.queue:
+            self.chars = 0
+        if len(self.queue) >= SUBSCRIBER_QUEUE or (
+            self.queue and self.chars + len(text) > SOCKET_BUDGET
+        ):
             self.overflowed = True
             # Drop what is queued for the one message that tells the tab to reload.
             self.queue.clear()
             self.queue.append(RESYNC)
+            self.chars = len(RESYNC)
+            self.room.set()
             self.ready.set()
             return
-        self.queue.append(message if isinstance(message, str) else encode(message))
+        self.queue.append(text)
+        self.chars += len(text)
+        if self.chars > SOCKET_BUDGET // 2:
+            self.room.clear()
         if wake:
             self.ready.set()
 
-    async def take(self, limit: int) -> list[str]:
-        """Wait until woken with something queued; take up to limit texts, oldest first."""
+    async def take(self, limit: int, chars: int = FRAME_CHARS) -> list[str]:
+        """Wait until woken; take texts, oldest first, up to limit of them and chars of text."""
         while not self.queue:
             self.ready.clear()
             await self.ready.wait()
         queue = self.queue
-        return [queue.popleft() for _ in range(min(limit, len(queue)))]
+        taken = [queue.popleft()]
+        size = len(taken[0])
+        while queue and len(taken) < limit and size + len(queue[0]) <= chars:
+            size += len(queue[0])
+            taken.append(queue.popleft())
+        self.chars = max(0, self.chars - size) if queue else 0
+        if self.chars <= SOCKET_BUDGET // 2:
+            self.room.set()
+        return taken
+
+    async def wait_for_room(self) -> None:
+        """Wait until the queue holds less than half the budget (the tab reads what it asked)."""
+        if self.chars > SOCKET_BUDGET // 2 and self.queue:
+            await self.room.wait()
 
 
 class Hub:
@@ -91,11 +144,12 @@ class Hub:
         self.epoch = secrets.token_hex(6)  # a new epoch per relay start: old seqs are void
         self._load_seq = load_seq
         self._seq: dict[int, int] = {}
-        self._recent: dict[int, deque[Published]] = {}
+        self._recent: dict[int, Replay] = {}
         self._by_conversation: dict[int, set[Subscriber]] = {}
         self._everyone: set[Subscriber] = set()
         self._published: dict[int, int] = {}  # events published per conversation, ever
         self._waking: dict[int, asyncio.Task[None]] = {}  # conversations holding a wake-up
+        self._touched: dict[int, float] = {}  # when each conversation's state was last used
 
     def next_seq(self, conversation_id: int) -> int:
         """Take the next sequence number of a conversation."""
@@ -103,6 +157,7 @@ class Hub:
         if current is None:
             current = self._load_seq(conversation_id)
         self._seq[conversation_id] = current + 1
+        self._touched[conversation_id] = time.monotonic()
         return current + 1
 
     def rewind(self, conversation_id: int, seq: int) -> None:
@@ -114,6 +169,7 @@ class Hub:
         """The last sequence number given out for a conversation."""
         if conversation_id not in self._seq:
             self._seq[conversation_id] = self._load_seq(conversation_id)
+            self._touched[conversation_id] = time.monotonic()
         return self._seq[conversation_id]
 
     def publish(self, conversation_id: int, event: Event) -> Event:
@@ -122,7 +178,7 @@ class Hub:
         text = encode(event)  # once, however many tabs follow
         recent = self._recent.get(conversation_id)
         if recent is None:
-            recent = self._recent[conversation_id] = deque(maxlen=REPLAY_EVENTS)
+            recent = self._recent[conversation_id] = Replay()
         recent.append(Published(event["seq"], text))
         self._published[conversation_id] = self._published.get(conversation_id, 0) + 1
         followers = self._by_conversation.get(conversation_id)
@@ -166,9 +222,9 @@ class Hub:
         if seq > current:
             return None
         recent = self._recent.get(conversation_id)
-        if not recent or recent[0].seq > seq + 1:
+        if not recent or recent.events[0].seq > seq + 1:
             return None
-        return [published for published in recent if published.seq > seq]
+        return [published for published in recent.events if published.seq > seq]
 
     def follow(self, subscriber: Subscriber, conversation_id: int) -> None:
         """Make a tab receive a conversation's events from now on (and no other's)."""
@@ -180,6 +236,38 @@ class Hub:
     def subscribers(self, conversation_id: int) -> int:
         """How many tabs follow a conversation."""
         return len(self._by_conversation.get(conversation_id, ()))
+
+    def held(self) -> set[int]:
+        """The conversations whose numbering or replay the hub holds in memory."""
+        return set(self._seq) | set(self._recent)
+
+    def replay_chars(self, conversation_id: int) -> int:
+        """Characters of JSON kept for a conversation's reconnecting tabs."""
+        recent = self._recent.get(conversation_id)
+        return recent.chars if recent else 0
+
+    def idle(self, before: float, also: Iterable[int] = ()) -> dict[int, int]:
+        """Conversations untouched since `before` (monotonic), or in `also`, that no tab follows.
+
+        Returns each one's last seq (what the caller stores before releasing it).
+        """
+        chosen = set(also)
+        return {
+            conversation_id: seq
+            for conversation_id, seq in self._seq.items()
+            if (conversation_id in chosen or self._touched.get(conversation_id, 0.0) < before)
+            and conversation_id not in self._by_conversation
+            and conversation_id not in self._waking
+        }
+
+    def release(self, conversation_id: int) -> None:
+        """Forget a conversation's numbering and replay; the caller stored its last seq first."""
+        if conversation_id in self._waking:
+            return  # a wake-up is pending: it reads the counters
+        self._seq.pop(conversation_id, None)
+        self._recent.pop(conversation_id, None)
+        self._published.pop(conversation_id, None)
+        self._touched.pop(conversation_id, None)
 
     def _wake_soon(self, conversation_id: int) -> None:
         """Have the conversation's tabs woken when the current burst of events ends."""

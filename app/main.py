@@ -21,6 +21,7 @@ from app import __version__
 from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine
 from app.hub import Hub
+from app.limits import BodyLimit
 from app.models import Conversation
 from app.resources import resource_dir
 from app.routes import api, backups, pages, ws
@@ -115,6 +116,10 @@ def create_app(settings: Settings) -> FastAPI:
         max_body=settings.max_message_bytes + 4096,
         limiter=app.state.limiter,
         sessions=app.state.sessions,
+    )
+    # Outside the Guard: bodies are limited on every route, before the token is even checked.
+    app.add_middleware(
+        BodyLimit, max_body=settings.max_message_bytes + 4096, timeout=settings.request_timeout
     )
     app.include_router(api.router)
     app.include_router(backups.router)

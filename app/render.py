@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+import sys
+import threading
+from collections import OrderedDict
 
 import nh3
 from markdown_it import MarkdownIt
@@ -41,9 +43,58 @@ _ATTRIBUTES = {
 _ATTRIBUTE_VALUES = {"th": {"class": ALIGN_CLASSES}, "td": {"class": ALIGN_CLASSES}}
 
 
-@lru_cache(maxsize=4096)
+CACHE_BYTES = 8 * 1024 * 1024  # memory the cache's Markdown and HTML texts take at most
+
+
+class TextCache:
+    """A least-recently-used cache of texts, bounded by the bytes its texts take."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0  # bytes (sys.getsizeof) of the keys and values kept
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()  # routes render in the loop and in worker threads
+
+    def get(self, key: str) -> str | None:
+        """The cached value, now the most recently used; None when absent."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: str) -> None:
+        """Keep a value, forgetting the least recently used beyond the bound."""
+        size = sys.getsizeof(key) + sys.getsizeof(value)
+        if size > self.limit // 16:  # a huge text would push out hundreds of ordinary ones
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.held -= sys.getsizeof(key) + sys.getsizeof(old)
+            self._items[key] = value
+            self.held += size
+            while self.held > self.limit:
+                first, dropped = self._items.popitem(last=False)
+                self.held -= sys.getsizeof(first) + sys.getsizeof(dropped)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_cache = TextCache(CACHE_BYTES)
+
+
 def render_markdown(text: str) -> str:
     """Render agent Markdown as sanitized HTML (no script, no images, no raw HTML)."""
+    cached = _cache.get(text)
+    if cached is None:
+        cached = _render(text)
+        _cache.put(text, cached)
+    return cached
+
+
+def _render(text: str) -> str:
     html = _markdown.render(text)
     return nh3.clean(
         html,

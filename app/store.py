@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import bindparam, func, update
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry, utcnow
@@ -64,6 +64,21 @@ def update_conversation(
     session.add(conversation)
     session.commit()
     return conversation
+
+
+def raise_last_seqs(*, session: Session, seqs: dict[int, int]) -> None:
+    """Make each conversation's last_seq at least the given one (numbers given out live)."""
+    if not seqs:
+        return
+    query = (
+        update(Conversation)
+        .where(col(Conversation.id) == bindparam("cid"))
+        .where(col(Conversation.last_seq) < bindparam("seq"))
+        .values(last_seq=bindparam("seq"))
+    )
+    rows = [{"cid": cid, "seq": seq} for cid, seq in seqs.items()]
+    session.connection().execute(query, rows)
+    session.commit()
 
 
 def add_entry(

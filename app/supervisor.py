@@ -45,6 +45,7 @@ from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session, wait_until_writable, write_lock_free
 from app.hub import Hub
+from app.limits import give_back_memory
 from app.models import Conversation, Entry
 from app.providers import agent_env, compaction_style, make_agent
 from app.summary import SummaryMessage, build_summary, compose_first_message
@@ -102,6 +103,7 @@ class Runner:
     reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
     last_used: float = field(default_factory=time.monotonic)
+    archived: bool = False  # released as soon as it is idle
 
 
 class Supervisor:
@@ -381,6 +383,9 @@ class Supervisor:
         old_view = conversation_view(conversation)
         self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": old_view})
         self.hub.emit(conversation.id or 0, {"type": "compacted", "into": conversation_view(new)})
+        archived = self.runners.get(conversation.id or 0)
+        if archived is not None:
+            archived.archived = True  # the reaper releases it once its accepted messages are done
         self.hub.broadcast({"type": "conversation", "conversation": old_view})
         self.hub.broadcast({"type": "conversation", "conversation": conversation_view(new)})
         return new
@@ -676,9 +681,46 @@ class Supervisor:
             now = time.monotonic()
             for runner in list(self.runners.values()):
                 idle = runner.state == "idle" and not (runner.task and not runner.task.done())
-                if runner.agent is not None and idle and now - runner.last_used > timeout:
+                expired = runner.archived or now - runner.last_used > timeout
+                if runner.agent is not None and idle and expired:
                     log.info("stopping idle agent of conversation %s", runner.conversation_id)
                     await self._close_agent(runner)
+            try:
+                self.release_idle(time.monotonic() - timeout)
+            except Exception:  # memory is released on the next pass
+                log.exception("releasing idle conversations failed")
+
+    def release_idle(self, before: float) -> list[int]:
+        """Forget what idle and archived conversations hold in memory; which ones were released.
+
+        A runner goes when its conversation is archived or unused since `before` and it
+        holds nothing live (agent, turn, question, report); the hub's numbering and replay
+        go when no runner and no tab needs them, after their last seq is stored.
+        """
+        released = []
+        for conversation_id, runner in list(self.runners.items()):
+            busy = (
+                runner.agent is not None
+                or runner.state != "idle"
+                or (runner.task is not None and not runner.task.done())
+                or (runner.reporting is not None and not runner.reporting.done())
+                or runner.questions
+                or runner.streaming
+            )
+            if not busy and (runner.archived or runner.last_used < before):
+                del self.runners[conversation_id]
+                released.append(conversation_id)
+        # An archived conversation's numbering goes with its runner, however recent.
+        idle = self.hub.idle(before, also=released)
+        seqs = {cid: seq for cid, seq in idle.items() if cid not in self.runners}
+        if seqs:
+            with self.session() as session:  # stored first: numbering resumes after them
+                store.raise_last_seqs(session=session, seqs=seqs)
+            for conversation_id in seqs:
+                self.hub.release(conversation_id)
+        if released or seqs:
+            give_back_memory()  # else what was released stays in the process's RSS
+        return released
 
     # -- agent events ----------------------------------------------------------------------
 

@@ -7,6 +7,11 @@ database and one on 1,000 conversations of 20 entries each (seeded with SQL). Bo
 same requests: every page of the conversation list, then every conversation opened once
 (GET /api/conversations/{id}); then each one's VmRSS. The ratio is loaded ÷ empty.
 
+Touched: two relays (no-op bench agent, OARLOCK_AGENT_IDLE_TIMEOUT=2), one given a message
+of 10 kB (so events that carry 10 kB) in each of 100 conversations and one in each of 10,000;
+then both are left idle for three timeouts, and each one's VmRSS is read. The ratio is
+10,000 ÷ 100: what stays is what the relay keeps per conversation it ever touched.
+
 Agent: the Claude Code CLI after one turn against the fake Messages API, started by the
 relay (its child) and started directly by ClaudeSDKClient (this process's child); the
 ratio is the relay's CLI ÷ the direct CLI (the relay should add nothing to an agent).
@@ -15,16 +20,23 @@ ratio is the relay's CLI ÷ the direct CLI (the relay should add nothing to an a
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
-from bench.common import Fake, Relay, Row, at_most, claude_env, rss_mib, seed
+from bench.common import Fake, Http, Relay, Row, at_most, claude_env, rss_mib, seed
 from bench.overhead import DirectClaude, RelayClaude
 
 COMMAND = "python -m bench memory"
 CONVERSATIONS = 1_000
 ENTRIES = 20
+TOUCHED = (100, 10_000)
+IDLE_TIMEOUT = 2.0  # seconds: OARLOCK_AGENT_IDLE_TIMEOUT of the touched relays
+MESSAGE = "m" * 10_000
+SENDERS = 4
 
 
 def load_everything(relay: Relay) -> int:
@@ -56,6 +68,48 @@ def relay_rss() -> tuple[float, float]:
             return rss_mib(empty.pid), rss_mib(loaded.pid)
 
 
+def touch(relay: Relay, count: int) -> None:
+    """Send one message to each of conversations 1..count (SENDERS threads), each acknowledged."""
+
+    def sender(first: int) -> None:
+        http = Http(relay.port)
+        try:
+            for cid in range(first, count + 1, SENDERS):
+                status, _entry = http.request(
+                    "POST", f"/api/conversations/{cid}/messages", {"text": MESSAGE}
+                )
+                assert status == 202, status
+        finally:
+            http.close()
+
+    threads = [threading.Thread(target=sender, args=(n + 1,)) for n in range(SENDERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def touched_rss() -> tuple[float, float, float]:
+    """VmRSS (MiB) of relays that had 100 and 10,000 conversations touched, and the seconds."""
+    env = {**os.environ, "OARLOCK_AGENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT)}
+    with tempfile.TemporaryDirectory(prefix="oarlock-touched-") as tmp:
+        root = Path(tmp)
+        for count in TOUCHED:
+            (root / str(count)).mkdir()
+            seed(root / str(count) / "oarlock.db", count, 0)
+        few, many = TOUCHED
+        with (
+            Relay(root / str(few), "noop", env=env) as small,
+            Relay(root / str(many), "noop", env=env) as large,
+        ):
+            started = time.monotonic()
+            touch(small, few)
+            touch(large, many)
+            took = time.monotonic() - started
+            time.sleep(IDLE_TIMEOUT * 3)  # every turn over, every idle conversation released
+            return rss_mib(small.pid), rss_mib(large.pid), took
+
+
 async def agent_rss() -> tuple[float, float]:
     """VmRSS (MiB) of the CLI after one turn: started by the relay, and directly."""
     fake = Fake()
@@ -82,6 +136,7 @@ async def agent_rss() -> tuple[float, float]:
 def run() -> list[Row]:
     """Measure and return the table's rows."""
     empty, loaded = relay_rss()
+    few, many, took = touched_rss()
     relay_cli, direct_cli = asyncio.run(agent_rss())
     rows = [
         at_most(
@@ -90,6 +145,16 @@ def run() -> list[Row]:
             1.5,
             f"{loaded:.0f} MiB with {CONVERSATIONS:,} conversations, {empty:.0f} MiB empty; "
             "no agent process",
+            COMMAND,
+        ),
+        at_most(
+            f"Relay RSS after touching {TOUCHED[1]:,} conversations with events ÷ after "
+            f"{TOUCHED[0]:,}",
+            many / few,
+            1.2,
+            f"{many:.0f} MiB after {TOUCHED[1]:,}, {few:.0f} MiB after {TOUCHED[0]:,} (a 10 kB "
+            f"message each, {took:.0f} s; idle timeout {IDLE_TIMEOUT:g} s, read after "
+            f"{IDLE_TIMEOUT * 3:g} s idle)",
             COMMAND,
         ),
         at_most(

@@ -32,6 +32,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.cli import server_options
 from app.config import Settings
 from app.main import create_app
 from app.migrate import upgrade
@@ -147,7 +148,7 @@ def serve_relay(data_dir: Path, port: int, agent: str, extra_index: bool) -> Non
             db.execute(PROPOSED_INDEX)
     app = create_app(settings)
     app.state.supervisor.agent_factory = agent_factory(agent)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options(settings))
 
 
 def serve_fake() -> None:

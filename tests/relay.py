@@ -61,7 +61,7 @@ class LiveRelay:
                 host="127.0.0.1",
                 port=settings.port,
                 log_level="warning",
-                **server_options(settings),
+                **server_options(settings),  # the protocol and limits `oarlock serve` uses
             )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)

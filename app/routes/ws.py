@@ -15,6 +15,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from app import store
 from app.hub import Event, Subscriber
+from app.limits import fit_snapshot
 from app.supervisor import Supervisor
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
@@ -64,6 +65,9 @@ async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
 
 async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscriber) -> None:
     while True:
+        # Read nothing more while this tab has not read what it asked for: a flood of
+        # subscribes costs the relay one queue's budget, not a snapshot per frame.
+        await subscriber.wait_for_room()
         message = await socket.receive()
         if message["type"] == "websocket.disconnect":
             return
@@ -111,7 +115,7 @@ def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, A
             return {
                 "type": "snapshot",
                 "conversation_id": conversation_id,
-                "conversation": supervisor.snapshot(conversation, session),
+                "conversation": fit_snapshot(supervisor.snapshot(conversation, session)),
             }
     for published in missed[:-1]:
         subscriber.offer(published.text)

@@ -1,0 +1,286 @@
+"""Exhaustion: oversized and slow requests, and a flood of WebSocket subscribes (issue 12: 6, 9).
+
+The relay runs as `python -m app serve` (the CLI's uvicorn setup, the protocol included);
+requests are written on raw sockets, so nothing in between fixes what they send.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from app.hub import encode
+from app.limits import SNAPSHOT_CHARS, fit_snapshot
+from bench.common import rss_mib
+from bench.reliability import TOKEN, Relay
+
+LIMIT = 256 * 1024 + 4096  # OARLOCK_MAX_MESSAGE_BYTES + 4096, the default
+TIMEOUT = 1.0  # OARLOCK_REQUEST_TIMEOUT for these relays
+OVER_LIMIT = {"detail": f"Request body over the limit of {LIMIT} bytes."}
+BODY_LATE = {"detail": "The request body did not arrive within 1 s."}
+HEAD_LATE = {"detail": "The request head did not arrive within 1 s."}
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Relay, httpx.Client]]:
+    """A relay started by the CLI with a 1 s request timeout, and an API client."""
+    yield from serve(tmp_path, monkeypatch, TIMEOUT)
+
+
+@pytest.fixture
+def patient(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Relay, httpx.Client]]:
+    """A relay started by the CLI with a 60 s request timeout, and an API client."""
+    yield from serve(tmp_path, monkeypatch, 60)
+
+
+def serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float
+) -> Iterator[tuple[Relay, httpx.Client]]:
+    """Start `python -m app serve` with this request timeout; stop it afterwards."""
+    monkeypatch.setenv("OARLOCK_REQUEST_TIMEOUT", str(timeout))
+    relay = Relay(tmp_path)
+    client = relay.start()
+    try:
+        yield relay, client
+    finally:
+        client.close()
+        relay.kill(15)
+
+
+def connection(relay: Relay) -> socket.socket:
+    """A raw TCP connection to the relay."""
+    return socket.create_connection(("127.0.0.1", relay.port), timeout=15)
+
+
+def head(method: str, path: str, *lines: str) -> bytes:
+    """A request head with the relay's Host."""
+    return "\r\n".join([f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *lines, "", ""]).encode()
+
+
+def response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Read one response: status, headers, body (by Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed without an answer after {data!r}"
+        data += chunk
+    raw_head, body = data.split(b"\r\n\r\n", 1)
+    status_line, *header_lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, value = line.split(":", 1)
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed in the middle of the body"
+        body += chunk
+    return int(status_line.split()[1]), headers, body
+
+
+def closed(sock: socket.socket) -> bool:
+    """True when the relay closed the connection (EOF or reset)."""
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def assert_answers(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("path", ["/login", "/healthz", "/api/conversations", "/nowhere"])
+def test_declared_body_over_limit_is_refused_before_it_is_sent(
+    served: tuple[Relay, httpx.Client], path: str
+) -> None:
+    relay, client = served
+    with connection(relay) as sock:
+        sock.sendall(head("POST", path, f"Content-Length: {300 * 1024 * 1024}"))
+        sock.sendall(b"t" * 65536)  # a little of the 300 MiB, then wait for the answer
+        status, headers, body = response(sock)
+        assert (status, headers["content-type"], json.loads(body)) == (
+            413,
+            "application/json",
+            OVER_LIMIT,
+        )
+        assert closed(sock)
+    assert_answers(client)
+
+
+def test_chunked_body_over_limit_is_refused_while_it_arrives(
+    patient: tuple[Relay, httpx.Client],
+) -> None:
+    relay, client = patient
+    chunk = b"token=" + b"t" * (64 * 1024 - 6)
+    sent = 0
+    with connection(relay) as sock:
+        sock.sendall(head("POST", "/login", "Transfer-Encoding: chunked"))
+        while not select.select([sock], [], [], 0.3)[0]:  # until the relay answers
+            assert sent < 4 * 1024 * 1024, "4 MiB sent and still no answer"
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent += len(chunk)
+        status, _headers, body = response(sock)
+        assert (status, json.loads(body)) == (413, OVER_LIMIT)
+        assert LIMIT < sent <= LIMIT + len(chunk)  # refused at the chunk that went over
+        assert closed(sock)
+    assert_answers(client)
+
+
+@pytest.mark.parametrize(
+    ("path", "lines"),
+    [
+        ("/login", ["Content-Type: application/x-www-form-urlencoded"]),
+        (
+            "/api/conversations",
+            [f"Authorization: Bearer {TOKEN}", "Content-Type: application/json"],
+        ),
+    ],
+)
+def test_body_that_stops_arriving_gets_408(
+    served: tuple[Relay, httpx.Client], path: str, lines: list[str]
+) -> None:
+    relay, client = served
+    with connection(relay) as sock:
+        sock.sendall(head("POST", path, *lines, "Content-Length: 100") + b'{"title": "')
+        status, headers, body = response(sock)
+        assert (status, headers["connection"], json.loads(body)) == (408, "close", BODY_LATE)
+        assert closed(sock)
+    assert client.get("/api/conversations").json()["conversations"] == []  # nothing stored
+    assert_answers(client)
+
+
+def test_half_sent_head_gets_408_and_is_closed(served: tuple[Relay, httpx.Client]) -> None:
+    relay, client = served
+    with connection(relay) as sock:
+        sock.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        status, headers, body = response(sock)
+        assert (status, headers["connection"], json.loads(body)) == (408, "close", HEAD_LATE)
+        assert closed(sock)
+    assert_answers(client)
+
+
+def test_half_sent_head_on_a_kept_alive_connection_gets_408(
+    served: tuple[Relay, httpx.Client],
+) -> None:
+    relay, _client = served
+    with connection(relay) as sock:
+        sock.sendall(head("GET", "/healthz"))
+        status, _headers, body = response(sock)
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 12")
+        status, _headers, body = response(sock)
+        assert (status, json.loads(body)) == (408, HEAD_LATE)
+        assert closed(sock)
+
+
+def test_connection_that_sends_nothing_is_closed_silently(
+    served: tuple[Relay, httpx.Client],
+) -> None:
+    relay, _client = served
+    with connection(relay) as sock:
+        assert sock.recv(65536) == b""
+
+
+def test_many_half_sent_requests_are_closed_and_the_relay_answers(
+    served: tuple[Relay, httpx.Client],
+) -> None:
+    relay, client = served
+    socks = [connection(relay) for _ in range(300)]
+    try:
+        for number, sock in enumerate(socks):
+            if number % 2:
+                sock.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            else:
+                sock.sendall(head("POST", "/login", "Content-Length: 1000") + b"token=")
+        assert_answers(client)
+        statuses = [response(sock)[0] for sock in socks]
+        assert statuses == [408] * len(socks)
+        assert all(closed(sock) for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert_answers(client)
+
+
+# -- WebSocket -------------------------------------------------------------------------------
+
+
+def big_conversation(client: httpx.Client, messages: int) -> int:
+    """A conversation whose last page holds `messages` messages of 250 kB each."""
+    cid = int(client.post("/api/conversations", json={"provider": "demo"}).json()["id"])
+    for n in range(messages):
+        text = f"message {n} " + "x" * 250_000
+        assert client.post(f"/api/conversations/{cid}/messages", json={"text": text}).is_success
+    deadline = time.monotonic() + 120
+    while client.get(f"/api/conversations/{cid}?limit=1").json()["turn"]["state"] != "idle":
+        assert time.monotonic() < deadline, "the turns never ended"
+        time.sleep(0.1)
+    return cid
+
+
+def test_subscribe_flood_holds_bounded_memory(patient: tuple[Relay, httpx.Client]) -> None:
+    relay, client = patient
+    cid = big_conversation(client, 20)
+    view = client.get(f"/api/conversations/{cid}").json()
+    assert len(encode(view)) > 5_000_000  # the whole last page is over 5 MB
+    assert relay.process is not None
+    before = rss_mib(relay.process.pid)
+    frames = 40
+    url = f"ws://127.0.0.1:{relay.port}/ws"
+    origin = f"http://127.0.0.1:{relay.port}"
+    headers = {"Cookie": f"oarlock_token={TOKEN}", "Origin": origin}
+    with connect(url, additional_headers=headers, max_size=None, max_queue=1) as ws:
+        subscribe = json.dumps({"type": "subscribe", "conversation_id": cid})
+        for _ in range(frames):  # and read nothing
+            ws.send(subscribe)
+        peak = before
+        for _ in range(20):  # what the relay holds while the tab does not read
+            peak = max(peak, rss_mib(relay.process.pid))
+            time.sleep(0.25)
+        assert_answers(client)
+        print(f"flood: {before:.0f} -> {peak:.0f} MiB")
+        assert peak - before < 100, f"{peak - before:.0f} MiB more while the tab did not read"
+        messages = [json.loads(ws.recv(timeout=30)) for _ in range(frames + 1)]
+    assert messages[0]["type"] == "hello"
+    snapshots = [message["conversation"] for message in messages[1:]]
+    assert [message["type"] for message in messages[1:]] == ["snapshot"] * frames
+    newest = [entry["id"] for entry in view["timeline"]][-4:]
+    for snapshot in snapshots:  # each the newest entries that fit, the rest paged over HTTP
+        assert len(encode(snapshot)) <= SNAPSHOT_CHARS
+        assert snapshot["has_more"] is True
+        assert [entry["id"] for entry in snapshot["timeline"]][-4:] == newest
+    assert_answers(client)
+
+
+def entry(number: int, size: int) -> dict[str, Any]:
+    return {"id": number, "seq": number, "kind": "user", "text": "x" * size}
+
+
+def test_fit_snapshot_keeps_a_small_view_as_it_is() -> None:
+    view = {"id": 1, "timeline": [entry(1, 10), entry(2, 10)], "has_more": False}
+    assert fit_snapshot(view, 10_000) is view
+
+
+def test_fit_snapshot_keeps_the_newest_entries_that_fit() -> None:
+    view = {"id": 1, "timeline": [entry(n, 1000) for n in range(1, 11)], "has_more": False}
+    fitted = fit_snapshot(view, 3500)
+    assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([8, 9, 10], True)
+    assert len(encode(fitted)) <= 3500 < len(encode({**fitted, "timeline": view["timeline"][-4:]}))
+
+
+def test_fit_snapshot_keeps_the_newest_entry_even_alone_too_large() -> None:
+    view = {"id": 1, "timeline": [entry(1, 10), entry(2, 5000)], "has_more": False}
+    fitted = fit_snapshot(view, 1000)
+    assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([2], True)
