@@ -240,7 +240,8 @@ def test_subscribe_flood_holds_bounded_memory(patient: tuple[Relay, httpx.Client
     frames = 40
     url = f"ws://127.0.0.1:{relay.port}/ws"
     origin = f"http://127.0.0.1:{relay.port}"
-    headers = {"Cookie": f"oarlock_token={TOKEN}", "Origin": origin}
+    login = httpx.get(f"{origin}/?token={TOKEN}", follow_redirects=False)  # starts a session
+    headers = {"Cookie": login.headers["set-cookie"].split(";")[0], "Origin": origin}
     with connect(url, additional_headers=headers, max_size=None, max_queue=1) as ws:
         subscribe = json.dumps({"type": "subscribe", "conversation_id": cid})
         for _ in range(frames):  # and read nothing
