@@ -30,6 +30,7 @@ from claude_agent_sdk import (
     PermissionResultDeny,
     RateLimitEvent,
     ResultMessage,
+    SdkMcpTool,
     StreamEvent,
     SystemMessage,
     TextBlock,
@@ -37,6 +38,7 @@ from claude_agent_sdk import (
     ToolResultBlock,
     ToolUseBlock,
     UserMessage,
+    create_sdk_mcp_server,
 )
 from claude_agent_sdk import __version__ as sdk_version
 from claude_agent_sdk._errors import CLIConnectionError, ProcessError
@@ -65,6 +67,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
 
@@ -436,6 +439,23 @@ class _ExactEnvTransport(SubprocessCLITransport):
                 _ACTIVE_CHILDREN.discard(self.process)
 
 
+def _mcp_tool(tool: RelayTool) -> SdkMcpTool[Any]:
+    """A relay tool as a tool of the SDK's in-process MCP server."""
+
+    async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
+        result = await tool.call(arguments)
+        return {"content": [{"type": "text", "text": result.text}], "is_error": result.is_error}
+
+    return SdkMcpTool(tool.name, tool.description, tool.schema, handler)
+
+
+def _tool_server(tools: tuple[RelayTool, ...]) -> dict[str, Any]:
+    """The mcp_servers option: the relay's tools as one in-process server (none: no server)."""
+    if not tools:
+        return {}
+    return {MCP_SERVER: create_sdk_mcp_server(MCP_SERVER, tools=[_mcp_tool(t) for t in tools])}
+
+
 def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
     """Whether any project directory holds this session's transcript."""
     config = env.get("CLAUDE_CONFIG_DIR") or str(Path(env.get("HOME", "~")) / ".claude")
@@ -522,6 +542,9 @@ class ClaudeCodeAgent:
             system_prompt={"type": "preset", "preset": "claude_code"},
             env=dict(spec.env),
             stderr=self._stderr.append,
+            mcp_servers=_tool_server(spec.tools),
+            # the relay's own tools are never asked about, in any permission mode
+            allowed_tools=[MCP_PREFIX + tool.name for tool in spec.tools],
         )
         # a custom transport gets no option rewriting: route permission prompts here ourselves
         wire = replace(options, permission_prompt_tool_name="stdio") if ask else options
@@ -541,6 +564,8 @@ class ClaudeCodeAgent:
     async def _can_use_tool(
         self, tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
     ) -> PermissionResultAllow | PermissionResultDeny:
+        if is_relay_tool(tool_name):
+            return PermissionResultAllow()
         request = PermissionRequest(tool_name, tool_input, context.tool_use_id)
         try:
             decision: PermissionDecision = await self.spec.ask_permission(request)

@@ -4,7 +4,8 @@ It quotes the message it gets, streamed in a few pieces, and its simulated
 context grows every turn, so it compacts on its own once the context passes
 its auto-compact threshold. Words in the message trigger the rest:
 "use a tool" (a tool call), "ask permission" (a permission question),
-"slow" (a long reply, to try Stop).
+"slow" (a long reply, to try Stop), "save a handoff" (a call of the relay's save_handoff
+tool; the /handoff command asks for exactly that).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from app.agents.base import (
     Usage,
 )
 from app.summary import NEW_REQUEST
+from app.tools import SAVE_HANDOFF
 from app.window import COMPACT_BUFFER, parse_env_window
 
 MODEL = "demo"
@@ -35,6 +37,11 @@ MODEL_WINDOW = 200_000
 BASE_CONTEXT = 9_000
 GROWTH_PER_TURN = 12_000
 AFTER_COMPACTION = 3_000
+DEMO_HANDOFF = {
+    "done": "Talked with the demo agent, which quoted every message.",
+    "next": "Start fresh with /clear and carry on.",
+    "files": ["app/agents/demo.py", "DemoAgent.turn"],
+}
 
 
 class DemoAgent:
@@ -108,6 +115,9 @@ class DemoAgent:
                 is_error=not decision.allow,
             ):
                 yield event
+        if "save a handoff" in lowered:
+            async for event in self._save_handoff():
+                yield event
         pieces = reply_pieces(prompt, slow="slow" in lowered)
         self._messages += 1
         message_id = f"demo-msg-{self.spec.conversation_id}-{self._messages}"
@@ -123,6 +133,23 @@ class DemoAgent:
         yield Usage(self.context, MODEL, MODEL_WINDOW)
         took = round((time.monotonic() - began) * 1000)
         yield TurnDone(interrupted=self._interrupted, duration_ms=took)  # it costs nothing
+
+    async def _save_handoff(self) -> AsyncIterator[AgentEvent]:
+        """Call the relay's save_handoff tool with a handoff of this demo session."""
+        tool = next((t for t in self.spec.tools if t.name == SAVE_HANDOFF), None)
+        if tool is None:
+            return
+        tool_id = f"demo-handoff-{self._messages + 1}"
+        yield Activity(tool_id, SAVE_HANDOFF, "call", summary="save_handoff")
+        result = await tool.call(DEMO_HANDOFF)
+        yield Activity(
+            tool_id,
+            SAVE_HANDOFF,
+            "result",
+            summary="save_handoff",
+            output=result.text,
+            is_error=result.is_error,
+        )
 
     async def _tool(
         self, tool_id: str, command: str, output: str, *, is_error: bool = False
