@@ -11,7 +11,9 @@ Replies (the model answers whatever was asked, so tests can check what reached i
   ``The tool returned: <content>``;
 * markers in the last user message: ``[[BASH:cmd]]`` → a text block plus a ``Bash`` tool_use
   for ``cmd``; ``[[LONG:N]]`` → N words streamed ``long_word_delay`` seconds apart;
-  ``[[SLOW:s]]`` → the reply starts after s seconds.
+  ``[[SLOW:s]]`` → the reply starts after s seconds;
+* ``tool_calls``: (name, input) pairs; each answers one next request (that carries no
+  tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``.
 
 Controls, as attributes or through ``POST /_admin`` with a JSON object of the same names:
 ``input_tokens``, ``output_tokens``, ``cache_read``, ``cache_creation`` (the usage every
@@ -84,6 +86,7 @@ class FakeAnthropic(FakeServer):
         self.summary_input_tokens = 5000
         self.long_word_delay = 0.05
         self.requests: list[Request] = []
+        self.tool_calls: deque[tuple[str, dict[str, Any]]] = deque()
         self._errors: deque[tuple[int, bool]] = deque()
         self._lock = threading.Lock()
         self._count = 0
@@ -156,6 +159,10 @@ class FakeAnthropic(FakeServer):
             texts = [t for b in results for t in user_texts({"content": b.get("content")})]
             returned = "\n".join(texts)
             return reply | {"blocks": [("text", f"The tool returned: {returned}")]}
+        if self.tool_calls:
+            name, tool_input = self.tool_calls.popleft()
+            tool_use = ("tool_use", f"toolu_fake_{n:04d}", tool_input, name)
+            return reply | {"blocks": [("text", f"I will call {name}."), tool_use]}
         if slow := re.search(r"\[\[SLOW:([\d.]+)\]\]", text):
             reply["wait"] = float(slow[1])
         if bash := re.search(r"\[\[BASH:(.*?)\]\]", text, re.DOTALL):
@@ -167,6 +174,11 @@ class FakeAnthropic(FakeServer):
             reply["word_delay"] = max(self.delta_delay, self.long_word_delay)
             return reply | {"blocks": [("text", " ".join(words))], "split_words": True}
         return reply | {"blocks": [("text", f"You said: {text}")]}
+
+
+def _tool(block: tuple[Any, ...]) -> str:
+    """A tool_use block's tool name (Bash unless the block names one)."""
+    return str(block[3]) if len(block) > 3 else "Bash"
 
 
 def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
@@ -228,7 +240,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 content = [
                     {"type": "text", "text": b[1]}
                     if b[0] == "text"
-                    else {"type": "tool_use", "id": b[1], "name": "Bash", "input": b[2]}
+                    else {"type": "tool_use", "id": b[1], "name": _tool(b), "input": b[2]}
                     for b in plan["blocks"]
                 ]
                 self._json(200, message | {"content": content, "stop_reason": stop})
@@ -258,7 +270,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                     chunks = words or [block[1][j : j + 20] for j in range(0, len(block[1]), 20)]
                     deltas = [{"type": "text_delta", "text": c} for c in chunks]
                 else:
-                    start = {"type": "tool_use", "id": block[1], "name": "Bash", "input": {}}
+                    start = {"type": "tool_use", "id": block[1], "name": _tool(block), "input": {}}
                     deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block[2])}]
                 self._event(
                     "content_block_start",

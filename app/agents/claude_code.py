@@ -453,7 +453,10 @@ def _tool_server(tools: tuple[RelayTool, ...]) -> dict[str, Any]:
     """The mcp_servers option: the relay's tools as one in-process server (none: no server)."""
     if not tools:
         return {}
-    return {MCP_SERVER: create_sdk_mcp_server(MCP_SERVER, tools=[_mcp_tool(t) for t in tools])}
+    server = create_sdk_mcp_server(MCP_SERVER, tools=[_mcp_tool(t) for t in tools])
+    # alwaysLoad: the tools sit in the model's tool list from the first turn, not deferred
+    # behind the CLI's tool search (the context note names save_handoff; it must be there).
+    return {MCP_SERVER: {**server, "alwaysLoad": True}}
 
 
 def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
@@ -543,8 +546,9 @@ class ClaudeCodeAgent:
             env=dict(spec.env),
             stderr=self._stderr.append,
             mcp_servers=_tool_server(spec.tools),
-            # the relay's own tools are never asked about, in any permission mode
-            allowed_tools=[MCP_PREFIX + tool.name for tool in spec.tools],
+            # The relay's own tools are never asked about: _can_use_tool allows them (the SDK
+            # refuses an allowed_tools entry that would shadow the callback).
+            allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
         )
         # a custom transport gets no option rewriting: route permission prompts here ourselves
         wire = replace(options, permission_prompt_tool_name="stdio") if ask else options
