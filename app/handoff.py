@@ -16,7 +16,7 @@ HANDOFF_REQUEST = (
     "Save a handoff now with the save_handoff tool: what is done, what is next, "
     "the file paths and function names involved."
 )
-NOTE_LABEL = "Context note sent to the agent"
+NOTE_PREFIX = "[Context watch]"
 TOO_LONG = (
     "The handoff is {length} characters long; the limit is 9,000 for done, next and files "
     "together. Write a shorter one (keep the file paths and function names)."
@@ -38,13 +38,13 @@ def context_note(used: int | None, soft: int, hard: int) -> str | None:
         return None
     if used >= hard:
         return (
-            f"[Context watch] The context is at {format_tokens(used)} tokens, past "
+            f"{NOTE_PREFIX} The context is at {format_tokens(used)} tokens, past "
             f"{format_tokens(hard)}. Finish the current task, then save a handoff with the "
             "save_handoff tool (what is done, what is next, the file paths and function names "
             "involved) and ask the user to start fresh with /clear."
         )
     return (
-        f"[Context watch] The context is at {format_tokens(used)} tokens. At a good stopping "
+        f"{NOTE_PREFIX} The context is at {format_tokens(used)} tokens. At a good stopping "
         "point, save a handoff with the save_handoff tool (what is done, what is next, the file "
         "paths and function names involved) and suggest that the user start fresh with /clear."
     )

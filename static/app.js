@@ -3,10 +3,13 @@
 import { h, api, byId, fmtTokens, isBusy } from './util.js';
 import { Timeline } from './timeline.js';
 import { ContextModal } from './context.js';
+import { ClearDialog, HandoffSection, renderWatch } from './handoff.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
   { name: '/compact', description: 'Start a new conversation with a carry-over summary' },
+  { name: '/handoff', description: 'Ask the agent to save a handoff for this project now' },
+  { name: '/clear', description: 'Start a fresh conversation with the latest handoff' },
 ];
 
 // ---- state -------------------------------------------------------------------------------------
@@ -463,6 +466,7 @@ function renderChrome() {
   if (warn) ctx.dataset.warn = 'true';
   else delete ctx.dataset.warn;
   ctx.classList.toggle('warn', warn);
+  renderWatch(conv, archived);
   byId('stop-button').hidden = archived || !isBusy(cur.turn);
 
   const from = byId('compacted-from');
@@ -601,6 +605,10 @@ function trySend() {
   if (text.trim() === '/compact') {
     compactDialog.dataset.conv = String(cur.id);
     dialogs.open(compactDialog, byId('compact-confirm'));
+    return;
+  }
+  if (text.trim() === '/clear') {
+    clearDialog.open(cur.id);
     return;
   }
   postMessage(text);
@@ -743,6 +751,15 @@ byId('compact-confirm').addEventListener('click', () => {
   if (cur && cur.loaded && String(cur.id) === compactDialog.dataset.conv) postMessage(input.value.trim());
 });
 
+// /clear (typed, or the bar's Start fresh): confirmed, for the conversation it was asked about.
+const clearDialog = new ClearDialog(dialogs, (convId) => {
+  const cur = state.current;
+  if (!cur || !cur.loaded || cur.id !== convId) return;
+  if (input.value.trim() === '/clear') input.value = '/clear';
+  postMessage('/clear');
+});
+const handoffSection = new HandoffSection();
+
 const newDialog = byId('new-dialog');
 dialogs.register(newDialog);
 
@@ -835,7 +852,17 @@ function wire() {
   byId('stop-button').addEventListener('click', interrupt);
   byId('context-button').addEventListener('click', () => {
     const cur = state.current;
-    if (cur && cur.loaded) contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
+    if (!cur || !cur.loaded) return;
+    contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
+    handoffSection.load(cur.id, { readOnly: isArchived(cur.conv) });
+  });
+  byId('watch-handoff').addEventListener('click', () => {
+    const cur = state.current;
+    if (cur && cur.loaded && !isArchived(cur.conv)) postMessage('/handoff');
+  });
+  byId('watch-fresh').addEventListener('click', () => {
+    const cur = state.current;
+    if (cur && cur.loaded && !isArchived(cur.conv)) clearDialog.open(cur.id);
   });
   for (const link of [byId('compacted-from-link'), byId('compacted-into-link')]) {
     link.addEventListener('click', (e) => {

@@ -1,6 +1,7 @@
 // timeline.js — one conversation's timeline: entries rendered by kind, kept in order,
 // the "working" bubble, scrolling that follows new content, and the compaction pills.
 import { h, byId, fmtExact, fmtResult, isBusy } from './util.js';
+import { contextNoteLine, handoffCard } from './handoff.js';
 
 const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
 
@@ -14,7 +15,8 @@ function userEntry(entry) {
   const queued = isQueued(entry);
   return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
     h('div', { class: 'bubble' }, h('div', { class: 'plain', text: entry.text })),
-    queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null);
+    queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null,
+    contextNoteLine(entry));
 }
 
 /** Make sanitized agent HTML nicer to use: links open in a new tab, code blocks get a copy button. */
@@ -117,6 +119,7 @@ function activityEntry(entry, old, timeline) {
   const type = entry.data && entry.data.type;
   if (type === 'tool') return toolEntry(entry, old);
   if (type === 'permission') return permissionEntry(entry, timeline);
+  if (type === 'handoff') return handoffCard(entry);
   // SDK compaction and anything newer: a quiet row with its text.
   return h('div', { class: `activity note${type === 'compaction' ? ' compaction' : ''}`, testid: 'entry-activity' },
     h('span', { class: 'note-text', text: entry.text }));

@@ -28,6 +28,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.handoff import NOTE_PREFIX
 from app.summary import NEW_REQUEST
 from app.tools import SAVE_HANDOFF
 from app.window import COMPACT_BUFFER, parse_env_window
@@ -100,6 +101,8 @@ class DemoAgent:
             yield CompactionFinished(trigger="auto", pre_tokens=before, post_tokens=self.context)
         # After /compact the prompt carries the summary: act on the new request only.
         lowered = prompt.rsplit(NEW_REQUEST, 1)[-1].lower()
+        # ...and on the user's words only, not on a context-watch note after them.
+        lowered = lowered.split("\n\n" + NOTE_PREFIX.lower(), 1)[0]
         if "use a tool" in lowered:
             async for event in self._tool("demo-tool", "echo hello", "hello"):
                 yield event
