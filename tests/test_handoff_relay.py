@@ -56,10 +56,18 @@ def fake() -> Iterator[FakeAnthropic]:
 
 
 @pytest.fixture
-def live(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
-) -> Iterator[LiveRelay]:
+def live(tmp_path: Path, agent_env: None) -> Iterator[LiveRelay]:
     """A relay whose Claude Code CLI talks to the fake API, from a fresh HOME."""
+    relay = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+
+
+@pytest.fixture
+def agent_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> None:
+    """The environment the relay hands the CLI: a fresh HOME and the fake API."""
     home = tmp_path / "home"
     (home / "tmp").mkdir(parents=True)
     for name in CLEARED:
@@ -69,11 +77,6 @@ def live(
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
     monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
     monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(home / "tmp"))
-    relay = LiveRelay(make_settings(tmp_path / "data")).start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
 
 
 def turn(live: LiveRelay, cid: int, text: str) -> dict[str, Any]:
@@ -187,3 +190,25 @@ def test_oversized_handoff_is_a_tool_error_the_agent_reads(
         if isinstance(b, dict) and b.get("type") == "tool_result"
     ]
     assert tool_results and all(r.get("is_error") for r in tool_results), json.dumps(tool_results)
+
+
+def test_deepseek_gets_the_note_and_saves_through_the_same_tool(
+    tmp_path: Path, agent_env: None, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")  # only deepseek_base_url leads to the fake
+    relay = LiveRelay(make_settings(tmp_path / "data", deepseek_base_url=fake.base_url)).start()
+    try:
+        cid = relay.create(provider="deepseek")["id"]
+        fake.input_tokens = 310_000
+        turn(relay, cid, "first")
+        fake.tool_calls.append((TOOL, HANDOFF))
+        view = turn(relay, cid, "second")
+        assert last_user_text(turn_requests(fake, "second")[0]) == f"second\n\n{SOFT_310K}"
+        assert {body["model"] for body in fake.message_bodies()} == {"deepseek-chat"}
+        (card,) = [e for e in view["timeline"] if e["data"].get("type") == "handoff"]
+        assert card["data"]["files"] == HANDOFF["files"]
+        stored = relay.http.get(f"/api/conversations/{cid}/handoff").json()["handoff"]
+        assert stored["done"] == HANDOFF["done"]
+    finally:
+        relay.stop()
