@@ -3,7 +3,7 @@
 import { h, api, byId, fmtTokens, isBusy } from './util.js';
 import { Timeline } from './timeline.js';
 import { ContextModal } from './context.js';
-import { ClearDialog, HandoffSection, renderWatch } from './handoff.js';
+import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -204,7 +204,10 @@ function onConversationEvent(message) {
   cur.seq = message.seq;
   cur.waiting = false;
   switch (message.type) {
-    case 'entry': timeline.upsert(message.entry); break;
+    case 'entry':
+      timeline.upsert(message.entry);
+      handoffSection.onEntry(cur.id, message.entry);
+      break;
     case 'entry_removed': timeline.remove(message.entry_id); break;
     case 'delta': timeline.delta(message.entry_id, message.text); break;
     case 'turn': setTurn(message.turn); break;
@@ -480,6 +483,7 @@ function renderChrome() {
 
   byId('pending-summary').hidden = archived || !conv.pending_summary;
   byId('pending-summary-text').textContent = conv.pending_summary || '';
+  byId('pending-summary-label').textContent = pendingLabel(conv.pending_summary);
 
   byId('composer').hidden = archived;
   byId('timeline').classList.toggle('readonly', archived);

@@ -25,6 +25,14 @@ export function handoffText(handoff) {
   return `Done: ${handoff.done}\nNext: ${handoff.next}\nFiles: ${handoff.files.join(', ')}`;
 }
 
+/** The banner over a new conversation's carry-over: a /clear handoff or a /compact summary. */
+export function pendingLabel(pending) {
+  if (pending && pending.startsWith('[Handoff from the previous session]\n')) {
+    return 'The handoff of the previous session will be sent with your first message.';
+  }
+  return 'A carry-over summary of the previous conversation will be sent with your first message.';
+}
+
 /** Colour the 🧠 button and show the bar above the input for an active conversation. */
 export function renderWatch(conv, archived) {
   const level = archived ? null : watchLevel(conv.context_tokens);
@@ -142,6 +150,14 @@ export class HandoffSection {
     const edit = byId('handoff-edit');
     edit.hidden = this.readOnly;
     edit.textContent = handoff ? 'Edit' : 'Write a handoff';
+  }
+
+  /** The agent saved a handoff while the modal is open (and not being edited): show it. */
+  onEntry(convId, entry) {
+    const saved = entry.data && entry.data.type === 'handoff';
+    if (saved && convId === this.convId && byId('context-modal').open && byId('handoff-form').hidden) {
+      this.load(convId, { readOnly: this.readOnly });
+    }
   }
 
   edit() {

@@ -96,7 +96,12 @@ def test_amber_red_bar_note_card_and_modal_edit(pages: Pages, tmp_path: Path) ->
             ["app/parse.py", "parse_line"],
             "user",
         )
+        # The agent saves another while the modal is open: the modal shows it at once.
+        relay.send(cid, "save a handoff again")
+        expect(by_id(page, "handoff-text")).to_have_js_property("textContent", DEMO_HANDOFF)
+        expect(by_id(page, "handoff-meta")).to_contain_text("saved by the agent")
         by_id(page, "context-close").click()
+        expect(by_id(page, "handoff-card")).to_have_count(2)
         pages.assert_clean()
     finally:
         relay.stop()
@@ -145,6 +150,9 @@ def test_clear_end_to_end_in_two_browsers(pages: Pages, tmp_path: Path) -> None:
         for page in (p1, p2):
             expect(page).to_have_url(f"{relay.base}/c/{new}")
             expect(by_id(page, "pending-summary")).to_be_visible()
+            expect(by_id(page, "pending-summary-label")).to_have_text(
+                "The handoff of the previous session will be sent with your first message."
+            )
             expect(by_id(page, "watch-bar")).to_be_hidden()  # a fresh conversation: no size yet
             expect(by_id(page, "archive-list").get_by_test_id("archive-item")).to_have_text(
                 ["Fresh"]
