@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from app.config import Settings
 from app.handoff import (
     HANDOFF_REQUEST,
     HandoffText,
@@ -128,3 +130,18 @@ def test_parse_handoff_refuses_bad_arguments(arguments: dict, message: str) -> N
     with pytest.raises(ValueError) as error:
         parse_handoff(arguments)
     assert str(error.value) == message
+
+
+def test_thresholds_default_and_hard_below_soft_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OARLOCK_CONTEXT_SOFT", raising=False)
+    monkeypatch.delenv("OARLOCK_CONTEXT_HARD", raising=False)
+    settings = Settings()
+    assert (settings.context_soft, settings.context_hard) == (300_000, 500_000)
+    monkeypatch.setenv("OARLOCK_CONTEXT_SOFT", "20000")
+    monkeypatch.setenv("OARLOCK_CONTEXT_HARD", "40000")
+    assert (Settings().context_soft, Settings().context_hard) == (20_000, 40_000)
+    monkeypatch.setenv("OARLOCK_CONTEXT_HARD", "10000")
+    with pytest.raises(ValidationError, match="OARLOCK_CONTEXT_HARD must not be below"):
+        Settings()

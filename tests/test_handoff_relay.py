@@ -131,6 +131,8 @@ def test_handoff_tool_is_stored_and_clear_carries_it(live: LiveRelay, fake: Fake
     assert last_user(view)["text"] == "/handoff"
     (request,) = turn_requests(fake, HANDOFF_REQUEST)
     assert last_user_text(request) == HANDOFF_REQUEST
+    # In the model's tool list from the start, not deferred behind the CLI's tool search.
+    assert TOOL in [t["name"] for t in request.get("tools", [])]
     assert TOOL in [t["name"] for t in request.get("tools", [])]
     # No permission question, in the default mode: the relay's tool never asks.
     assert not [e for e in view["timeline"] if e["data"].get("type") == "permission"]
