@@ -368,21 +368,14 @@ class Supervisor:
             raise ConversationError("This conversation is archived; it cannot be compacted again.")
         with self.session() as session:
             session.add(conversation)
-            summary: str | None
-            if handoff:
+            messages = store.recent_messages(session=session, conversation_id=conversation.id or 0)
+            summary: str | None = build_summary(
+                conversation.title,
+                [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
+            )
+            if handoff:  # /clear: the project's latest handoff instead, or nothing
                 latest = store.latest_handoff(session=session, cwd=conversation.cwd)
                 summary = carry_over(handoff_text(latest)) if latest is not None else None
-            else:
-                messages = store.recent_messages(
-                    session=session, conversation_id=conversation.id or 0
-                )
-                summary = build_summary(
-                    conversation.title,
-                    [
-                        SummaryMessage("user" if m.kind == "user" else "agent", m.text)
-                        for m in messages
-                    ],
-                )
             new = store.compact_conversation(
                 session=session,
                 old=conversation,
