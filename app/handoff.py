@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.models import Handoff
 from app.summary import NEW_REQUEST, compose_first_message
 from app.tokens import format_tokens
 
@@ -88,6 +89,11 @@ def parse_handoff(arguments: dict[str, Any]) -> HandoffText:
     if (length := handoff_length(handoff)) > HANDOFF_LIMIT:
         raise ValueError(TOO_LONG.format(length=f"{length:,}"))
     return handoff
+
+
+def handoff_text(row: Handoff) -> HandoffText:
+    """A stored handoff as the text the carry-over is built from."""
+    return HandoffText(row.done, row.next, tuple(str(f) for f in row.files))
 
 
 def carry_over(handoff: HandoffText) -> str:

@@ -181,32 +181,6 @@ def conversations_with_work(*, session: Session) -> list[Conversation]:
     return list(session.exec(query))
 
 
-def compact_conversation(
-    *, session: Session, old: Conversation, summary: str | None, title: str
-) -> Conversation:
-    """Archive old and create its successor with the pending summary, in one transaction."""
-    new = Conversation(
-        title=title,
-        provider=old.provider,
-        cwd=old.cwd,
-        permission_mode=old.permission_mode,
-        auto_compact_window=old.auto_compact_window,
-        model=old.model,
-        model_window=old.model_window,
-        pending_summary=summary,
-        compacted_from_id=old.id,
-    )
-    session.add(new)
-    session.flush()  # gives new its id, still inside the transaction
-    old.status = "archived"
-    old.compacted_into_id = new.id
-    old.updated_at = utcnow()
-    session.add(old)
-    session.commit()
-    session.refresh(new)
-    return new
-
-
 def save_handoff(
     *,
     session: Session,
@@ -231,3 +205,29 @@ def latest_handoff(*, session: Session, cwd: str) -> Handoff | None:
     """The project's newest handoff (highest id: deterministic even within one clock tick)."""
     query = select(Handoff).where(Handoff.cwd == cwd).order_by(col(Handoff.id).desc()).limit(1)
     return session.exec(query).first()
+
+
+def compact_conversation(
+    *, session: Session, old: Conversation, summary: str | None, title: str
+) -> Conversation:
+    """Archive old and create its successor with the pending summary, in one transaction."""
+    new = Conversation(
+        title=title,
+        provider=old.provider,
+        cwd=old.cwd,
+        permission_mode=old.permission_mode,
+        auto_compact_window=old.auto_compact_window,
+        model=old.model,
+        model_window=old.model_window,
+        pending_summary=summary,
+        compacted_from_id=old.id,
+    )
+    session.add(new)
+    session.flush()  # gives new its id, still inside the transaction
+    old.status = "archived"
+    old.compacted_into_id = new.id
+    old.updated_at = utcnow()
+    session.add(old)
+    session.commit()
+    session.refresh(new)
+    return new

@@ -47,6 +47,7 @@ from app.handoff import (
     carry_over,
     context_note,
     first_message,
+    handoff_text,
     is_handoff_command,
     parse_handoff,
     saved_text,
@@ -903,8 +904,3 @@ class Supervisor:
         entry_id = entry.id
         store.delete_entry(session=session, entry=entry)
         self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})
-
-
-def handoff_text(row: Handoff) -> HandoffText:
-    """A stored handoff as the text the carry-over is built from."""
-    return HandoffText(row.done, row.next, tuple(str(f) for f in row.files))

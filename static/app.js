@@ -2,8 +2,8 @@
 // header and notices, the composer with /compact, and the dialogs.
 import { h, api, byId, fmtTokens, isBusy } from './util.js';
 import { Timeline } from './timeline.js';
-import { ContextModal } from './context.js';
 import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
+import { ContextModal } from './context.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -763,6 +763,19 @@ const clearDialog = new ClearDialog(dialogs, (convId) => {
   postMessage('/clear');
 });
 const handoffSection = new HandoffSection();
+byId('context-button').addEventListener('click', () => {
+  const cur = state.current;
+  if (cur && cur.loaded) handoffSection.load(cur.id, { readOnly: isArchived(cur.conv) });
+});
+// The context-watch bar: Save a handoff sends /handoff, Start fresh asks the /clear question.
+byId('watch-handoff').addEventListener('click', () => {
+  const cur = state.current;
+  if (cur && cur.loaded && !isArchived(cur.conv)) postMessage('/handoff');
+});
+byId('watch-fresh').addEventListener('click', () => {
+  const cur = state.current;
+  if (cur && cur.loaded && !isArchived(cur.conv)) clearDialog.open(cur.id);
+});
 
 const newDialog = byId('new-dialog');
 dialogs.register(newDialog);
@@ -856,17 +869,7 @@ function wire() {
   byId('stop-button').addEventListener('click', interrupt);
   byId('context-button').addEventListener('click', () => {
     const cur = state.current;
-    if (!cur || !cur.loaded) return;
-    contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
-    handoffSection.load(cur.id, { readOnly: isArchived(cur.conv) });
-  });
-  byId('watch-handoff').addEventListener('click', () => {
-    const cur = state.current;
-    if (cur && cur.loaded && !isArchived(cur.conv)) postMessage('/handoff');
-  });
-  byId('watch-fresh').addEventListener('click', () => {
-    const cur = state.current;
-    if (cur && cur.loaded && !isArchived(cur.conv)) clearDialog.open(cur.id);
+    if (cur && cur.loaded) contextModal.open(cur.id, { readOnly: isArchived(cur.conv) });
   });
   for (const link of [byId('compacted-from-link'), byId('compacted-into-link')]) {
     link.addEventListener('click', (e) => {

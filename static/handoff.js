@@ -47,11 +47,15 @@ export function renderWatch(conv, archived) {
   }
 }
 
-/** The small line under a user bubble whose delivery carried the context note. */
-export function contextNoteLine(entry) {
-  const note = entry.data && entry.data.context_note;
-  if (!note) return null;
-  return h('div', { class: 'context-note', testid: 'context-note', title: note, text: 'Context note sent to the agent' });
+/** A user-bubble renderer that adds "Context note sent to the agent" under a bubble whose
+ * delivery carried the note (the note itself is the line's tooltip). */
+export function withContextNote(render) {
+  return (entry, ...rest) => {
+    const el = render(entry, ...rest);
+    const note = entry.data && entry.data.context_note;
+    if (note) el.append(h('div', { class: 'context-note', testid: 'context-note', title: note, text: 'Context note sent to the agent' }));
+    return el;
+  };
 }
 
 /** The timeline card of a handoff the agent saved. */
@@ -59,7 +63,7 @@ export function handoffCard(entry) {
   const data = entry.data || {};
   const files = Array.isArray(data.files) ? data.files : [];
   const row = (label, value) => h('div', { class: 'handoff-row' },
-    h('span', { class: 'handoff-label', text: label }), h('span', { class: 'handoff-value', text: value }));
+    h('span', { class: 'handoff-label', text: label }), h('span', { class: 'handoff-value', dir: 'auto', text: value }));
   return h('div', { class: 'activity handoff-card', testid: 'handoff-card' },
     h('div', { class: 'handoff-title', text: entry.text || 'Handoff saved' }),
     row('Done', String(data.done || '')),

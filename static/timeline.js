@@ -1,7 +1,7 @@
 // timeline.js — one conversation's timeline: entries rendered by kind, kept in order,
 // the "working" bubble, scrolling that follows new content, and the compaction pills.
 import { h, byId, fmtExact, fmtResult, isBusy } from './util.js';
-import { contextNoteLine, handoffCard } from './handoff.js';
+import { handoffCard, withContextNote } from './handoff.js';
 
 const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
 
@@ -15,8 +15,7 @@ function userEntry(entry) {
   const queued = isQueued(entry);
   return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
     h('div', { class: 'bubble' }, h('div', { class: 'plain', text: entry.text })),
-    queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null,
-    contextNoteLine(entry));
+    queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null);
 }
 
 /** Make sanitized agent HTML nicer to use: links open in a new tab, code blocks get a copy button. */
@@ -151,7 +150,7 @@ function lineEntry(entry) {
   return line;
 }
 
-const RENDER = { user: userEntry, agent: agentEntry, activity: activityEntry, line: lineEntry };
+const RENDER = { user: withContextNote(userEntry), agent: agentEntry, activity: activityEntry, line: lineEntry };
 
 // ---- the timeline ------------------------------------------------------------------------------
 

@@ -11,9 +11,7 @@ Replies (the model answers whatever was asked, so tests can check what reached i
   ``The tool returned: <content>``;
 * markers in the last user message: ``[[BASH:cmd]]`` → a text block plus a ``Bash`` tool_use
   for ``cmd``; ``[[LONG:N]]`` → N words streamed ``long_word_delay`` seconds apart;
-  ``[[SLOW:s]]`` → the reply starts after s seconds;
-* ``tool_calls``: (name, input) pairs; each answers one next request (that carries no
-  tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``.
+  ``[[SLOW:s]]`` → the reply starts after s seconds.
 
 Controls, as attributes or through ``POST /_admin`` with a JSON object of the same names:
 ``input_tokens``, ``output_tokens``, ``cache_read``, ``cache_creation`` (the usage every
@@ -21,6 +19,8 @@ reply reports), ``delta_delay`` (seconds before each streamed delta), ``summary_
 ``summary_input_tokens``, ``long_word_delay``; ``fail(*statuses, retry=True)`` (or
 ``{"errors": [429], "should_retry": false}``) queues error replies for the next requests.
 Every request is recorded in ``requests`` (path, lowercased headers, JSON body).
+``tool_calls`` holds (name, input) pairs: each answers one next request (that carries no
+tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``.
 Message ids are unique: ``msg_fake_000001``, ``msg_fake_000002``…
 """
 
@@ -176,8 +176,8 @@ class FakeAnthropic(FakeServer):
         return reply | {"blocks": [("text", f"You said: {text}")]}
 
 
-def _tool(block: tuple[Any, ...]) -> str:
-    """A tool_use block's tool name (Bash unless the block names one)."""
+def _tool_name(block: tuple[Any, ...]) -> str:
+    """The tool a tool_use block calls (Bash unless the block names another)."""
     return str(block[3]) if len(block) > 3 else "Bash"
 
 
@@ -240,7 +240,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 content = [
                     {"type": "text", "text": b[1]}
                     if b[0] == "text"
-                    else {"type": "tool_use", "id": b[1], "name": _tool(b), "input": b[2]}
+                    else {"type": "tool_use", "id": b[1], "name": _tool_name(b), "input": b[2]}
                     for b in plan["blocks"]
                 ]
                 self._json(200, message | {"content": content, "stop_reason": stop})
@@ -270,7 +270,12 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                     chunks = words or [block[1][j : j + 20] for j in range(0, len(block[1]), 20)]
                     deltas = [{"type": "text_delta", "text": c} for c in chunks]
                 else:
-                    start = {"type": "tool_use", "id": block[1], "name": _tool(block), "input": {}}
+                    start = {
+                        "type": "tool_use",
+                        "id": block[1],
+                        "name": _tool_name(block),
+                        "input": {},
+                    }
                     deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block[2])}]
                 self._event(
                     "content_block_start",
