@@ -118,6 +118,8 @@ def test_put_handoff_refuses_bad_input_and_stores_nothing(relay: LiveRelay) -> N
     too_long = relay.http.put(url, json={"done": "d" * 5000, "next": "n" * 4001, "files": []})
     assert too_long.status_code == 422
     assert too_long.json()["detail"].startswith("The handoff is 9,001 characters long")
+    one_field = relay.http.put(url, json={"done": "d" * 9_500, "next": "", "files": []})
+    assert one_field.json()["detail"].startswith("The handoff is 9,500 characters long")
     empty = relay.http.put(url, json={"done": "", "next": " ", "files": []})
     assert empty.json() == {"detail": "The handoff is empty: say what is done and what is next."}
     extra = relay.http.put(url, json={"done": "a", "next": "b", "files": [], "id": 3})
