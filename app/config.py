@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PermissionMode = Literal["default", "acceptEdits", "bypassPermissions", "plan"]
@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     openai_model: str | None = None
+    # The context watch (SPEC §7): past soft the agent is asked to save a handoff, past hard
+    # to finish and save one; the 🧠 button turns amber, then red.
+    context_soft: int = Field(default=300_000, ge=1)
+    context_hard: int = Field(default=500_000, ge=1)
     demo_delay: float = 0.04  # seconds between the demo agent's streamed pieces
     log_level: str = "info"
 
@@ -59,6 +63,13 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _hard_not_below_soft(self) -> Settings:
+        """OARLOCK_CONTEXT_HARD below OARLOCK_CONTEXT_SOFT is a configuration error."""
+        if self.context_hard < self.context_soft:
+            raise ValueError("OARLOCK_CONTEXT_HARD must not be below OARLOCK_CONTEXT_SOFT.")
+        return self
 
     @property
     def resolved_data_dir(self) -> Path:

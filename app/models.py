@@ -99,6 +99,33 @@ class LoginSession(SQLModel, table=True):
     expires_at: int  # Unix time: compared in SQL, no time zone to get wrong
 
 
+class Handoff(SQLModel, table=True):
+    """A handoff for a project (a working directory); the newest one per project wins."""
+
+    __table_args__ = (Index("ix_handoff_cwd_id", "cwd", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    cwd: str
+    done: str
+    next: str
+    files: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    source: str = "agent"  # agent (the save_handoff tool) | user (written in the 🧠 modal)
+    conversation_id: int | None = Field(default=None, foreign_key="conversation.id")
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class HandoffWrite(SQLModel):
+    """A handoff the user writes or edits in the 🧠 modal."""
+
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    # No per-field limit: the 9,000-character limit is on all three together (app/handoff.py),
+    # and the request body is bounded by the security middleware.
+    done: str
+    next: str
+    files: list[str] = Field(default_factory=list, max_length=500)
+
+
 class ConversationCreate(SQLModel):
     """What a client may say when it creates a conversation."""
 

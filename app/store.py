@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, update
 from sqlmodel import Session, col, select
 
-from app.models import Conversation, Entry, utcnow
+from app.models import Conversation, Entry, Handoff, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
@@ -196,8 +196,34 @@ def conversations_with_work(*, session: Session) -> list[Conversation]:
     return list(session.exec(query))
 
 
+def save_handoff(
+    *,
+    session: Session,
+    cwd: str,
+    done: str,
+    next: str,
+    files: list[str],
+    source: str,
+    conversation_id: int | None,
+) -> Handoff:
+    """Store a handoff for a project (it becomes the project's latest)."""
+    handoff = Handoff(
+        cwd=cwd, done=done, next=next, files=files, source=source, conversation_id=conversation_id
+    )
+    session.add(handoff)
+    session.commit()
+    session.refresh(handoff)
+    return handoff
+
+
+def latest_handoff(*, session: Session, cwd: str) -> Handoff | None:
+    """The project's newest handoff (highest id: deterministic even within one clock tick)."""
+    query = select(Handoff).where(Handoff.cwd == cwd).order_by(col(Handoff.id).desc()).limit(1)
+    return session.exec(query).first()
+
+
 def compact_conversation(
-    *, session: Session, old: Conversation, summary: str, title: str
+    *, session: Session, old: Conversation, summary: str | None, title: str
 ) -> Conversation:
     """Archive old and create its successor with the pending summary, in one transaction."""
     new = Conversation(

@@ -44,11 +44,24 @@ from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session, wait_until_writable, write_lock_free
+from app.handoff import (
+    HANDOFF_REQUEST,
+    HandoffText,
+    carry_over,
+    context_note,
+    first_message,
+    handoff_text,
+    is_handoff_command,
+    parse_handoff,
+    saved_text,
+    with_note,
+)
 from app.hub import Hub
 from app.limits import give_back_memory
-from app.models import Conversation, Entry
+from app.models import Conversation, Entry, Handoff
 from app.providers import agent_env, compaction_style, make_agent
-from app.summary import SummaryMessage, build_summary, compose_first_message
+from app.summary import SummaryMessage, build_summary
+from app.tools import ToolResult, relay_tools
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
 
@@ -358,10 +371,13 @@ class Supervisor:
         )
         return entry
 
-    def compact(self, conversation: Conversation, *, carry: str | None = None) -> Conversation:
+    def compact(
+        self, conversation: Conversation, *, carry: str | None = None, handoff: bool = False
+    ) -> Conversation:
         """Archive a conversation and open its successor with a carry-over summary.
 
         carry replaces the summary: a backup's carry-over ("Start fresh from this backup").
+        With handoff (/clear) the carry-over is the project's latest handoff, or nothing.
         """
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it cannot be compacted again.")
@@ -370,10 +386,13 @@ class Supervisor:
         with self.session() as session:
             session.add(conversation)
             messages = store.recent_messages(session=session, conversation_id=conversation.id or 0)
-            summary = carry or build_summary(
+            summary: str | None = carry or build_summary(
                 conversation.title,
                 [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
             )
+            if handoff:  # /clear: the project's latest handoff instead, or nothing
+                latest = store.latest_handoff(session=session, cwd=conversation.cwd)
+                summary = carry_over(handoff_text(latest)) if latest is not None else None
             new = store.compact_conversation(
                 session=session,
                 old=conversation,
@@ -465,16 +484,23 @@ class Supervisor:
         self, session: Session, runner: Runner, conversation: Conversation, entry: Entry
     ) -> str:
         """Mark a message delivered (at the end of the timeline) and build the agent's prompt."""
-        prompt = entry.text
+        command = is_handoff_command(entry.text)
+        prompt = HANDOFF_REQUEST if command else entry.text
+        data = dict(entry.data)
+        # The context watch: past soft, a note after the user's text (never for /handoff).
+        note = None if command else self._context_note(conversation)
+        if note is not None:
+            prompt = with_note(prompt, note)
+            data["context_note"] = note
         changes: dict[str, Any] = {"turn_active": True}
         if conversation.pending_summary is not None:
             # Consumed in the same transaction that marks the message sent: never sent twice.
-            prompt = compose_first_message(conversation.pending_summary, entry.text)
+            prompt = first_message(conversation.pending_summary, prompt)
             changes["pending_summary"] = None
         for name, value in changes.items():
             setattr(conversation, name, value)
         session.add(conversation)  # saved in the same transaction as the entry
-        self._save(session, conversation, entry, move=True, state="sent")
+        self._save(session, conversation, entry, move=True, state="sent", data=data)
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
         runner.state = "running"
@@ -482,6 +508,42 @@ class Supervisor:
         runner.lines_shown.clear()
         self.publish_turn(conversation.id or 0, session)
         return prompt
+
+    def _context_note(self, conversation: Conversation) -> str | None:
+        """The context watch's paragraph for this conversation's size, if any."""
+        soft, hard = self.settings.context_soft, self.settings.context_hard
+        return context_note(conversation.context_tokens, soft, hard)
+
+    def save_handoff(
+        self, conversation: Conversation, handoff: HandoffText, *, source: str
+    ) -> Handoff:
+        """Store a handoff for the conversation's project; the agent's also shows as a card."""
+        with self.session() as session:
+            session.add(conversation)
+            row = store.save_handoff(
+                session=session,
+                cwd=conversation.cwd,
+                done=handoff.done,
+                next=handoff.next,
+                files=list(handoff.files),
+                source=source,
+                conversation_id=conversation.id,
+            )
+            if source == "agent":
+                data = {"type": "handoff", "handoff_id": row.id, "done": row.done}
+                data |= {"next": row.next, "files": row.files}
+                self._add(session, conversation, "activity", "Handoff saved", data=data)
+        return row
+
+    async def _tool_save_handoff(
+        self, conversation_id: int, arguments: dict[str, Any]
+    ) -> ToolResult:
+        """The save_handoff tool: check the arguments (errors go back to the agent), store."""
+        handoff = parse_handoff(arguments)
+        with self.session() as session:
+            conversation = self._load(session, conversation_id)
+        self.save_handoff(conversation, handoff, source="agent")
+        return ToolResult(saved_text(handoff))
 
     def _end_turn(self, runner: Runner) -> None:
         runner.state = "running"  # _deliver sets idle once the queue is empty
@@ -525,6 +587,11 @@ class Supervisor:
             env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
             ask_permission=lambda request: self._ask(runner, request),
             context_tokens=conversation.context_tokens,
+            tools=relay_tools(
+                save_handoff=lambda arguments: self._tool_save_handoff(
+                    runner.conversation_id, arguments
+                )
+            ),
         )
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         await agent.start()

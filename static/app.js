@@ -2,12 +2,15 @@
 // header and notices, the composer with /compact, and the dialogs.
 import { h, api, byId, fmtTokens, isBusy, isolate } from './util.js';
 import { Timeline } from './timeline.js';
+import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
 import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
   { name: '/compact', description: 'Start a new conversation with a carry-over summary' },
+  { name: '/handoff', description: 'Ask the agent to save a handoff for this project now' },
+  { name: '/clear', description: 'Start a fresh conversation with the latest handoff' },
 ];
 
 // ---- state -------------------------------------------------------------------------------------
@@ -213,7 +216,10 @@ function onConversationEvent(message) {
   cur.seq = message.seq;
   cur.waiting = false;
   switch (message.type) {
-    case 'entry': timeline.upsert(message.entry); break;
+    case 'entry':
+      timeline.upsert(message.entry);
+      handoffSection.onEntry(cur.id, message.entry);
+      break;
     case 'entry_removed': timeline.remove(message.entry_id); break;
     case 'delta': timeline.delta(message.entry_id, message.text); break;
     case 'turn': setTurn(message.turn); break;
@@ -477,6 +483,7 @@ function renderChrome() {
   if (warn) ctx.dataset.warn = 'true';
   else delete ctx.dataset.warn;
   ctx.classList.toggle('warn', warn);
+  renderWatch(conv, archived);
   byId('stop-button').hidden = archived || !isBusy(cur.turn);
 
   const from = byId('compacted-from');
@@ -492,6 +499,7 @@ function renderChrome() {
 
   byId('pending-summary').hidden = archived || !conv.pending_summary;
   byId('pending-summary-text').textContent = conv.pending_summary || '';
+  byId('pending-summary-label').textContent = pendingLabel(conv.pending_summary);
 
   byId('composer').hidden = archived;
   byId('timeline').classList.toggle('readonly', archived);
@@ -617,6 +625,10 @@ function trySend() {
   if (text.trim() === '/compact') {
     compactDialog.dataset.conv = String(cur.id);
     dialogs.open(compactDialog, byId('compact-confirm'));
+    return;
+  }
+  if (text.trim() === '/clear') {
+    clearDialog.open(cur.id);
     return;
   }
   postMessage(text);
@@ -757,6 +769,28 @@ byId('compact-confirm').addEventListener('click', () => {
   // Only for the conversation it was asked about (another tab may have moved this one on).
   const cur = state.current;
   if (cur && cur.loaded && String(cur.id) === compactDialog.dataset.conv) postMessage(input.value.trim());
+});
+
+// /clear (typed, or the bar's Start fresh): confirmed, for the conversation it was asked about.
+const clearDialog = new ClearDialog(dialogs, (convId) => {
+  const cur = state.current;
+  if (!cur || !cur.loaded || cur.id !== convId) return;
+  if (input.value.trim() === '/clear') input.value = '/clear';
+  postMessage('/clear');
+});
+const handoffSection = new HandoffSection();
+byId('context-button').addEventListener('click', () => {
+  const cur = state.current;
+  if (cur && cur.loaded) handoffSection.load(cur.id, { readOnly: isArchived(cur.conv) });
+});
+// The context-watch bar: Save a handoff sends /handoff, Start fresh asks the /clear question.
+byId('watch-handoff').addEventListener('click', () => {
+  const cur = state.current;
+  if (cur && cur.loaded && !isArchived(cur.conv)) postMessage('/handoff');
+});
+byId('watch-fresh').addEventListener('click', () => {
+  const cur = state.current;
+  if (cur && cur.loaded && !isArchived(cur.conv)) clearDialog.open(cur.id);
 });
 
 const newDialog = byId('new-dialog');

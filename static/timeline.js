@@ -1,6 +1,7 @@
 // timeline.js — one conversation's timeline: entries rendered by kind, kept in order,
 // the "working" bubble, scrolling that follows new content, and the compaction pills.
 import { h, byId, fmtExact, fmtResult, isBusy } from './util.js';
+import { handoffCard, withContextNote } from './handoff.js';
 
 const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
 
@@ -120,6 +121,7 @@ function activityEntry(entry, old, timeline) {
   const type = entry.data && entry.data.type;
   if (type === 'tool') return toolEntry(entry, old);
   if (type === 'permission') return permissionEntry(entry, timeline);
+  if (type === 'handoff') return handoffCard(entry);
   // SDK compaction and anything newer: a quiet row with its text.
   return h('div', { class: `activity note${type === 'compaction' ? ' compaction' : ''}`, testid: 'entry-activity' },
     h('span', { class: 'note-text', dir: 'auto', text: entry.text }), backupRef(entry));
@@ -160,7 +162,7 @@ function lineEntry(entry) {
   return line;
 }
 
-const RENDER = { user: userEntry, agent: agentEntry, activity: activityEntry, line: lineEntry };
+const RENDER = { user: withContextNote(userEntry), agent: agentEntry, activity: activityEntry, line: lineEntry };
 
 // ---- the timeline ------------------------------------------------------------------------------
 

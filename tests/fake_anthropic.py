@@ -20,6 +20,8 @@ reply reports), ``delta_delay`` (seconds before each streamed delta), ``summary_
 ``summary_input_tokens``, ``long_word_delay``; ``fail(*statuses, retry=True)`` (or
 ``{"errors": [429], "should_retry": false}``) queues error replies for the next requests.
 Every request is recorded in ``requests`` (path, lowercased headers, JSON body).
+``tool_calls`` holds (name, input) pairs: each answers one next request (that carries no
+tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``.
 Message ids are unique: ``msg_fake_000001``, ``msg_fake_000002``…
 """
 
@@ -85,6 +87,7 @@ class FakeAnthropic(FakeServer):
         self.summary_input_tokens = 5000
         self.long_word_delay = 0.05
         self.requests: list[Request] = []
+        self.tool_calls: deque[tuple[str, dict[str, Any]]] = deque()
         self._errors: deque[tuple[int, bool]] = deque()
         self._lock = threading.Lock()
         self._count = 0
@@ -157,6 +160,10 @@ class FakeAnthropic(FakeServer):
             texts = [t for b in results for t in user_texts({"content": b.get("content")})]
             returned = "\n".join(texts)
             return reply | {"blocks": [("text", f"The tool returned: {returned}")]}
+        if self.tool_calls:
+            name, tool_input = self.tool_calls.popleft()
+            tool_use = ("tool_use", f"toolu_fake_{n:04d}", tool_input, name)
+            return reply | {"blocks": [("text", f"I will call {name}."), tool_use]}
         if slow := re.search(r"\[\[SLOW:([\d.]+)\]\]", text):
             reply["wait"] = float(slow[1])
         if bash := re.search(r"\[\[BASH:(.*?)\]\]", text, re.DOTALL):

@@ -34,6 +34,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
         "alembic_version",
         "conversation",
         "entry",
+        "handoff",
         "login_session",
     ]
 
@@ -42,7 +43,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0003", "0003")
+    assert (current, head) == ("0004", "0004")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -63,7 +64,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0003"
+        assert MigrationContext.configure(connection).get_current_revision() == "0004"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

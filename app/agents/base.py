@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from app.tools import RelayTool
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class AgentSpec:
     env: dict[str, str]  # the agent process's whole environment (built by the relay)
     ask_permission: AskPermission
     context_tokens: int | None = None  # what the relay last knew (lets the demo resume)
+    tools: tuple[RelayTool, ...] = ()  # the relay's own tools (save_handoff...), never asked about
 
 
 class AgentError(Exception):

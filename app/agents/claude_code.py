@@ -30,6 +30,7 @@ from claude_agent_sdk import (
     PermissionResultDeny,
     RateLimitEvent,
     ResultMessage,
+    SdkMcpTool,
     StreamEvent,
     SystemMessage,
     TextBlock,
@@ -37,6 +38,7 @@ from claude_agent_sdk import (
     ToolResultBlock,
     ToolUseBlock,
     UserMessage,
+    create_sdk_mcp_server,
 )
 from claude_agent_sdk import __version__ as sdk_version
 from claude_agent_sdk._errors import CLIConnectionError, ProcessError
@@ -66,6 +68,7 @@ from app.agents.base import (
     Usage,
 )
 from app.agents.lifetime import die_with_relay
+from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
 
@@ -459,6 +462,26 @@ class _ExactEnvTransport(SubprocessCLITransport):
                 _ACTIVE_CHILDREN.discard(self.process)
 
 
+def _mcp_tool(tool: RelayTool) -> SdkMcpTool[Any]:
+    """A relay tool as a tool of the SDK's in-process MCP server."""
+
+    async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
+        result = await tool.call(arguments)
+        return {"content": [{"type": "text", "text": result.text}], "is_error": result.is_error}
+
+    return SdkMcpTool(tool.name, tool.description, tool.schema, handler)
+
+
+def _tool_server(tools: tuple[RelayTool, ...]) -> dict[str, Any]:
+    """The mcp_servers option: the relay's tools as one in-process server (none: no server)."""
+    if not tools:
+        return {}
+    server = create_sdk_mcp_server(MCP_SERVER, tools=[_mcp_tool(t) for t in tools])
+    # alwaysLoad: the tools sit in the model's tool list from the first turn, not deferred
+    # behind the CLI's tool search (the context note names save_handoff; it must be there).
+    return {MCP_SERVER: {**server, "alwaysLoad": True}}
+
+
 def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
     """Whether any project directory holds this session's transcript."""
     config = env.get("CLAUDE_CONFIG_DIR") or str(Path(env.get("HOME", "~")) / ".claude")
@@ -545,6 +568,10 @@ class ClaudeCodeAgent:
             system_prompt={"type": "preset", "preset": "claude_code"},
             env=dict(spec.env),
             stderr=self._stderr.append,
+            mcp_servers=_tool_server(spec.tools),
+            # The relay's own tools are never asked about: _can_use_tool allows them (the SDK
+            # refuses an allowed_tools entry that would shadow the callback).
+            allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
         )
         # a custom transport gets no option rewriting: route permission prompts here ourselves
         wire = replace(options, permission_prompt_tool_name="stdio") if ask else options
@@ -571,6 +598,8 @@ class ClaudeCodeAgent:
     async def _can_use_tool(
         self, tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
     ) -> PermissionResultAllow | PermissionResultDeny:
+        if is_relay_tool(tool_name):
+            return PermissionResultAllow()
         request = PermissionRequest(tool_name, tool_input, context.tool_use_id)
         try:
             decision: PermissionDecision = await self.spec.ask_permission(request)

@@ -48,6 +48,7 @@ from app.agents.base import (
     Usage,
 )
 from app.agents.lifetime import die_with_relay
+from app.tools import RelayTool
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,28 @@ class EventMapper:
         return [Notice(f"Copilot error: {text}", level="error", data={"status": status})]
 
 
+def _session_tool(tool: RelayTool) -> Any:
+    """A relay tool as a session tool of the SDK (the SDK is imported only when used)."""
+    from copilot.tools import Tool, ToolInvocation, ToolResult
+
+    async def handler(invocation: ToolInvocation) -> ToolResult:
+        arguments = invocation.arguments if isinstance(invocation.arguments, dict) else {}
+        result = await tool.call(arguments)
+        if result.is_error:
+            return ToolResult(
+                text_result_for_llm=result.text, result_type="failure", error=result.text
+            )
+        return ToolResult(text_result_for_llm=result.text)
+
+    return Tool(
+        name=tool.name,
+        description=tool.description,
+        handler=handler,
+        parameters=tool.schema,
+        skip_permission=True,
+    )
+
+
 class CopilotAgent:
     """One conversation's Copilot CLI process and session, driven through github-copilot-sdk.
 
@@ -431,6 +454,8 @@ class CopilotAgent:
             "streaming": True,
             "client_name": "oarlock",
         }
+        if self.spec.tools:  # the relay's own tools: session tools, never asked about
+            options["tools"] = [_session_tool(tool) for tool in self.spec.tools]
         if self._provider is not None:
             options["provider"] = self._provider
         session = None

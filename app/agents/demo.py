@@ -4,7 +4,8 @@ It quotes the message it gets, streamed in a few pieces, and its simulated
 context grows every turn, so it compacts on its own once the context passes
 its auto-compact threshold. Words in the message trigger the rest:
 "use a tool" (a tool call), "ask permission" (a permission question),
-"slow" (a long reply, to try Stop).
+"slow" (a long reply, to try Stop), "save a handoff" (a call of the relay's save_handoff
+tool; the /handoff command asks for exactly that).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.handoff import NOTE_PREFIX
 from app.summary import NEW_REQUEST
+from app.tools import SAVE_HANDOFF
 from app.unicode_text import isolate
 from app.window import COMPACT_BUFFER, parse_env_window
 
@@ -36,6 +39,11 @@ MODEL_WINDOW = 200_000
 BASE_CONTEXT = 9_000
 GROWTH_PER_TURN = 12_000
 AFTER_COMPACTION = 3_000
+DEMO_HANDOFF = {
+    "done": "Talked with the demo agent, which quoted every message.",
+    "next": "Start fresh with /clear and carry on.",
+    "files": ["app/agents/demo.py", "DemoAgent.turn"],
+}
 
 
 class DemoAgent:
@@ -94,6 +102,8 @@ class DemoAgent:
             yield CompactionFinished(trigger="auto", pre_tokens=before, post_tokens=self.context)
         # After /compact the prompt carries the summary: act on the new request only.
         lowered = prompt.rsplit(NEW_REQUEST, 1)[-1].lower()
+        # ...and on the user's words only, not on a context-watch note after them.
+        lowered = lowered.split("\n\n" + NOTE_PREFIX.lower(), 1)[0]
         if "use a tool" in lowered:
             async for event in self._tool("demo-tool", "echo hello", "hello"):
                 yield event
@@ -108,6 +118,9 @@ class DemoAgent:
                 output if decision.allow else decision.message or "Denied by the user.",
                 is_error=not decision.allow,
             ):
+                yield event
+        if "save a handoff" in lowered:
+            async for event in self._save_handoff():
                 yield event
         pieces = reply_pieces(prompt, slow="slow" in lowered)
         self._messages += 1
@@ -124,6 +137,23 @@ class DemoAgent:
         yield Usage(self.context, MODEL, MODEL_WINDOW)
         took = round((time.monotonic() - began) * 1000)
         yield TurnDone(interrupted=self._interrupted, duration_ms=took)  # it costs nothing
+
+    async def _save_handoff(self) -> AsyncIterator[AgentEvent]:
+        """Call the relay's save_handoff tool with a handoff of this demo session."""
+        tool = next((t for t in self.spec.tools if t.name == SAVE_HANDOFF), None)
+        if tool is None:
+            return
+        tool_id = f"demo-handoff-{self._messages + 1}"
+        yield Activity(tool_id, SAVE_HANDOFF, "call", summary="save_handoff")
+        result = await tool.call(DEMO_HANDOFF)
+        yield Activity(
+            tool_id,
+            SAVE_HANDOFF,
+            "result",
+            summary="save_handoff",
+            output=result.text,
+            is_error=result.is_error,
+        )
 
     async def _tool(
         self, tool_id: str, command: str, output: str, *, is_error: bool = False

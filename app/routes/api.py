@@ -16,9 +16,12 @@ from app import store
 from app.agents.base import PermissionDecision
 from app.config import Settings
 from app.context import context_view
+from app.handoff import is_clear_command, parse_handoff
 from app.models import (
     ConversationCreate,
     ConversationUpdate,
+    Handoff,
+    HandoffWrite,
     MessageCreate,
     PermissionAnswer,
 )
@@ -227,12 +230,15 @@ async def send_message(
     if not body.text.strip():
         raise HTTPException(422, "The message is empty.")
     if conversation.status != "active":  # before anything changes, even the title
-        if is_compact_command(body.text):
+        if is_compact_command(body.text) or is_clear_command(body.text):
             raise HTTPException(409, "This conversation is archived; it cannot be compacted again.")
         raise HTTPException(409, "This conversation is archived; it can be read, not written.")
     try:
         if is_compact_command(body.text):
             new = supervisor.compact(conversation)
+            return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
+        if is_clear_command(body.text):  # /compact with the project's latest handoff
+            new = supervisor.compact(conversation, handoff=True)
             return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
         first = conversation.title == DEFAULT_TITLE and conversation.last_seq == 0
         if first and has_visible_character(body.text):  # never an invisible title
@@ -276,3 +282,43 @@ async def answer_permission(
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
     return entry_view(entry)
+
+
+def handoff_view(handoff: Handoff | None) -> dict[str, Any] | None:
+    """A stored handoff as JSON."""
+    if handoff is None:
+        return None
+    return {
+        "id": handoff.id,
+        "done": handoff.done,
+        "next": handoff.next,
+        "files": list(handoff.files),
+        "source": handoff.source,
+        "conversation_id": handoff.conversation_id,
+        "created_at": handoff.created_at.isoformat(),
+    }
+
+
+@router.get("/conversations/{conversation_id}/handoff")
+async def get_handoff(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
+    """The latest handoff of the conversation's project (its working directory), or null."""
+    conversation = load_conversation(supervisor, conversation_id)
+    with supervisor.session() as session:
+        latest = store.latest_handoff(session=session, cwd=conversation.cwd)
+        return {"cwd": conversation.cwd, "handoff": handoff_view(latest)}
+
+
+@router.put("/conversations/{conversation_id}/handoff")
+async def put_handoff(
+    conversation_id: ConversationId, body: HandoffWrite, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Write or edit the project's handoff (stored as its newest one)."""
+    conversation = load_conversation(supervisor, conversation_id)
+    if conversation.status != "active":
+        raise HTTPException(409, "This conversation is archived; it can be read, not changed.")
+    try:
+        handoff = parse_handoff(body.model_dump())
+    except ValueError as error:
+        raise HTTPException(422, str(error)) from None
+    row = supervisor.save_handoff(conversation, handoff, source="user")
+    return {"cwd": conversation.cwd, "handoff": handoff_view(row)}

@@ -22,9 +22,11 @@ router = APIRouter(include_in_schema=False)
 @router.get("/c/{conversation_id}", response_class=HTMLResponse)
 async def index(request: Request) -> Response:
     """The single-page app."""
-    return TEMPLATES.TemplateResponse(
-        request, "index.html", {"version": __version__, "static_url": "/static"}
-    )
+    settings = request.app.state.settings
+    page = {"version": __version__, "static_url": "/static"}
+    # The context watch's thresholds: the 🧠 button turns amber at soft, red at hard.
+    page |= {"context_soft": settings.context_soft, "context_hard": settings.context_hard}
+    return TEMPLATES.TemplateResponse(request, "index.html", page)
 
 
 @router.get("/docs", response_class=HTMLResponse)

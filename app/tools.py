@@ -1,0 +1,77 @@
+"""The relay's own tools, defined once; each provider adapter turns them into its SDK's form.
+
+Claude Code gets them as one in-process MCP server named `oarlock` (tool names
+`mcp__oarlock__<name>`); the SDK engine as session tools; the demo calls them itself. A new
+tool is one more RelayTool here with its handler from the supervisor: no adapter changes.
+The relay's tools never ask the user for permission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+MCP_SERVER = "oarlock"
+MCP_PREFIX = f"mcp__{MCP_SERVER}__"
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer to the agent; an error is an answer too (the agent reads it)."""
+
+    text: str
+    is_error: bool = False
+
+
+ToolHandler = Callable[[dict[str, Any]], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True)
+class RelayTool:
+    """One relay tool: its name, what it is for, its JSON schema, and its handler."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    handler: ToolHandler
+
+    async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        """Run the handler; an unexpected failure becomes an error the agent can read."""
+        try:
+            return await self.handler(arguments)
+        except ValueError as error:
+            return ToolResult(str(error), is_error=True)
+        except Exception as error:  # noqa: BLE001 - the agent gets an answer, never a hang
+            return ToolResult(f"{self.name} failed in the relay: {error}", is_error=True)
+
+
+SAVE_HANDOFF = "save_handoff"
+SAVE_HANDOFF_DESCRIPTION = (
+    "Save a handoff for this project so that a fresh session (after the user's /clear) can "
+    "resume the work: what is done, what is next, and the file paths and function names "
+    "involved. At most 9,000 characters in all. The newest handoff of the project wins."
+)
+SAVE_HANDOFF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "done": {"type": "string", "description": "What is done."},
+        "next": {"type": "string", "description": "What is next."},
+        "files": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The file paths and function names involved.",
+        },
+    },
+    "required": ["done", "next", "files"],
+}
+
+
+def relay_tools(*, save_handoff: ToolHandler) -> tuple[RelayTool, ...]:
+    """Every relay tool, bound to one conversation's handlers."""
+    return (RelayTool(SAVE_HANDOFF, SAVE_HANDOFF_DESCRIPTION, SAVE_HANDOFF_SCHEMA, save_handoff),)
+
+
+def is_relay_tool(name: str) -> bool:
+    """True for a relay tool's name as Claude Code calls it (never asks permission)."""
+    return name.startswith(MCP_PREFIX)
