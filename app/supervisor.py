@@ -12,8 +12,10 @@ import contextlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,12 @@ from app.agents.base import (
     Notice,
     PermissionDecision,
     PermissionRequest,
+    Receipts,
     SessionStarted,
     TextDelta,
     TurnDone,
     Usage,
+    received,
 )
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
@@ -56,6 +60,13 @@ TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
 SHUTDOWN_LINE = "Interrupted: the relay was shut down."
 RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
+UNKNOWN_LINE = (
+    "The relay restarted while this turn was running; the agent may not have received your message."
+)
+REDELIVERED_LINE = (
+    "The relay restarted before the agent received your message; it is delivered again."
+)
+MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
 
 
 class ConversationError(Exception):
@@ -98,6 +109,7 @@ class Runner:
     reporting: asyncio.Task[None] | None = None
     reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
+    prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -177,10 +189,63 @@ class Supervisor:
         ):
             self._save(session, conversation, entry, state="expired", data=entry.data)
         if conversation.turn_active:
-            self._line(session, conversation, RESTART_LINE, level="warning")
+            self._recover_turn(session, conversation)
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         if store.count_queued(session=session, conversation_id=conversation_id):
             self._wake(conversation_id)
+
+    def _recover_turn(self, session: Session, conversation: Conversation) -> None:
+        """Tell a cut turn's message apart: received (cut), not received (again), or unknown."""
+        cut = store.last_sent_message(session=session, conversation_id=conversation.id or 0)
+        if cut is None:
+            self._line(session, conversation, RESTART_LINE, level="warning")
+            return
+        got = self._received(conversation, cut)
+        if got is False and not cut.data.get("redelivered"):
+            self._redeliver(session, conversation, cut)
+            return
+        if got:
+            text, data = RESTART_LINE, {"type": "cut", "entry_id": cut.id, "received": True}
+        else:  # unknown, or missed a second time: the user decides (Resend)
+            text = MISSED_AGAIN_LINE if got is False else UNKNOWN_LINE
+            data = {"type": "cut", "entry_id": cut.id, "received": got, "resend": True}
+        line = self._line(session, conversation, text, level="warning", data=data)
+        cut_as = "received" if got else "unknown" if got is None else "missed"
+        self._save(
+            session, conversation, cut, data={**cut.data, "cut": cut_as, "cut_line": line.id}
+        )
+
+    def _received(self, conversation: Conversation, entry: Entry) -> bool | None:
+        """Ask the conversation's agent whether it got the message; None when it cannot know."""
+        prompt_id = entry.data.get("prompt_uuid")
+        if not isinstance(prompt_id, str):
+            return None  # sent by a relay that did not record it
+        try:
+            agent = self.agent_factory(
+                conversation.provider, self._agent_spec(conversation, None), self.settings
+            )
+            created = entry.created_at.replace(tzinfo=entry.created_at.tzinfo or UTC)
+            return received(agent, conversation.session_id, prompt_id, created.timestamp())
+        except Exception:  # a failed check only means "cannot know"
+            log.warning("cannot tell whether entry %s reached the agent", entry.id, exc_info=True)
+            return None
+
+    def _redeliver(self, session: Session, conversation: Conversation, entry: Entry) -> None:
+        """Queue a message the agent never received again, ahead of every other queued one."""
+        queued = store.entries_in_state(
+            session=session, conversation_id=conversation.id or 0, state="queued"
+        )
+        data = {key: value for key, value in entry.data.items() if key != "prompt_uuid"}
+        summary = data.pop("summary", None)
+        if isinstance(summary, str) and conversation.pending_summary is None:
+            conversation.pending_summary = summary  # it went out with the message: it goes again
+            session.add(conversation)
+        data["redelivered"] = True
+        line_data = {"type": "redelivered", "entry_id": entry.id}
+        self._line(session, conversation, REDELIVERED_LINE, level="warning", data=line_data)
+        self._save(session, conversation, entry, move=True, state="queued", data=data)
+        for later in queued:  # the queue is delivered by seq: these go after it, in their order
+            self._save(session, conversation, later, move=True)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -371,6 +436,41 @@ class Supervisor:
         self.hub.broadcast({"type": "conversation", "conversation": conversation_view(new)})
         return new
 
+    def resend(self, conversation: Conversation, entry_id: int) -> Entry:
+        """Queue a cut turn's message again as a new message; the cut one remembers it."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+        with self.session() as session:
+            session.add(conversation)
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
+                raise LookupError("No such message in this conversation.")
+            if "cut" not in entry.data:
+                raise ConversationError(
+                    "Only a message whose turn a relay restart cut can be resent."
+                )
+            if entry.data.get("resent"):
+                raise ConversationError("This message was already resent.")
+            # Marked in the transaction that stores the new message: resent once, never lost.
+            entry.data = {**entry.data, "resent": True}
+            session.add(entry)
+            line_id = entry.data.get("cut_line")
+            line = store.get_entry(session=session, entry_id=line_id) if line_id else None
+            if line is not None:
+                line.data = {**line.data, "resent": True}
+                session.add(line)
+            data = {"resent_from": entry.id}
+            new = self._add(session, conversation, "user", entry.text, state="queued", data=data)
+            self._save(session, conversation, entry)
+            if line is not None:
+                self._save(session, conversation, line)
+            self._wake(conversation.id or 0)
+            self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return new
+
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
         runner = self.runners.get(conversation_id)
@@ -446,14 +546,19 @@ class Supervisor:
         """Mark a message delivered (at the end of the timeline) and build the agent's prompt."""
         prompt = entry.text
         changes: dict[str, Any] = {"turn_active": True}
+        data = dict(entry.data)
         if conversation.pending_summary is not None:
             # Consumed in the same transaction that marks the message sent: never sent twice.
             prompt = compose_first_message(conversation.pending_summary, entry.text)
             changes["pending_summary"] = None
+            data["summary"] = conversation.pending_summary  # to send again if it never arrived
         for name, value in changes.items():
             setattr(conversation, name, value)
         session.add(conversation)  # saved in the same transaction as the entry
-        self._save(session, conversation, entry, move=True, state="sent")
+        # The prompt's id is stored before it goes out: after a crash the agent's own record
+        # tells whether it arrived (Receipts).
+        runner.prompt_id = data["prompt_uuid"] = str(uuid.uuid4())
+        self._save(session, conversation, entry, move=True, state="sent", data=data)
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
         runner.state = "running"
@@ -495,16 +600,7 @@ class Supervisor:
             return runner.agent
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
-        spec = AgentSpec(
-            conversation_id=runner.conversation_id,
-            cwd=Path(conversation.cwd),
-            session_id=conversation.session_id,
-            permission_mode=conversation.permission_mode,
-            auto_compact_window=conversation.auto_compact_window,
-            env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
-            ask_permission=lambda request: self._ask(runner, request),
-            context_tokens=conversation.context_tokens,
-        )
+        spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         await agent.start()
         runner.agent = agent
@@ -517,6 +613,25 @@ class Supervisor:
                     applied_window=conversation.auto_compact_window,
                 )
         return agent
+
+    def _agent_spec(self, conversation: Conversation, runner: Runner | None) -> AgentSpec:
+        """What the conversation's agent starts with; without a runner it asks nothing."""
+
+        async def ask(request: PermissionRequest) -> PermissionDecision:
+            if runner is None:
+                return PermissionDecision(False, "No turn is running.")
+            return await self._ask(runner, request)
+
+        return AgentSpec(
+            conversation_id=conversation.id or 0,
+            cwd=Path(conversation.cwd),
+            session_id=conversation.session_id,
+            permission_mode=conversation.permission_mode,
+            auto_compact_window=conversation.auto_compact_window,
+            env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
+            ask_permission=ask,
+            context_tokens=conversation.context_tokens,
+        )
 
     def background_work(self, conversation_id: int) -> bool:
         """True while the conversation's live agent runs background work."""
@@ -590,7 +705,11 @@ class Supervisor:
             self._error_line(runner, f"The agent could not start: {error}")
             return
         try:
-            async for event in agent.turn(prompt):
+            if isinstance(agent, Receipts) and runner.prompt_id:
+                turn = agent.turn(prompt, prompt_id=runner.prompt_id)
+            else:
+                turn = agent.turn(prompt)
+            async for event in turn:
                 self._handle(runner, event)
                 if isinstance(event, TurnDone):
                     break

@@ -256,3 +256,18 @@ async def answer_permission(
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
     return entry_view(entry)
+
+
+@router.post("/conversations/{conversation_id}/messages/{entry_id}/resend", status_code=202)
+async def resend_message(
+    conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Queue again, as a new message, a message whose turn a relay restart cut (Resend)."""
+    conversation = load_conversation(supervisor, conversation_id)
+    try:
+        entry = supervisor.resend(conversation, entry_id)
+    except LookupError as error:
+        raise HTTPException(404, str(error)) from None
+    except ConversationError as error:
+        raise HTTPException(409, str(error)) from None
+    return entry_view(entry)
