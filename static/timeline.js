@@ -134,7 +134,28 @@ function compactionTitle(entry) {
   return head;
 }
 
-function lineEntry(entry) {
+/** A restart cut this turn and the relay cannot tell whether the agent got the message. */
+function resendControl(entry, timeline) {
+  if (entry.data.resent) return h('span', { class: 'resend-done', testid: 'resend-done', text: 'Resent' });
+  const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
+  const button = h('button', {
+    type: 'button', class: 'btn btn-small', testid: 'resend', text: 'Resend',
+    title: 'Send this message to the agent again',
+    onclick: () => {
+      button.disabled = true;
+      error.hidden = true;
+      timeline.hooks.onResend(entry).catch((err) => {
+        if (err.status === 409) return; // resent elsewhere already: the line's event follows
+        error.textContent = err.message;
+        error.hidden = false;
+        button.disabled = false;
+      });
+    },
+  });
+  return h('span', { class: 'resend' }, button, error);
+}
+
+function lineEntry(entry, old, timeline) {
   const data = entry.data || {};
   const level = ['warning', 'error'].includes(data.level) ? data.level : 'info';
   const text = h('span', { class: 'line-text', text: entry.text });
@@ -145,6 +166,7 @@ function lineEntry(entry) {
     text.dataset.testid = 'compaction-line';
     text.title = compactionTitle(entry);
   }
+  if (data.type === 'cut' && data.resend && timeline) line.append(resendControl(entry, timeline));
   return line;
 }
 
@@ -153,7 +175,7 @@ const RENDER = { user: userEntry, agent: agentEntry, activity: activityEntry, li
 // ---- the timeline ------------------------------------------------------------------------------
 
 export class Timeline {
-  /** hooks: onPermission(entry, allow) → Promise, onLoadEarlier() */
+  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onLoadEarlier() */
   constructor(hooks) {
     this.hooks = hooks;
     this.scroller = byId('timeline');
