@@ -10,6 +10,12 @@ when a message was lost, stored twice, misordered, still queued, answered twice,
 or left with neither an answer nor a cut line.
 
     python -m bench.reliability --kills 100 --seed 1
+    python -m bench.reliability --kills 10 --provider claude
+
+With --provider claude the conversations run the real Claude Code CLI against
+tests/fake_anthropic.py; its transcript lets the relay deliver again a message
+the CLI never received. The demo agent keeps no record, so with it a cut turn is
+always shown cut (with Resend), never delivered again.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ import httpx
 TOKEN = "reliability-token"
 MAX_ACTIVE = 3
 SENDERS = 3  # threads posting at the same time
+SLOW = {"demo": " slow", "claude": " [[LONG:40]]"}  # a long reply, so other messages queue
+# Seconds of work before each kill: the CLI takes a second or two to start.
+WORK = {"demo": (0.05, 1.2), "claude": (0.5, 6.0)}
 
 
 @dataclass
@@ -50,6 +59,7 @@ class Tally:
     answered_once: int = 0  # one finished reply
     redelivered: int = 0  # of those: delivered again by the relay after a kill
     cut_with_line: int = 0  # no finished reply, and a line says a restart cut its turn
+    resend_offered: int = 0  # of those: the relay could not tell if the agent got it (Resend)
     lost: int = 0
     duplicated: int = 0
     misordered: int = 0
@@ -58,6 +68,7 @@ class Tally:
     unanswered: int = 0  # neither answered nor cut with a line: a silent loss
     answered_twice: int = 0
     integrity_failures: int = 0
+    api_twice: int | None = None  # claude only: prompts the Messages API got twice (informative)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def line(self) -> str:
@@ -66,10 +77,12 @@ class Tally:
             f"kills={self.kills} senders={SENDERS} acked={len(self.acked)} "
             f"compactions={self.compactions} answered_once={self.answered_once} "
             f"redelivered={self.redelivered} cut_with_line={self.cut_with_line} "
+            f"resend_offered={self.resend_offered} "
             f"lost={self.lost} duplicated={self.duplicated} misordered={self.misordered} "
             f"half_compacted={self.half_compacted} undelivered={self.undelivered} "
             f"unanswered={self.unanswered} answered_twice={self.answered_twice} "
             f"integrity_failures={self.integrity_failures}"
+            + ("" if self.api_twice is None else f" api_twice={self.api_twice}")
         )
 
     @property
@@ -90,9 +103,17 @@ class Tally:
 class Relay:
     """The relay as a child process, started and killed like a real one."""
 
-    def __init__(self, workdir: Path, demo_delay: float = 0.01) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        demo_delay: float = 0.01,
+        provider: str = "demo",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.demo_delay = demo_delay
+        self.provider = provider
+        self.env = env if env is not None else dict(os.environ)
         self.data = workdir / "data"
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -103,12 +124,13 @@ class Relay:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         env = {
-            **os.environ,
+            **self.env,
             "OARLOCK_TOKEN": TOKEN,
             "OARLOCK_WORKSPACE_ROOTS": str(self.workdir),
             "OARLOCK_DEMO_DELAY": str(self.demo_delay),
             "OARLOCK_LOG_LEVEL": "warning",
-            "OARLOCK_DEFAULT_PROVIDER": "demo",
+            "OARLOCK_DEFAULT_PROVIDER": self.provider,
+            "OARLOCK_AGENT_IDLE_TIMEOUT": "10",  # CLIs of drained conversations exit
         }
         self.process = subprocess.Popen(
             [
@@ -153,6 +175,7 @@ def workload(
     round_: int,
     sender: int,
     stop: threading.Event,
+    provider: str = "demo",
 ) -> None:
     """One sender: create conversations, send messages (some slow), compact now and then."""
     sent = 0
@@ -162,7 +185,9 @@ def workload(
                 "conversations"
             ]
             if len(active) < MAX_ACTIVE:
-                client.post("/api/conversations", json={"provider": "demo", "title": f"r{round_}"})
+                client.post(
+                    "/api/conversations", json={"provider": provider, "title": f"r{round_}"}
+                )
                 continue
             target = rng.choice(active)["id"]
             if rng.random() < 0.05:
@@ -174,7 +199,7 @@ def workload(
                         tally.compactions += 1
                 continue
             sent += 1
-            text = f"m{round_}-{sender}-{sent}" + (" slow" if rng.random() < 0.1 else "")
+            text = f"m{round_}-{sender}-{sent}" + (SLOW[provider] if rng.random() < 0.1 else "")
             response = client.post(f"/api/conversations/{target}/messages", json={"text": text})
             if response.status_code == 202:
                 with tally.lock:
@@ -251,7 +276,7 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
         db.close()
     users: dict[str, tuple[int, str, dict[str, Any]]] = {}  # text -> id, state, data
     replies: Counter[int] = Counter()  # user entry id -> finished agent messages of its turn
-    cut: set[int] = set()  # user entry ids a cut line names
+    cut: dict[int, bool] = {}  # user entry id a cut line names -> whether it offers Resend
     turn_of: dict[int, int] = {}  # conversation -> the user message whose turn runs
     for entry_id, conversation_id, kind, text, state, raw in rows:
         data = json.loads(raw) if raw else {}
@@ -262,7 +287,7 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
         elif kind == "agent" and state == "done" and conversation_id in turn_of:
             replies[turn_of[conversation_id]] += 1
         elif kind == "line" and data.get("type") == "cut":
-            cut.add(int(data.get("entry_id") or 0))
+            cut[int(data.get("entry_id") or 0)] = bool(data.get("resend"))
     for text in tally.acked:
         entry_id, state, data = users.get(text, (0, "", {}))
         if state != "sent":
@@ -274,15 +299,48 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
             tally.answered_twice += 1
         elif entry_id in cut:
             tally.cut_with_line += 1
+            tally.resend_offered += cut[entry_id]
         else:
             tally.unanswered += 1
 
 
-def run(kills: int, seed: int, workdir: Path) -> Tally:
+def run(kills: int, seed: int, workdir: Path, provider: str = "demo") -> Tally:
     """The whole experiment: kills rounds of work, kill, restart, check."""
+    if provider == "claude":
+        return _with_claude(kills, seed, workdir)
+    return _run(kills, seed, Relay(workdir))
+
+
+def _with_claude(kills: int, seed: int, workdir: Path) -> Tally:
+    """The experiment with the real Claude Code CLI against the fake Messages API."""
+    from bench.common import claude_env
+    from tests.fake_anthropic import FakeAnthropic, last_user_text
+
+    home = workdir / "home"
+    with FakeAnthropic() as fake:
+        fake.long_word_delay = 0.05
+        relay = Relay(workdir, provider="claude", env=claude_env(home, fake))  # type: ignore[arg-type]
+        try:
+            tally = _run(kills, seed, relay)
+        finally:
+            _reap_clis(home)
+        sent = Counter(last_user_text(body) for body in fake.message_bodies())
+        tally.api_twice = sum(sent[text] > 1 for text in tally.acked)
+    return tally
+
+
+def _reap_clis(home: Path) -> None:
+    """Stop the CLIs still running (killed relays leave theirs to finish their turn)."""
+    for path in home.glob(".claude/sessions/*.json"):
+        try:
+            os.kill(int(json.loads(path.read_text())["pid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            continue
+
+
+def _run(kills: int, seed: int, relay: Relay) -> Tally:
     rng = random.Random(seed)
     tally = Tally()
-    relay = Relay(workdir)
     database = relay.data / "oarlock.db"
     for round_ in range(kills):
         client = relay.start()
@@ -290,13 +348,21 @@ def run(kills: int, seed: int, workdir: Path) -> Tally:
         workers = [
             threading.Thread(
                 target=workload,
-                args=(client, random.Random(rng.random()), tally, round_, sender, stop),
+                args=(
+                    client,
+                    random.Random(rng.random()),
+                    tally,
+                    round_,
+                    sender,
+                    stop,
+                    relay.provider,
+                ),
             )
             for sender in range(SENDERS)
         ]
         for worker in workers:
             worker.start()
-        time.sleep(rng.uniform(0.05, 1.2))
+        time.sleep(rng.uniform(*WORK[relay.provider]))
         relay.kill()
         tally.kills += 1
         stop.set()
@@ -321,9 +387,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--provider", choices=["demo", "claude"], default="demo")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="oarlock-reliability-") as workdir:
-        tally = run(args.kills, args.seed, Path(workdir))
+        tally = run(args.kills, args.seed, Path(workdir), args.provider)
     print(tally.line())
     sys.exit(1 if tally.failures else 0)
 
