@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from app.agents.transcript import holds_prompt, prompt_received
-from app.supervisor import REDELIVERED_LINE, RESTART_LINE, UNKNOWN_LINE
+from app.supervisor import MISSED_AGAIN_LINE, REDELIVERED_LINE, RESTART_LINE, UNKNOWN_LINE
 from tests.crash import TIMEOUT, RelayProcess, entry, of_kind
 from tests.fake_anthropic import FakeAnthropic, last_user_text
 from tests.relay import TOKEN
@@ -253,6 +253,63 @@ def test_message_the_cli_never_received_is_delivered_again_once(
     reply = next(e for e in of_kind(view, "agent") if e["text"] == "You said: held back")
     assert order.index(redelivered[0]["id"]) < order.index(message["id"]) < order.index(reply["id"])
     assert not [e for e in of_kind(view, "line") if e["text"] in (RESTART_LINE, UNKNOWN_LINE)]
+
+
+def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
+    relay: RelayProcess,
+    fake: FakeAnthropic,
+    home: Path,
+    cli_pids: list[int],
+    tmp_path: Path,
+) -> None:
+    wrapper, hold = held_cli(tmp_path)
+    cli = {"OARLOCK_CLAUDE_CLI": str(wrapper)}
+    relay.start(**cli)
+    cid = relay.create(provider="claude", title="Held twice")
+    hold.touch()
+    message = relay.send(cid, "held back")
+    for spawned, condition in enumerate(
+        [
+            lambda e: e["state"] == "sent",
+            lambda e: e["state"] == "sent" and e["data"].get("redelivered") is True,
+        ],
+        start=1,
+    ):
+        relay.wait_for(cid, lambda v, condition=condition: condition(entry(v, message["id"])))
+        wait_until(lambda n=spawned: len(wrapper_pids(tmp_path)) == n, "the CLI never spawned")
+        relay.kill()
+        for pid in wrapper_pids(tmp_path):
+            kill_pid(pid)
+        if spawned == 1:
+            relay.start(**cli)  # delivered again, and held again
+    hold.unlink()
+
+    relay.start(**cli)
+    view = relay.wait_idle(cid)
+    assert prompts_sent(fake, "held back") == 0
+    assert [(e["text"], e["data"]) for e in of_kind(view, "line")] == [
+        (
+            REDELIVERED_LINE,
+            {"level": "warning", "type": "redelivered", "entry_id": message["id"]},
+        ),
+        (
+            MISSED_AGAIN_LINE,
+            {
+                "level": "warning",
+                "type": "cut",
+                "entry_id": message["id"],
+                "received": False,
+                "resend": True,
+            },
+        ),
+    ]
+    assert entry(view, message["id"])["data"]["cut"] == "missed"
+    url = f"/api/conversations/{cid}/messages/{message['id']}/resend"
+    assert relay.client.post(url).status_code == 202
+    view = relay.wait_idle(cid)
+    cli_pids += session_pids(home)
+    assert prompts_sent(fake, "held back") == 1
+    assert [e["text"] for e in of_kind(view, "agent")] == ["You said: held back"]
 
 
 # The demo agent keeps no record: Resend ------------------------------------------------------
