@@ -67,6 +67,8 @@ REDELIVERED_LINE = (
     "The relay restarted before the agent received your message; it is delivered again."
 )
 MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
+RECEIPT_WAIT = 15.0  # seconds a restart waits for agent processes left running to say
+RECEIPT_POLL = 0.25
 
 
 class ConversationError(Exception):
@@ -189,18 +191,61 @@ class Supervisor:
         ):
             self._save(session, conversation, entry, state="expired", data=entry.data)
         if conversation.turn_active:
-            self._recover_turn(session, conversation)
+            if not self._recover_turn(session, conversation):
+                return  # decided a little later, and the queue resumed then (_recover_later)
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         if store.count_queued(session=session, conversation_id=conversation_id):
             self._wake(conversation_id)
 
-    def _recover_turn(self, session: Session, conversation: Conversation) -> None:
-        """Tell a cut turn's message apart: received (cut), not received (again), or unknown."""
+    def _recover_turn(self, session: Session, conversation: Conversation) -> bool:
+        """Resolve a cut turn now; False when it waits for an agent process left running."""
         cut = store.last_sent_message(session=session, conversation_id=conversation.id or 0)
         if cut is None:
             self._line(session, conversation, RESTART_LINE, level="warning")
-            return
-        got = self._received(conversation, cut)
+            return True
+        agent = self._receipt_agent(conversation)
+        got = self._received(agent, conversation, cut)
+        if got is None and agent is not None and "prompt_uuid" in cut.data:
+            # An agent process of the crashed relay may still be taking the message.
+            runner = self.runner(conversation.id or 0)
+            runner.state = "running"
+            runner.task = asyncio.create_task(
+                self._recover_later(runner, cut.id or 0, agent),
+                name=f"recover-{conversation.id}",
+            )
+            return False
+        self._resolve_cut(session, conversation, cut, got)
+        return True
+
+    async def _recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+        """Ask again until the agent knows (or RECEIPT_WAIT passed), resolve, deliver the queue."""
+        deadline = time.monotonic() + RECEIPT_WAIT
+        got: bool | None = None
+        try:
+            while got is None and time.monotonic() < deadline:
+                await asyncio.sleep(RECEIPT_POLL)
+                if self._closing:
+                    return  # still marked active: the next start decides
+                with self.session() as session:
+                    conversation = self._load(session, runner.conversation_id)
+                    cut = store.get_entry(session=session, entry_id=entry_id)
+                    got = self._received(agent, conversation, cut) if cut else None
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                cut = store.get_entry(session=session, entry_id=entry_id)
+                if cut is not None:
+                    self._resolve_cut(session, conversation, cut, got)
+                store.update_conversation(
+                    session=session, conversation=conversation, turn_active=False
+                )
+        except Exception:  # the queue must not stall behind a failed check
+            log.exception("recovering conversation %s failed", runner.conversation_id)
+        await self._deliver(runner)
+
+    def _resolve_cut(
+        self, session: Session, conversation: Conversation, cut: Entry, got: bool | None
+    ) -> None:
+        """Received: a cut line. Not received: delivered again (once). Unknown: Resend."""
         if got is False and not cut.data.get("redelivered"):
             self._redeliver(session, conversation, cut)
             return
@@ -215,15 +260,24 @@ class Supervisor:
             session, conversation, cut, data={**cut.data, "cut": cut_as, "cut_line": line.id}
         )
 
-    def _received(self, conversation: Conversation, entry: Entry) -> bool | None:
-        """Ask the conversation's agent whether it got the message; None when it cannot know."""
-        prompt_id = entry.data.get("prompt_uuid")
-        if not isinstance(prompt_id, str):
-            return None  # sent by a relay that did not record it
+    def _receipt_agent(self, conversation: Conversation) -> Agent | None:
+        """The conversation's agent, not started, when it can tell what it received."""
         try:
-            agent = self.agent_factory(
-                conversation.provider, self._agent_spec(conversation, None), self.settings
-            )
+            spec = self._agent_spec(conversation, None)
+            agent = self.agent_factory(conversation.provider, spec, self.settings)
+        except Exception:  # then it cannot tell
+            log.warning("no agent for conversation %s", conversation.id, exc_info=True)
+            return None
+        return agent if isinstance(agent, Receipts) else None
+
+    def _received(
+        self, agent: Agent | None, conversation: Conversation, entry: Entry
+    ) -> bool | None:
+        """Ask the agent whether it got the message; None when it cannot know."""
+        prompt_id = entry.data.get("prompt_uuid")
+        if agent is None or not isinstance(prompt_id, str):
+            return None  # no record, or sent by a relay that did not store the id
+        try:
             created = entry.created_at.replace(tzinfo=entry.created_at.tzinfo or UTC)
             return received(agent, conversation.session_id, prompt_id, created.timestamp())
         except Exception:  # a failed check only means "cannot know"

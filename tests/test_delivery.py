@@ -255,6 +255,50 @@ def test_message_the_cli_never_received_is_delivered_again_once(
     assert not [e for e in of_kind(view, "line") if e["text"] in (RESTART_LINE, UNKNOWN_LINE)]
 
 
+def test_restart_waits_for_a_cli_left_running_before_it_decides(
+    relay: RelayProcess,
+    fake: FakeAnthropic,
+    home: Path,
+    cli_pids: list[int],
+    tmp_path: Path,
+) -> None:
+    """Only the relay is killed: A's CLI goes on with its turn, in the cwd B's new session has.
+
+    While it runs, nothing says whether B's CLI (held, then killed) wrote B's prompt: the
+    restarted relay waits for it to exit, then delivers B again instead of offering Resend.
+    """
+    fake.long_word_delay = 0.15  # A's reply takes about 9 s, past the relay's restart
+    wrapper, hold = held_cli(tmp_path)
+    cli = {"OARLOCK_CLAUDE_CLI": str(wrapper)}
+    relay.start(**cli)
+    a = relay.create(provider="claude", title="A")
+    b = relay.create(provider="claude", title="B")
+    busy = relay.send(a, "busy [[LONG:60]]")
+    relay.wait_for(a, lambda v: any(e["state"] == "streaming" for e in of_kind(v, "agent")))
+    hold.touch()
+    held = relay.send(b, "held back")
+    relay.wait_for(b, lambda v: entry(v, held["id"])["state"] == "sent")
+    wait_until(lambda: len(wrapper_pids(tmp_path)) == 2, "B's CLI never spawned")
+    orphans = session_pids(home)
+    assert len(orphans) == 1  # A's CLI; B's is still held
+    cli_pids += orphans
+    relay.kill()
+    kill_pid(wrapper_pids(tmp_path)[1])  # B's held CLI never starts
+    hold.unlink()
+
+    relay.start(**cli)
+    view_b = relay.wait_idle(b)
+    assert prompts_sent(fake, "held back") == 1
+    assert [e["text"] for e in of_kind(view_b, "line")] == [REDELIVERED_LINE]
+    assert [e["text"] for e in of_kind(view_b, "agent")] == ["You said: held back"]
+    view_a = relay.wait_idle(a)
+    assert [(e["text"], e["data"]["received"]) for e in of_kind(view_a, "line")] == [
+        (RESTART_LINE, True)
+    ]
+    assert entry(view_a, busy["id"])["data"]["cut"] == "received"
+    assert prompts_sent(fake, "busy [[LONG:60]]") == 1
+
+
 def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
     relay: RelayProcess,
     fake: FakeAnthropic,
