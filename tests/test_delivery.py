@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -473,6 +474,13 @@ def test_prompt_received_answers_true_false_or_cannot_know(tmp_path: Path) -> No
     assert prompt_received(env, cwd, "s2", "u-2", now) is False
     (sessions / "1.json").write_text(json.dumps({"pid": os.getpid(), "cwd": "/work"}))
     assert prompt_received(env, cwd, None, "u-2", now) is None
+    child = subprocess.Popen(["sleep", "60"])  # a CLI this relay runs itself: not left over
+    try:
+        (sessions / "1.json").write_text(json.dumps({"pid": child.pid, "sessionId": "s1"}))
+        assert prompt_received(env, cwd, "s1", "u-2", now) is False
+    finally:
+        child.kill()
+        child.wait()
     dead = 2**22 + 12345  # above pid_max's default: no such process
     (sessions / "1.json").write_text(json.dumps({"pid": dead, "sessionId": "s1"}))
     assert prompt_received(env, cwd, "s1", "u-2", now) is False

@@ -47,10 +47,10 @@ class LiveSession:
     cwd: str | None
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process runs (a zombie does not)."""
+def _left_running(pid: int) -> bool:
+    """Whether a process runs (a zombie does not) and is not one this process started."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
     except OSError:
         try:
             os.kill(pid, 0)
@@ -59,18 +59,19 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    # This relay's own agents (other conversations in the same cwd) take no cut prompt.
+    return fields[0] not in ("Z", "X") and int(fields[1]) != os.getpid()
 
 
 def live_sessions(config: Path) -> Iterator[LiveSession]:
-    """The CLI processes of this config that still run."""
+    """The CLI processes of this config that still run, other than this process's children."""
     for path in config.glob("sessions/*.json"):
         try:
             record = json.loads(path.read_text())
             pid = int(record["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if pid > 0 and _alive(pid):
+        if pid > 0 and _left_running(pid):
             yield LiveSession(pid, record.get("sessionId"), record.get("cwd"))
 
 
