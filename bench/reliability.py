@@ -59,7 +59,10 @@ class Tally:
     answered_once: int = 0  # one finished reply
     redelivered: int = 0  # of those: delivered again by the relay after a kill
     cut_with_line: int = 0  # no finished reply, and a line says a restart cut its turn
-    resend_offered: int = 0  # of those: the relay could not tell if the agent got it (Resend)
+    # Of those, the ones whose line offers Resend: the relay could not tell whether the agent
+    # got it, or it was missed again after being delivered again once.
+    cut_unknown: int = 0
+    missed_twice: int = 0
     lost: int = 0
     duplicated: int = 0
     misordered: int = 0
@@ -77,7 +80,7 @@ class Tally:
             f"kills={self.kills} senders={SENDERS} acked={len(self.acked)} "
             f"compactions={self.compactions} answered_once={self.answered_once} "
             f"redelivered={self.redelivered} cut_with_line={self.cut_with_line} "
-            f"resend_offered={self.resend_offered} "
+            f"cut_unknown={self.cut_unknown} missed_twice={self.missed_twice} "
             f"lost={self.lost} duplicated={self.duplicated} misordered={self.misordered} "
             f"half_compacted={self.half_compacted} undelivered={self.undelivered} "
             f"unanswered={self.unanswered} answered_twice={self.answered_twice} "
@@ -132,21 +135,14 @@ class Relay:
             "OARLOCK_DEFAULT_PROVIDER": self.provider,
             "OARLOCK_AGENT_IDLE_TIMEOUT": "10",  # CLIs of drained conversations exit
         }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app",
-                "serve",
-                "--port",
-                str(self.port),
-                "--data-dir",
-                str(self.data),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        command = [sys.executable, "-m", "app", "serve", "--port", str(self.port)]
+        with (self.workdir / "relay.log").open("ab") as log:  # warnings, for a failed run
+            self.process = subprocess.Popen(
+                [*command, "--data-dir", str(self.data)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.port}",
             headers={"Authorization": f"Bearer {TOKEN}"},
@@ -276,7 +272,7 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
         db.close()
     users: dict[str, tuple[int, str, dict[str, Any]]] = {}  # text -> id, state, data
     replies: Counter[int] = Counter()  # user entry id -> finished agent messages of its turn
-    cut: dict[int, bool] = {}  # user entry id a cut line names -> whether it offers Resend
+    cut: dict[int, bool | None] = {}  # user entry id a cut line names -> data.received
     turn_of: dict[int, int] = {}  # conversation -> the user message whose turn runs
     for entry_id, conversation_id, kind, text, state, raw in rows:
         data = json.loads(raw) if raw else {}
@@ -287,7 +283,7 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
         elif kind == "agent" and state == "done" and conversation_id in turn_of:
             replies[turn_of[conversation_id]] += 1
         elif kind == "line" and data.get("type") == "cut":
-            cut[int(data.get("entry_id") or 0)] = bool(data.get("resend"))
+            cut[int(data.get("entry_id") or 0)] = data.get("received")
     for text in tally.acked:
         entry_id, state, data = users.get(text, (0, "", {}))
         if state != "sent":
@@ -299,7 +295,8 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
             tally.answered_twice += 1
         elif entry_id in cut:
             tally.cut_with_line += 1
-            tally.resend_offered += cut[entry_id]
+            tally.cut_unknown += cut[entry_id] is None
+            tally.missed_twice += cut[entry_id] is False
         else:
             tally.unanswered += 1
 
