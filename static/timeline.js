@@ -134,7 +134,7 @@ function compactionTitle(entry) {
   return head;
 }
 
-/** A restart cut this turn and the relay cannot tell whether the agent got the message. */
+/** Resend on a line of a cut turn whose message the agent may not have (data.resend). */
 function resendControl(entry, timeline) {
   if (entry.data.resent) return h('span', { class: 'resend-done', testid: 'resend-done', text: 'Resent' });
   const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
