@@ -14,6 +14,7 @@ include tools.mk
 .PHONY: serve migrate test lint format bench reliability load clean chromium
 
 N ?= 100
+PROVIDER ?= demo
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,9 +65,9 @@ DURATION ?= 300
 load: $(VENV)/.installed-test
 	$(PY) -m bench.load --seconds $(DURATION)
 
-# Kill the relay with SIGKILL N times under load; prints kills=… lost=0 duplicated=0 …
+# Kill the relay with SIGKILL N times under load (PROVIDER=demo|claude); prints kills=… unanswered=0 …
 reliability: $(VENV)/.installed-test
-	$(PY) -m bench.reliability --kills $(N)
+	$(PY) -m bench.reliability --kills $(N) --provider $(PROVIDER)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

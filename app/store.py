@@ -156,6 +156,21 @@ def entries_in_state(*, session: Session, conversation_id: int, state: str) -> l
     return list(session.exec(query))
 
 
+def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None:
+    """The user message delivered last (the one a cut turn was answering)."""
+    query = (
+        select(Entry)
+        .where(
+            Entry.conversation_id == conversation_id,
+            Entry.state == "sent",
+            Entry.kind == "user",
+        )
+        .order_by(col(Entry.seq).desc())
+        .limit(1)
+    )
+    return session.exec(query).first()
+
+
 def recent_messages(
     *, session: Session, conversation_id: int, limit: int = SUMMARY_WINDOW
 ) -> list[Entry]:

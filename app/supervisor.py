@@ -12,8 +12,10 @@ import contextlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,12 @@ from app.agents.base import (
     Notice,
     PermissionDecision,
     PermissionRequest,
+    Receipts,
     SessionStarted,
     TextDelta,
     TurnDone,
     Usage,
+    received,
 )
 from app.agents.lifetime import Lifetime
 from app.backup_files import Backups, Job, Outcome
@@ -73,6 +77,15 @@ TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
 SHUTDOWN_LINE = "Interrupted: the relay was shut down."
 RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
+UNKNOWN_LINE = (
+    "The relay restarted while this turn was running; the agent may not have received your message."
+)
+REDELIVERED_LINE = (
+    "The relay restarted before the agent received your message; it is delivered again."
+)
+MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
+RECEIPT_WAIT = 15.0  # seconds a restart waits for agent processes left running to say
+RECEIPT_POLL = 0.25
 
 
 class ConversationError(Exception):
@@ -115,6 +128,7 @@ class Runner:
     reporting: asyncio.Task[None] | None = None
     reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
+    prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
     last_used: float = field(default_factory=time.monotonic)
     archived: bool = False  # released as soon as it is idle
 
@@ -200,10 +214,115 @@ class Supervisor:
         ):
             self._save(session, conversation, entry, state="expired", data=entry.data)
         if conversation.turn_active:
-            self._line(session, conversation, RESTART_LINE, level="warning")
+            if not self._recover_turn(session, conversation):
+                return  # decided a little later, and the queue resumed then (_recover_later)
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         if store.count_queued(session=session, conversation_id=conversation_id):
             self._wake(conversation_id)
+
+    def _recover_turn(self, session: Session, conversation: Conversation) -> bool:
+        """Resolve a cut turn now; False when it waits for an agent process left running."""
+        cut = store.last_sent_message(session=session, conversation_id=conversation.id or 0)
+        if cut is None:
+            self._line(session, conversation, RESTART_LINE, level="warning")
+            return True
+        agent = self._receipt_agent(conversation)
+        got = self._received(agent, conversation, cut)
+        if got is None and agent is not None and "prompt_uuid" in cut.data:
+            # An agent process of the crashed relay may still be taking the message.
+            runner = self.runner(conversation.id or 0)
+            runner.state = "running"
+            runner.task = asyncio.create_task(
+                self._recover_later(runner, cut.id or 0, agent),
+                name=f"recover-{conversation.id}",
+            )
+            return False
+        self._resolve_cut(session, conversation, cut, got)
+        return True
+
+    async def _recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+        """Ask again until the agent knows (or RECEIPT_WAIT passed), resolve, deliver the queue."""
+        deadline = time.monotonic() + RECEIPT_WAIT
+        got: bool | None = None
+        try:
+            while got is None and time.monotonic() < deadline:
+                await asyncio.sleep(RECEIPT_POLL)
+                if self._closing:
+                    return  # still marked active: the next start decides
+                with self.session() as session:
+                    conversation = self._load(session, runner.conversation_id)
+                    cut = store.get_entry(session=session, entry_id=entry_id)
+                    got = self._received(agent, conversation, cut) if cut else None
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                cut = store.get_entry(session=session, entry_id=entry_id)
+                if cut is not None:
+                    self._resolve_cut(session, conversation, cut, got)
+                store.update_conversation(
+                    session=session, conversation=conversation, turn_active=False
+                )
+        except Exception:  # the queue must not stall behind a failed check
+            log.exception("recovering conversation %s failed", runner.conversation_id)
+        await self._deliver(runner)
+
+    def _resolve_cut(
+        self, session: Session, conversation: Conversation, cut: Entry, got: bool | None
+    ) -> None:
+        """Received: a cut line. Not received: delivered again (once). Unknown: Resend."""
+        if got is False and not cut.data.get("redelivered"):
+            self._redeliver(session, conversation, cut)
+            return
+        if got:
+            text, data = RESTART_LINE, {"type": "cut", "entry_id": cut.id, "received": True}
+        else:  # unknown, or missed a second time: the user decides (Resend)
+            text = MISSED_AGAIN_LINE if got is False else UNKNOWN_LINE
+            data = {"type": "cut", "entry_id": cut.id, "received": got, "resend": True}
+        line = self._line(session, conversation, text, level="warning", data=data)
+        cut_as = "received" if got else "unknown" if got is None else "missed"
+        self._save(
+            session, conversation, cut, data={**cut.data, "cut": cut_as, "cut_line": line.id}
+        )
+
+    def _receipt_agent(self, conversation: Conversation) -> Agent | None:
+        """The conversation's agent, not started, when it can tell what it received."""
+        try:
+            spec = self._agent_spec(conversation, None)
+            agent = self.agent_factory(conversation.provider, spec, self.settings)
+        except Exception:  # then it cannot tell
+            log.warning("no agent for conversation %s", conversation.id, exc_info=True)
+            return None
+        return agent if isinstance(agent, Receipts) else None
+
+    def _received(
+        self, agent: Agent | None, conversation: Conversation, entry: Entry
+    ) -> bool | None:
+        """Ask the agent whether it got the message; None when it cannot know."""
+        prompt_id = entry.data.get("prompt_uuid")
+        if agent is None or not isinstance(prompt_id, str):
+            return None  # no record, or sent by a relay that did not store the id
+        try:
+            created = entry.created_at.replace(tzinfo=entry.created_at.tzinfo or UTC)
+            return received(agent, conversation.session_id, prompt_id, created.timestamp())
+        except Exception:  # a failed check only means "cannot know"
+            log.warning("cannot tell whether entry %s reached the agent", entry.id, exc_info=True)
+            return None
+
+    def _redeliver(self, session: Session, conversation: Conversation, entry: Entry) -> None:
+        """Queue a message the agent never received again, ahead of every other queued one."""
+        queued = store.entries_in_state(
+            session=session, conversation_id=conversation.id or 0, state="queued"
+        )
+        data = {key: value for key, value in entry.data.items() if key != "prompt_uuid"}
+        summary = data.pop("summary", None)
+        if isinstance(summary, str) and conversation.pending_summary is None:
+            conversation.pending_summary = summary  # it went out with the message: it goes again
+            session.add(conversation)
+        data["redelivered"] = True
+        line_data = {"type": "redelivered", "entry_id": entry.id}
+        self._line(session, conversation, REDELIVERED_LINE, level="warning", data=line_data)
+        self._save(session, conversation, entry, move=True, state="queued", data=data)
+        for later in queued:  # the queue is delivered by seq: these go after it, in their order
+            self._save(session, conversation, later, move=True)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -409,6 +528,41 @@ class Supervisor:
         self.hub.broadcast({"type": "conversation", "conversation": conversation_view(new)})
         return new
 
+    def resend(self, conversation: Conversation, entry_id: int) -> Entry:
+        """Queue a cut turn's message again as a new message; the cut one remembers it."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+        with self.session() as session:
+            session.add(conversation)
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
+                raise LookupError("No such message in this conversation.")
+            if "cut" not in entry.data:
+                raise ConversationError(
+                    "Only a message whose turn a relay restart cut can be resent."
+                )
+            if entry.data.get("resent"):
+                raise ConversationError("This message was already resent.")
+            # Marked in the transaction that stores the new message: resent once, never lost.
+            entry.data = {**entry.data, "resent": True}
+            session.add(entry)
+            line_id = entry.data.get("cut_line")
+            line = store.get_entry(session=session, entry_id=line_id) if line_id else None
+            if line is not None:
+                line.data = {**line.data, "resent": True}
+                session.add(line)
+            data = {"resent_from": entry.id}
+            new = self._add(session, conversation, "user", entry.text, state="queued", data=data)
+            self._save(session, conversation, entry)
+            if line is not None:
+                self._save(session, conversation, line)
+            self._wake(conversation.id or 0)
+            self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return new
+
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
         runner = self.runners.get(conversation_id)
@@ -497,9 +651,13 @@ class Supervisor:
             # Consumed in the same transaction that marks the message sent: never sent twice.
             prompt = first_message(conversation.pending_summary, prompt)
             changes["pending_summary"] = None
+            data["summary"] = conversation.pending_summary  # to send again if it never arrived
         for name, value in changes.items():
             setattr(conversation, name, value)
         session.add(conversation)  # saved in the same transaction as the entry
+        # The prompt's id is stored before it goes out: after a crash the agent's own record
+        # tells whether it arrived (Receipts).
+        runner.prompt_id = data["prompt_uuid"] = str(uuid.uuid4())
         self._save(session, conversation, entry, move=True, state="sent", data=data)
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
@@ -578,21 +736,7 @@ class Supervisor:
             return runner.agent
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
-        spec = AgentSpec(
-            conversation_id=runner.conversation_id,
-            cwd=Path(conversation.cwd),
-            session_id=conversation.session_id,
-            permission_mode=conversation.permission_mode,
-            auto_compact_window=conversation.auto_compact_window,
-            env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
-            ask_permission=lambda request: self._ask(runner, request),
-            context_tokens=conversation.context_tokens,
-            tools=relay_tools(
-                save_handoff=lambda arguments: self._tool_save_handoff(
-                    runner.conversation_id, arguments
-                )
-            ),
-        )
+        spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         await agent.start()
         runner.agent = agent
@@ -605,6 +749,30 @@ class Supervisor:
                     applied_window=conversation.auto_compact_window,
                 )
         return agent
+
+    def _agent_spec(self, conversation: Conversation, runner: Runner | None) -> AgentSpec:
+        """What the conversation's agent starts with; without a runner it asks nothing."""
+
+        async def ask(request: PermissionRequest) -> PermissionDecision:
+            if runner is None:
+                return PermissionDecision(False, "No turn is running.")
+            return await self._ask(runner, request)
+
+        return AgentSpec(
+            conversation_id=conversation.id or 0,
+            cwd=Path(conversation.cwd),
+            session_id=conversation.session_id,
+            permission_mode=conversation.permission_mode,
+            auto_compact_window=conversation.auto_compact_window,
+            env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
+            ask_permission=ask,
+            context_tokens=conversation.context_tokens,
+            tools=relay_tools(
+                save_handoff=lambda arguments: self._tool_save_handoff(
+                    conversation.id or 0, arguments
+                )
+            ),
+        )
 
     def background_work(self, conversation_id: int) -> bool:
         """True while the conversation's live agent runs background work."""
@@ -679,7 +847,11 @@ class Supervisor:
             self._error_line(runner, f"The agent could not start: {error}")
             return
         try:
-            async for event in agent.turn(prompt):
+            if isinstance(agent, Receipts) and runner.prompt_id:
+                turn = agent.turn(prompt, prompt_id=runner.prompt_id)
+            else:
+                turn = agent.turn(prompt)
+            async for event in turn:
                 if not isinstance(event, TextDelta) or event.message_id not in runner.streaming:
                     await wait_until_writable(self.engine)  # then the event is stored at once
                 self._handle(runner, event)

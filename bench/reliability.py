@@ -1,16 +1,27 @@
 """Crash safety, measured: a seeded workload while the relay is killed with SIGKILL, N times.
 
-After each restart: every acknowledged message is stored exactly once and in
-order, no conversation is half-compacted, and SQLite's integrity check passes.
-At the end every acknowledged message has been delivered to the agent, none
-twice. Prints one line of figures; exits 1 when any of them is not zero.
+Several senders post at once. After each restart: every acknowledged message is
+stored exactly once and in each sender's order, no conversation is
+half-compacted, and SQLite's integrity check passes. At the end, once the
+queues are drained, every acknowledged message is either answered exactly once
+(some of them after the relay delivered them again) or its turn was cut by a
+kill and a line in the timeline says so. Prints one line of figures; exits 1
+when a message was lost, stored twice, misordered, still queued, answered twice,
+or left with neither an answer nor a cut line.
 
     python -m bench.reliability --kills 100 --seed 1
+    python -m bench.reliability --kills 10 --provider claude
+
+With --provider claude the conversations run the real Claude Code CLI against
+tests/fake_anthropic.py; its transcript lets the relay deliver again a message
+the CLI never received. The demo agent keeps no record, so with it a cut turn is
+always shown cut (with Resend), never delivered again.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -24,11 +35,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 TOKEN = "reliability-token"
 MAX_ACTIVE = 3
+SENDERS = 3  # threads posting at the same time
+SLOW = {"demo": " slow", "claude": " [[LONG:40]]"}  # a long reply, so other messages queue
+# Seconds of work before each kill: the CLI takes a second or two to start.
+WORK = {"demo": (0.05, 1.2), "claude": (0.5, 6.0)}
 
 
 @dataclass
@@ -36,24 +52,40 @@ class Tally:
     """What was acknowledged, and what the checks found."""
 
     acked: dict[str, int] = field(default_factory=dict)  # message text -> conversation id
-    order: dict[int, list[str]] = field(default_factory=dict)  # conversation -> acked texts
+    # (conversation, sender) -> the texts that sender had acknowledged there, in order
+    order: dict[tuple[int, int], list[str]] = field(default_factory=dict)
     compactions: int = 0
     kills: int = 0
+    answered_once: int = 0  # one finished reply
+    redelivered: int = 0  # of those: delivered again by the relay after a kill
+    cut_with_line: int = 0  # no finished reply, and a line says a restart cut its turn
+    # Of those, the ones whose line offers Resend: the relay could not tell whether the agent
+    # got it, or it was missed again after being delivered again once.
+    cut_unknown: int = 0
+    missed_twice: int = 0
     lost: int = 0
     duplicated: int = 0
     misordered: int = 0
     half_compacted: int = 0
-    undelivered: int = 0
-    delivered_twice: int = 0
+    undelivered: int = 0  # still queued once the queues should have drained
+    unanswered: int = 0  # neither answered nor cut with a line: a silent loss
+    answered_twice: int = 0
     integrity_failures: int = 0
+    api_twice: int | None = None  # claude only: prompts the Messages API got twice (informative)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def line(self) -> str:
         """The one line of figures."""
         return (
-            f"kills={self.kills} acked={len(self.acked)} compactions={self.compactions} "
+            f"kills={self.kills} senders={SENDERS} acked={len(self.acked)} "
+            f"compactions={self.compactions} answered_once={self.answered_once} "
+            f"redelivered={self.redelivered} cut_with_line={self.cut_with_line} "
+            f"cut_unknown={self.cut_unknown} missed_twice={self.missed_twice} "
             f"lost={self.lost} duplicated={self.duplicated} misordered={self.misordered} "
             f"half_compacted={self.half_compacted} undelivered={self.undelivered} "
-            f"delivered_twice={self.delivered_twice} integrity_failures={self.integrity_failures}"
+            f"unanswered={self.unanswered} answered_twice={self.answered_twice} "
+            f"integrity_failures={self.integrity_failures}"
+            + ("" if self.api_twice is None else f" api_twice={self.api_twice}")
         )
 
     @property
@@ -65,7 +97,8 @@ class Tally:
             + self.misordered
             + self.half_compacted
             + self.undelivered
-            + self.delivered_twice
+            + self.unanswered
+            + self.answered_twice
             + self.integrity_failures
         )
 
@@ -73,9 +106,17 @@ class Tally:
 class Relay:
     """The relay as a child process, started and killed like a real one."""
 
-    def __init__(self, workdir: Path, demo_delay: float = 0.01) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        demo_delay: float = 0.01,
+        provider: str = "demo",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.demo_delay = demo_delay
+        self.provider = provider
+        self.env = env if env is not None else dict(os.environ)
         self.data = workdir / "data"
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -86,28 +127,22 @@ class Relay:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         env = {
-            **os.environ,
+            **self.env,
             "OARLOCK_TOKEN": TOKEN,
             "OARLOCK_WORKSPACE_ROOTS": str(self.workdir),
             "OARLOCK_DEMO_DELAY": str(self.demo_delay),
             "OARLOCK_LOG_LEVEL": "warning",
-            "OARLOCK_DEFAULT_PROVIDER": "demo",
+            "OARLOCK_DEFAULT_PROVIDER": self.provider,
+            "OARLOCK_AGENT_IDLE_TIMEOUT": "10",  # CLIs of drained conversations exit
         }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app",
-                "serve",
-                "--port",
-                str(self.port),
-                "--data-dir",
-                str(self.data),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        command = [sys.executable, "-m", "app", "serve", "--port", str(self.port)]
+        with (self.workdir / "relay.log").open("ab") as log:  # warnings, for a failed run
+            self.process = subprocess.Popen(
+                [*command, "--data-dir", str(self.data)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.port}",
             headers={"Authorization": f"Bearer {TOKEN}"},
@@ -130,9 +165,15 @@ class Relay:
 
 
 def workload(
-    client: httpx.Client, rng: random.Random, tally: Tally, round_: int, stop: threading.Event
+    client: httpx.Client,
+    rng: random.Random,
+    tally: Tally,
+    round_: int,
+    sender: int,
+    stop: threading.Event,
+    provider: str = "demo",
 ) -> None:
-    """Create conversations, send messages (some slow, so others queue), compact now and then."""
+    """One sender: create conversations, send messages (some slow), compact now and then."""
     sent = 0
     while not stop.is_set():
         try:
@@ -140,7 +181,9 @@ def workload(
                 "conversations"
             ]
             if len(active) < MAX_ACTIVE:
-                client.post("/api/conversations", json={"provider": "demo", "title": f"r{round_}"})
+                client.post(
+                    "/api/conversations", json={"provider": provider, "title": f"r{round_}"}
+                )
                 continue
             target = rng.choice(active)["id"]
             if rng.random() < 0.05:
@@ -148,14 +191,16 @@ def workload(
                     f"/api/conversations/{target}/messages", json={"text": "/compact"}
                 )
                 if response.status_code == 201:
-                    tally.compactions += 1
+                    with tally.lock:
+                        tally.compactions += 1
                 continue
             sent += 1
-            text = f"m{round_}-{sent}" + (" slow" if rng.random() < 0.1 else "")
+            text = f"m{round_}-{sender}-{sent}" + (SLOW[provider] if rng.random() < 0.1 else "")
             response = client.post(f"/api/conversations/{target}/messages", json={"text": text})
             if response.status_code == 202:
-                tally.acked[text] = target
-                tally.order.setdefault(target, []).append(text)
+                with tally.lock:
+                    tally.acked[text] = target
+                    tally.order.setdefault((target, sender), []).append(text)
         except (httpx.TransportError, ValueError, KeyError):
             return  # the relay was killed under us
 
@@ -173,7 +218,7 @@ def check_database(path: Path, tally: Tally) -> None:
         for text in tally.acked:
             tally.lost += counts[text] == 0
             tally.duplicated += counts[text] > 1
-        for conversation_id, texts in tally.order.items():
+        for (conversation_id, _sender), texts in tally.order.items():
             stored = sorted(
                 (
                     (state == "queued", seq, text)
@@ -204,7 +249,7 @@ def check_database(path: Path, tally: Tally) -> None:
 
 
 def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
-    """After the queues drain, every acknowledged message reached the agent exactly once."""
+    """After the queues drain: each acknowledged message answered once, or cut with a line."""
     deadline = time.monotonic() + 120
     for status in ("active", "archived"):
         for conversation in client.get(
@@ -219,34 +264,107 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
                 time.sleep(0.05)
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        states = dict(db.execute("SELECT text, state FROM entry WHERE kind = 'user'").fetchall())
-        replies = Counter(
-            text.split("”")[0].removeprefix("You said: “")
-            for (text,) in db.execute("SELECT text FROM entry WHERE kind = 'agent'")
-        )
+        rows = db.execute(
+            "SELECT id, conversation_id, kind, text, state, data FROM entry"
+            " ORDER BY conversation_id, seq"
+        ).fetchall()
     finally:
         db.close()
+    users: dict[str, tuple[int, str, dict[str, Any]]] = {}  # text -> id, state, data
+    replies: Counter[int] = Counter()  # user entry id -> finished agent messages of its turn
+    cut: dict[int, bool | None] = {}  # user entry id a cut line names -> data.received
+    turn_of: dict[int, int] = {}  # conversation -> the user message whose turn runs
+    for entry_id, conversation_id, kind, text, state, raw in rows:
+        data = json.loads(raw) if raw else {}
+        if kind == "user" and state == "sent":  # turns run one at a time, in seq order
+            turn_of[conversation_id] = entry_id
+        if kind == "user":
+            users[text] = (entry_id, state, data)
+        elif kind == "agent" and state == "done" and conversation_id in turn_of:
+            replies[turn_of[conversation_id]] += 1
+        elif kind == "line" and data.get("type") == "cut":
+            cut[int(data.get("entry_id") or 0)] = data.get("received")
     for text in tally.acked:
-        tally.undelivered += states.get(text) != "sent"
-        tally.delivered_twice += replies[text] > 1
+        entry_id, state, data = users.get(text, (0, "", {}))
+        if state != "sent":
+            tally.undelivered += 1
+        elif replies[entry_id] == 1:
+            tally.answered_once += 1
+            tally.redelivered += bool(data.get("redelivered"))
+        elif replies[entry_id] > 1:
+            tally.answered_twice += 1
+        elif entry_id in cut:
+            tally.cut_with_line += 1
+            tally.cut_unknown += cut[entry_id] is None
+            tally.missed_twice += cut[entry_id] is False
+        else:
+            tally.unanswered += 1
 
 
-def run(kills: int, seed: int, workdir: Path) -> Tally:
+def run(kills: int, seed: int, workdir: Path, provider: str = "demo") -> Tally:
     """The whole experiment: kills rounds of work, kill, restart, check."""
+    if provider == "claude":
+        return _with_claude(kills, seed, workdir)
+    return _run(kills, seed, Relay(workdir))
+
+
+def _with_claude(kills: int, seed: int, workdir: Path) -> Tally:
+    """The experiment with the real Claude Code CLI against the fake Messages API."""
+    from bench.common import claude_env
+    from tests.fake_anthropic import FakeAnthropic, last_user_text
+
+    home = workdir / "home"
+    with FakeAnthropic() as fake:
+        fake.long_word_delay = 0.05
+        relay = Relay(workdir, provider="claude", env=claude_env(home, fake))  # type: ignore[arg-type]
+        try:
+            tally = _run(kills, seed, relay)
+        finally:
+            _reap_clis(home)
+        sent = Counter(last_user_text(body) for body in fake.message_bodies())
+        tally.api_twice = sum(sent[text] > 1 for text in tally.acked)
+    return tally
+
+
+def _reap_clis(home: Path) -> None:
+    """Stop the CLIs still running (killed relays leave theirs to finish their turn)."""
+    for path in home.glob(".claude/sessions/*.json"):
+        try:
+            os.kill(int(json.loads(path.read_text())["pid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            continue
+
+
+def _run(kills: int, seed: int, relay: Relay) -> Tally:
     rng = random.Random(seed)
     tally = Tally()
-    relay = Relay(workdir)
     database = relay.data / "oarlock.db"
     for round_ in range(kills):
         client = relay.start()
         stop = threading.Event()
-        worker = threading.Thread(target=workload, args=(client, rng, tally, round_, stop))
-        worker.start()
-        time.sleep(rng.uniform(0.05, 1.2))
+        workers = [
+            threading.Thread(
+                target=workload,
+                args=(
+                    client,
+                    random.Random(rng.random()),
+                    tally,
+                    round_,
+                    sender,
+                    stop,
+                    relay.provider,
+                ),
+            )
+            for sender in range(SENDERS)
+        ]
+        for worker in workers:
+            worker.start()
+        time.sleep(rng.uniform(*WORK[relay.provider]))
         relay.kill()
         tally.kills += 1
         stop.set()
-        worker.join()
+        for worker in workers:
+            worker.join()
         client.close()
         check_database(database, tally)
     client = relay.start()
@@ -266,9 +384,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--provider", choices=["demo", "claude"], default="demo")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="oarlock-reliability-") as workdir:
-        tally = run(args.kills, args.seed, Path(workdir))
+        tally = run(args.kills, args.seed, Path(workdir), args.provider)
     print(tally.line())
     sys.exit(1 if tally.failures else 0)
 

@@ -81,6 +81,13 @@ const timeline = new Timeline({
     });
     if (state.current === cur && data && data.id != null) timeline.upsert(data);
   },
+  onResend: async (line) => {
+    const cur = state.current;
+    const { data } = await api(`/api/conversations/${cur.id}/messages/${line.data.entry_id}/resend`, {
+      method: 'POST',
+    });
+    if (state.current === cur && data && data.id != null) timeline.upsert(data);
+  },
   onLoadEarlier: () => loadEarlier(),
 });
 

@@ -146,7 +146,28 @@ function compactionTitle(entry) {
   return head;
 }
 
-function lineEntry(entry) {
+/** Resend on a line of a cut turn whose message the agent may not have (data.resend). */
+function resendControl(entry, timeline) {
+  if (entry.data.resent) return h('span', { class: 'resend-done', testid: 'resend-done', text: 'Resent' });
+  const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
+  const button = h('button', {
+    type: 'button', class: 'btn btn-small', testid: 'resend', text: 'Resend',
+    title: 'Send this message to the agent again',
+    onclick: () => {
+      button.disabled = true;
+      error.hidden = true;
+      timeline.hooks.onResend(entry).catch((err) => {
+        if (err.status === 409) return; // resent elsewhere already: the line's event follows
+        error.textContent = err.message;
+        error.hidden = false;
+        button.disabled = false;
+      });
+    },
+  });
+  return h('span', { class: 'resend' }, button, error);
+}
+
+function lineEntry(entry, old, timeline) {
   const data = entry.data || {};
   const level = ['warning', 'error'].includes(data.level) ? data.level : 'info';
   const text = h('span', { class: 'line-text', dir: 'auto', text: entry.text });
@@ -159,6 +180,7 @@ function lineEntry(entry) {
     const ref = backupRef(entry);
     if (ref) text.after(ref);
   }
+  if (data.type === 'cut' && data.resend && timeline) line.append(resendControl(entry, timeline));
   return line;
 }
 
@@ -167,7 +189,7 @@ const RENDER = { user: withContextNote(userEntry), agent: agentEntry, activity: 
 // ---- the timeline ------------------------------------------------------------------------------
 
 export class Timeline {
-  /** hooks: onPermission(entry, allow) → Promise, onLoadEarlier() */
+  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onLoadEarlier() */
   constructor(hooks) {
     this.hooks = hooks;
     this.scroller = byId('timeline');

@@ -1,3 +1,4 @@
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,11 +301,13 @@ def test_get_conversation_timeline_after_turn(relay: LiveRelay) -> None:
     cid = relay.create()["id"]
     view = chat(relay, cid, "hello")
     user, agent = view["timeline"]
+    prompt_id = user["data"]["prompt_uuid"]  # the id the prompt was sent with
+    assert str(uuid.UUID(prompt_id)) == prompt_id
     assert strip(user, "seq") == {
         "kind": "user",
         "text": "hello",
         "state": "sent",
-        "data": {},
+        "data": {"prompt_uuid": prompt_id},
         "html": None,
     }
     took = agent["data"]["result"]["duration_ms"]  # measured: any non-negative number

@@ -14,4 +14,6 @@ def test_kills_lose_nothing_and_duplicate_nothing(tmp_path: Path) -> None:
     assert len(tally.acked) > 0
     assert (tally.lost, tally.duplicated, tally.misordered) == (0, 0, 0)
     assert (tally.half_compacted, tally.integrity_failures) == (0, 0)
-    assert (tally.undelivered, tally.delivered_twice) == (0, 0)
+    assert (tally.undelivered, tally.unanswered, tally.answered_twice) == (0, 0, 0)
+    # every acknowledged message is accounted for: answered once, or cut with a line
+    assert tally.answered_once + tally.cut_with_line == len(tally.acked)

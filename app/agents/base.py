@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from app.tools import RelayTool
@@ -178,3 +178,27 @@ class Agent(Protocol):
 
     async def close(self) -> None:
         """Stop the agent and release its process."""
+
+
+@runtime_checkable
+class Receipts(Protocol):
+    """An agent whose session records each prompt's id: after a crash it can say what it got.
+
+    Such an agent's turn() also takes prompt_id, the id the prompt is sent with.
+    """
+
+    def turn(self, prompt: str, prompt_id: str | None = None) -> AsyncIterator[AgentEvent]:
+        """Run one turn for prompt, sent with the id prompt_id."""
+
+    def received(self, session_id: str | None, prompt_id: str, since: float) -> bool | None:
+        """Whether the session got the prompt sent with prompt_id (sent after the time since).
+
+        None when it cannot know (e.g. an agent process of the session still runs).
+        """
+
+
+def received(agent: Agent, session_id: str | None, prompt_id: str, since: float) -> bool | None:
+    """Whether the agent got a prompt; None when it cannot know (or keeps no record)."""
+    if not isinstance(agent, Receipts):
+        return None
+    return agent.received(session_id, prompt_id, since)

@@ -68,6 +68,7 @@ from app.agents.base import (
     Usage,
 )
 from app.agents.lifetime import die_with_relay
+from app.agents.transcript import prompt_received
 from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
@@ -610,8 +611,12 @@ class ClaudeCodeAgent:
             return PermissionResultAllow()
         return PermissionResultDeny(message=decision.message or DENIED)
 
-    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
-        """Run one turn: send prompt, yield events until TurnDone."""
+    def received(self, session_id: str | None, prompt_id: str, since: float) -> bool | None:
+        """Whether the session's transcript records the prompt sent with prompt_id."""
+        return prompt_received(self.spec.env, self.spec.cwd, session_id, prompt_id, since)
+
+    async def turn(self, prompt: str, prompt_id: str | None = None) -> AsyncIterator[AgentEvent]:
+        """Run one turn: send prompt (with the uuid prompt_id), yield events until TurnDone."""
         if self._dirty or not self.is_alive():
             try:
                 if self._dirty:  # a turn abandoned midway left its messages in the stream
@@ -631,7 +636,7 @@ class ClaudeCodeAgent:
         try:
             # The CLI also runs turns of its own (background-task notifications...): a result
             # that names other messages than ours is such a turn's, and does not end ours.
-            prompt_id = str(uuid.uuid4())
+            prompt_id = prompt_id or str(uuid.uuid4())
             await client.query(_user_message(prompt, prompt_id))
             async with contextlib.aclosing(client.receive_messages()) as messages:
                 async for message in messages:

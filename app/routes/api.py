@@ -322,3 +322,18 @@ async def put_handoff(
         raise HTTPException(422, str(error)) from None
     row = supervisor.save_handoff(conversation, handoff, source="user")
     return {"cwd": conversation.cwd, "handoff": handoff_view(row)}
+
+
+@router.post("/conversations/{conversation_id}/messages/{entry_id}/resend", status_code=202)
+async def resend_message(
+    conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Queue again, as a new message, a message whose turn a relay restart cut (Resend)."""
+    conversation = load_conversation(supervisor, conversation_id)
+    try:
+        entry = supervisor.resend(conversation, entry_id)
+    except LookupError as error:
+        raise HTTPException(404, str(error)) from None
+    except ConversationError as error:
+        raise HTTPException(409, str(error)) from None
+    return entry_view(entry)

@@ -1,0 +1,107 @@
+"""What Claude Code's own files say about a session: did it receive a prompt, is it still running.
+
+The CLI writes each session as JSON lines under <config>/projects/<cwd slug>/<session id>.jsonl
+(config is $CLAUDE_CONFIG_DIR, else $HOME/.claude); a prompt sent with a uuid is recorded as a
+"user" line with that uuid. It buffers these writes briefly, and a CLI left running by a crashed
+relay goes on with its turn, so a prompt missing from the transcript is only known to be missed
+once no CLI of the session runs any more (<config>/sessions/<pid>.json names each live one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+SLACK_SECONDS = 60.0  # clock and file-time tolerance when a new session's file is looked for
+
+
+def config_dir(env: Mapping[str, str]) -> Path:
+    """Where the CLI keeps its files for this environment."""
+    configured = env.get("CLAUDE_CONFIG_DIR")
+    return Path(configured or Path(env.get("HOME", "~")) / ".claude").expanduser()
+
+
+def holds_prompt(path: Path, prompt_id: str) -> bool:
+    """Whether a transcript records a user message with this uuid."""
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if prompt_id not in line:
+                continue  # most lines: no JSON parsing
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("type") == "user" and record.get("uuid") == prompt_id:
+                    return True
+    return False
+
+
+@dataclass(frozen=True)
+class LiveSession:
+    """A CLI process that says it runs a session."""
+
+    pid: int
+    session_id: str | None
+    cwd: str | None
+
+
+def _left_running(pid: int) -> bool:
+    """Whether a process runs (a zombie does not) and is not one this process started."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    # This relay's own agents (other conversations in the same cwd) take no cut prompt.
+    return fields[0] not in ("Z", "X") and int(fields[1]) != os.getpid()
+
+
+def live_sessions(config: Path) -> Iterator[LiveSession]:
+    """The CLI processes of this config that still run, other than this process's children."""
+    for path in config.glob("sessions/*.json"):
+        try:
+            record = json.loads(path.read_text())
+            pid = int(record["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if pid > 0 and _left_running(pid):
+            yield LiveSession(pid, record.get("sessionId"), record.get("cwd"))
+
+
+def prompt_received(
+    env: Mapping[str, str], cwd: Path, session_id: str | None, prompt_id: str, since: float
+) -> bool | None:
+    """True when the session recorded the prompt, False when no CLI did or will, else None.
+
+    session_id is None before the CLI named its session: every transcript written since
+    `since` (a Unix time before the prompt was sent) is searched then.
+    """
+    try:
+        config = config_dir(env)
+        projects = config / "projects"
+        if session_id:
+            candidates = list(projects.glob(f"*/{session_id}.jsonl"))
+        else:
+            candidates = [
+                path
+                for path in projects.glob("*/*.jsonl")
+                if path.stat().st_mtime >= since - SLACK_SECONDS
+            ]
+        if any(holds_prompt(path, prompt_id) for path in candidates):
+            return True
+        for live in live_sessions(config):
+            # It may still read the prompt, or not have written it yet.
+            if (session_id and live.session_id == session_id) or (
+                not session_id and live.cwd == str(cwd)
+            ):
+                return None
+    except OSError:
+        return None
+    return False
