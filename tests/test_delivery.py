@@ -384,9 +384,10 @@ def test_demo_cut_turn_offers_resend_and_resend_answers(relay: RelayProcess) -> 
     # Origin-checked like every POST made with the cookie
     foreign = relay.client.post(url, headers={"Origin": "http://evil.example"})
     assert foreign.status_code == 403, foreign.text
-    cookie = relay.client.post(
-        url, headers={"Authorization": "", "Cookie": f"oarlock_token={TOKEN}"}
-    )
+    login = relay.client.get(f"/?token={TOKEN}", follow_redirects=False)  # a session cookie
+    session_cookie = login.headers["set-cookie"].split(";")[0]
+    relay.client.cookies.clear()
+    cookie = relay.client.post(url, headers={"Authorization": "", "Cookie": session_cookie})
     assert cookie.status_code == 403, cookie.text  # the cookie without an Origin
     assert relay.get(cid)["turn"] == {"state": "idle", "queued": 0}
 
