@@ -228,9 +228,10 @@ def test_api_docs_page_shows_the_routes(pages: Pages, relay: LiveRelay) -> None:
     page: Page = pages.open(relay, "/docs")
     expect(page).to_have_title("API · oarlock")
     operations = by_id(page, "docs-operation")
+    routes = page.locator(".docs-route")
     expect(
-        operations.filter(
-            has_text=re.compile(r"POST\s+/api/conversations/\{conversation_id\}/messages")
+        routes.filter(
+            has_text=re.compile(r"^POST\s+/api/conversations/\{conversation_id\}/messages$")
         )
     ).to_have_count(1)
     expect(operations.filter(has_text="GET /api/providers")).to_have_count(1)
