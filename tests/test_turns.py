@@ -172,6 +172,29 @@ def test_claude_queued_message_gets_summary_in_new_conversation(
     assert len(texts(old, "agent")[-1].split()) == 300  # the running turn was not stopped
 
 
+# 18: titles through several compactions -------------------------------------------------------
+
+
+def test_titles_count_compactions_within_the_limit(relay: LiveRelay) -> None:
+    cid = relay.create(title="Fix the parser")["id"]
+    titles = []
+    for _ in range(3):
+        new = compact(relay, cid)
+        titles.append(new["title"])
+        cid = new["id"]
+    assert titles == [
+        "Fix the parser (compacted)",
+        "Fix the parser (compacted ×2)",
+        "Fix the parser (compacted ×3)",
+    ]
+    long = relay.create(title="y" * 200)["id"]
+    new = compact(relay, long)
+    assert new["title"] == "y" * 187 + "… (compacted)"
+    # the API takes the title back as it is: within its own 200-character limit
+    renamed = relay.http.patch(f"/api/conversations/{new['id']}", json={"title": new["title"]})
+    assert renamed.status_code == 200, renamed.text
+
+
 # 14: the archived conversation's agent process ------------------------------------------------
 
 
@@ -343,13 +366,15 @@ def openai() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def test_copilot_resume_of_removed_session_says_so(
+@pytest.fixture
+def copilot_relay(
     cli: str,
     openai: FakeOpenAI,
     shared_home: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
+) -> Iterator[LiveRelay]:
+    """A relay whose openai conversations run the real Copilot CLI; idle agents stop after 1 s."""
     monkeypatch.setenv("HOME", str(shared_home))
     settings = make_settings(
         tmp_path / "data",
@@ -361,23 +386,68 @@ def test_copilot_resume_of_removed_session_says_so(
     )
     live = LiveRelay(settings).start()
     try:
-        cid = live.create(provider="openai")["id"]
-        live.send(cid, "remember pineapple")
-        session_id = live.wait_idle(cid, timeout=TIMEOUT)["session_id"]
-        runner = live.supervisor.runners[cid]
-        wait_until(lambda: runner.agent is None, "the idle agent was stopped")
-        state = shared_home / ".copilot" / "session-state" / session_id
-        assert state.is_dir()
-        shutil.rmtree(state)
-
-        live.send(cid, "which word?")
-        view = live.wait_idle(cid, timeout=TIMEOUT)
-        assert [(e["kind"], e["text"]) for e in view["timeline"][2:]] == [
-            ("user", "which word?"),
-            ("line", COPILOT_RESUME_FAILED),
-            ("agent", "You said: which word?"),
-        ]
-        assert view["timeline"][3]["data"]["session_id"] == session_id
-        assert view["session_id"] != session_id
+        yield live
     finally:
         live.stop()
+
+
+def copilot_turn_then_idle(live: LiveRelay, shared_home: Path) -> tuple[int, str, Path]:
+    """A conversation with one turn whose agent was stopped; its session's state directory."""
+    cid = live.create(provider="openai")["id"]
+    live.send(cid, "remember pineapple")
+    session_id = live.wait_idle(cid, timeout=TIMEOUT)["session_id"]
+    pid = agent_pid(live, cid)
+    wait_until(lambda: not process_alive(pid), "the idle agent's CLI exited")
+    state = shared_home / ".copilot" / "session-state" / session_id
+    assert state.is_dir()
+    return cid, session_id, state
+
+
+def test_copilot_resume_of_removed_session_says_so(
+    copilot_relay: LiveRelay, shared_home: Path
+) -> None:
+    live = copilot_relay
+    cid, session_id, state = copilot_turn_then_idle(live, shared_home)
+    shutil.rmtree(state)
+
+    live.send(cid, "which word?")
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert [(e["kind"], e["text"]) for e in view["timeline"][2:]] == [
+        ("user", "which word?"),
+        ("line", COPILOT_RESUME_FAILED),
+        ("agent", "You said: which word?"),
+    ]
+    assert view["timeline"][3]["data"] == {"level": "warning", "session_id": session_id}
+    assert view["session_id"] != session_id
+
+
+def test_copilot_resume_failure_keeps_the_session(
+    copilot_relay: LiveRelay, openai: FakeOpenAI, shared_home: Path
+) -> None:
+    live = copilot_relay
+    cid, session_id, state = copilot_turn_then_idle(live, shared_home)
+    events = state / "events.jsonl"
+    aside = state.parent / "events.jsonl.aside"
+    events.rename(aside)
+    events.mkdir()  # reading the session's events fails: an I/O error, not a missing session
+
+    live.send(cid, "which word?")
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    (line,) = view["timeline"][3:]
+    assert line["data"] == {"level": "error"}
+    assert line["text"].startswith(
+        "The agent could not start: Could not resume the Copilot session: "
+    )
+    assert "Is a directory" in line["text"]
+    assert view["session_id"] == session_id  # no new session: its history is kept
+
+    events.rmdir()
+    aside.rename(events)
+    live.send(cid, "and now?")
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert [(e["kind"], e["text"]) for e in view["timeline"][4:]] == [
+        ("user", "and now?"),
+        ("agent", "You said: and now?"),
+    ]
+    assert view["session_id"] == session_id
+    assert openai.user_texts_sent()[0] == "remember pineapple"  # resumed with its history
