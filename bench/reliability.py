@@ -173,23 +173,25 @@ def check_database(path: Path, tally: Tally) -> None:
         for text in tally.acked:
             tally.lost += counts[text] == 0
             tally.duplicated += counts[text] > 1
-        for conversation_id, texts in tally.order.items():
-            stored = sorted(
-                (
-                    (state == "queued", seq, text)
-                    for c, text, state, seq in rows
-                    if c == conversation_id
-                ),
-            )
-            acked = set(texts)
-            if [text for _q, _s, text in stored if text in acked] != texts:
-                tally.misordered += 1
         conversations = {
             row[0]: row[1:]
             for row in db.execute(
                 "SELECT id, status, compacted_from_id, compacted_into_id FROM conversation"
             )
         }
+        for conversation_id, texts in tally.order.items():
+            # /compact moves queued messages into the successor: follow the chain, in order.
+            chain = [conversation_id]
+            while (into := conversations.get(chain[-1], ("", None, None))[2]) is not None:
+                chain.append(into)
+            stored = sorted(
+                (chain.index(c), state == "queued", seq, text)
+                for c, text, state, seq in rows
+                if c in chain
+            )
+            acked = set(texts)
+            if [text for _i, _q, _s, text in stored if text in acked] != texts:
+                tally.misordered += 1
         for cid, (status, from_id, into_id) in conversations.items():
             if status == "archived" and (
                 into_id not in conversations or conversations[into_id][1] != cid
