@@ -515,6 +515,7 @@ class Supervisor:
                 return None
             if conversation.status != "active":  # an archived conversation never runs a turn
                 runner.archived = True
+                self._hand_over(session, conversation)
                 return None
             queued = store.entries_in_state(
                 session=session, conversation_id=runner.conversation_id, state="queued"
@@ -522,6 +523,28 @@ class Supervisor:
             if not queued:
                 return None
             return self._begin_turn(session, runner, conversation, queued[0])
+
+    def _hand_over(self, session: Session, archived: Conversation) -> None:
+        """Move what an archived conversation still has queued (from an older relay) onward."""
+        queued = store.entries_in_state(
+            session=session, conversation_id=archived.id or 0, state="queued"
+        )
+        successor, seen = archived, {archived.id}
+        while successor.compacted_into_id is not None and successor.compacted_into_id not in seen:
+            seen.add(successor.compacted_into_id)
+            found = store.get_conversation(
+                session=session, conversation_id=successor.compacted_into_id
+            )
+            if found is None:
+                break
+            successor = found
+        if not queued or successor.status != "active":
+            return  # nowhere to go: they stay visible, queued, in the archive
+        for entry in queued:  # each move is one transaction: a crash midway loses nothing
+            entry_id = entry.id
+            self._save(session, successor, entry, move=True, conversation_id=successor.id or 0)
+            self.hub.emit(archived.id or 0, {"type": "entry_removed", "entry_id": entry_id})
+        self._wake(successor.id or 0)
 
     def _begin_turn(
         self, session: Session, runner: Runner, conversation: Conversation, entry: Entry

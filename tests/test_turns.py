@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -170,6 +171,41 @@ def test_claude_queued_message_gets_summary_in_new_conversation(
     old = live.wait_idle(cid, timeout=TIMEOUT)
     assert texts(old, "user") == ["first", long]
     assert len(texts(old, "agent")[-1].split()) == 300  # the running turn was not stopped
+
+
+def test_message_left_queued_in_an_archived_conversation_moves_on(tmp_path: Path) -> None:
+    """A database from an older relay: an archived conversation still holds a queued message."""
+    settings = make_settings(tmp_path / "data")
+    first = LiveRelay(settings).start()
+    try:
+        old = first.create(title="Old relay")["id"]
+        first.send(old, "hello")
+        first.wait_idle(old)
+        new = compact(first, old)
+    finally:
+        first.stop()
+    db = sqlite3.connect(tmp_path / "data" / "oarlock.db")
+    with db:
+        db.execute(
+            "INSERT INTO entry (conversation_id, seq, kind, text, state, data, created_at) "
+            "VALUES (?, 100, 'user', 'left behind', 'queued', '{}', '2026-01-01 00:00:00')",
+            (old,),
+        )
+        db.execute("UPDATE conversation SET last_seq = 100 WHERE id = ?", (old,))
+    db.close()
+
+    second = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        view = second.wait_for(new["id"], lambda v: len(v["timeline"]) == 2)
+        view = second.wait_idle(new["id"])
+        prompt = compose_first_message(new["pending_summary"], "left behind")
+        assert shape(view) == [
+            ("user", "sent", "left behind"),
+            ("agent", "done", reply_text(prompt)),
+        ]
+        assert texts(second.get(old), "user") == ["hello"]
+    finally:
+        second.stop()
 
 
 # 18: titles through several compactions -------------------------------------------------------
