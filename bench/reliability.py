@@ -207,18 +207,23 @@ def check_database(path: Path, tally: Tally) -> None:
 
 def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
     """After the queues drain, every acknowledged message reached the agent exactly once."""
-    deadline = time.monotonic() + 120
-    for status in ("active", "archived"):
-        for conversation in client.get(
-            "/api/conversations", params={"status": status, "limit": 500}
-        ).json()["conversations"]:
-            while time.monotonic() < deadline:
-                turn = client.get(
-                    f"/api/conversations/{conversation['id']}", params={"limit": 1}
-                ).json()["turn"]
-                if turn == {"state": "idle", "queued": 0}:
-                    break
-                time.sleep(0.05)
+    # /compact moves queued messages into the successor, so a chain's backlog drains through
+    # one runner: wait as long as the queues keep shrinking, up to 120 s without progress.
+    stalled_at, left = time.monotonic() + 120, -1
+    while time.monotonic() < stalled_at:
+        turns = [
+            client.get(f"/api/conversations/{c['id']}", params={"limit": 1}).json()["turn"]
+            for status in ("active", "archived")
+            for c in client.get(
+                "/api/conversations", params={"status": status, "limit": 500}
+            ).json()["conversations"]
+        ]
+        if all(turn == {"state": "idle", "queued": 0} for turn in turns):
+            break
+        queued = sum(turn["queued"] for turn in turns)
+        if left < 0 or queued < left:
+            stalled_at, left = time.monotonic() + 120, queued
+        time.sleep(0.5)
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         states = dict(db.execute("SELECT text, state FROM entry WHERE kind = 'user'").fetchall())
