@@ -529,6 +529,8 @@ class Supervisor:
         queued = store.entries_in_state(
             session=session, conversation_id=archived.id or 0, state="queued"
         )
+        if not queued:
+            return
         successor, seen = archived, {archived.id}
         while successor.compacted_into_id is not None and successor.compacted_into_id not in seen:
             seen.add(successor.compacted_into_id)
@@ -538,7 +540,7 @@ class Supervisor:
             if found is None:
                 break
             successor = found
-        if not queued or successor.status != "active":
+        if successor.status != "active":
             return  # nowhere to go: they stay visible, queued, in the archive
         for entry in queued:  # each move is one transaction: a crash midway loses nothing
             entry_id = entry.id
