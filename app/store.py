@@ -240,7 +240,11 @@ def latest_handoff(*, session: Session, cwd: str) -> Handoff | None:
 def compact_conversation(
     *, session: Session, old: Conversation, summary: str | None, title: str
 ) -> Conversation:
-    """Archive old and create its successor with the pending summary, in one transaction."""
+    """Archive old and create its successor with the pending summary, in one transaction.
+
+    The old conversation's undelivered (queued) messages move into the successor, in order:
+    an archived conversation never runs a turn, and the first of them carries the summary.
+    """
     new = Conversation(
         title=title,
         provider=old.provider,
@@ -254,6 +258,12 @@ def compact_conversation(
     )
     session.add(new)
     session.flush()  # gives new its id, still inside the transaction
+    queued = entries_in_state(session=session, conversation_id=old.id or 0, state="queued")
+    for seq, entry in enumerate(queued, start=1):
+        entry.conversation_id, entry.seq = new.id or 0, seq
+        session.add(entry)
+    new.last_seq = len(queued)
+    session.add(new)
     old.status = "archived"
     old.compacted_into_id = new.id
     old.updated_at = utcnow()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from app import store
@@ -65,6 +66,7 @@ from app.limits import give_back_memory
 from app.models import Conversation, Entry, Handoff
 from app.providers import agent_env, compaction_style, make_agent
 from app.summary import SummaryMessage, build_summary
+from app.titles import compacted_title
 from app.tools import ToolResult, relay_tools
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
@@ -86,6 +88,8 @@ REDELIVERED_LINE = (
 MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
 RECEIPT_WAIT = 15.0  # seconds a restart waits for agent processes left running to say
 RECEIPT_POLL = 0.25
+RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
+RETRY_MAX_SECONDS = 30.0
 
 
 class ConversationError(Exception):
@@ -97,6 +101,13 @@ def is_compact_command(text: str) -> bool:
     return text.strip() == COMPACT_COMMAND
 
 
+def failure_reason(error: BaseException) -> str:
+    """A short reason for an error line: the driver's message, never the SQL and its data."""
+    if isinstance(error, DBAPIError) and error.orig is not None:
+        return str(error.orig)
+    return str(error) or type(error).__name__
+
+
 @dataclass
 class Streaming:
     """An agent message being written."""
@@ -104,6 +115,10 @@ class Streaming:
     entry: Entry
     parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
     checkpoint_at: float = field(default_factory=time.monotonic)
+    entry_id: int = field(init=False)  # readable even after a failed write expired entry
+
+    def __post_init__(self) -> None:
+        self.entry_id = self.entry.id or 0
 
     @property
     def text(self) -> str:
@@ -130,7 +145,11 @@ class Runner:
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
     prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
     last_used: float = field(default_factory=time.monotonic)
-    archived: bool = False  # released as soon as it is idle
+    stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)
+    carried_summary: str | None = None  # the /compact summary this turn's prompt carries
+    failure: str | None = None  # an error line the database refused: written when it can
+    ending: bool = False  # _end_turn failed (database): finished before the next turn
+    archived: bool = False  # the conversation is archived: its agent stops after its turn
 
 
 class Supervisor:
@@ -350,7 +369,7 @@ class Supervisor:
         has_more = len(entries) > limit
         entries = entries[-limit:]
         live = {
-            s.entry.id: s.text
+            s.entry_id: s.text
             for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
         }
         # Queued messages are shown at the end, whichever page is asked for.
@@ -497,14 +516,18 @@ class Supervisor:
 
         carry replaces the summary: a backup's carry-over ("Start fresh from this backup").
         With handoff (/clear) the carry-over is the project's latest handoff, or nothing.
+        Its queued messages move into the successor (same transaction); its agent process
+        stops now, or once its running turn ends (a running turn is neither awaited nor
+        stopped, SPEC §2).
         """
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it cannot be compacted again.")
         if carry is None:
             self._backup_before(conversation, PRECOMPACT_MANUAL)
+        old_id = conversation.id or 0
         with self.session() as session:
             session.add(conversation)
-            messages = store.recent_messages(session=session, conversation_id=conversation.id or 0)
+            messages = store.recent_messages(session=session, conversation_id=old_id)
             summary: str | None = carry or build_summary(
                 conversation.title,
                 [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
@@ -516,16 +539,24 @@ class Supervisor:
                 session=session,
                 old=conversation,
                 summary=summary,
-                title=f"{conversation.title} (compacted)",
+                title=compacted_title(conversation.title),
             )
+            moved = store.entries_in_state(
+                session=session, conversation_id=new.id or 0, state="queued"
+            )
+        for entry in moved:
+            self.hub.emit(old_id, {"type": "entry_removed", "entry_id": entry.id})
         old_view = conversation_view(conversation)
-        self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": old_view})
-        self.hub.emit(conversation.id or 0, {"type": "compacted", "into": conversation_view(new)})
-        archived = self.runners.get(conversation.id or 0)
-        if archived is not None:
-            archived.archived = True  # the reaper releases it once its accepted messages are done
+        self.hub.emit(old_id, {"type": "conversation", "conversation": old_view})
+        self.hub.emit(old_id, {"type": "compacted", "into": conversation_view(new)})
         self.hub.broadcast({"type": "conversation", "conversation": old_view})
         self.hub.broadcast({"type": "conversation", "conversation": conversation_view(new)})
+        if moved:
+            self._wake(new.id or 0)
+        archived = self.runners.get(old_id)
+        if archived is not None:
+            archived.archived = True  # released by the reaper once its last turn has ended
+        self._retire(old_id)
         return new
 
     def resend(self, conversation: Conversation, entry_id: int) -> Entry:
@@ -563,11 +594,21 @@ class Supervisor:
         )
         return new
 
+    def _retire(self, conversation_id: int) -> None:
+        """Stop an archived conversation's agent now; a running turn's loop stops it after."""
+        runner = self.runners.get(conversation_id)
+        if runner is None or runner.agent is None or (runner.task and not runner.task.done()):
+            return  # _deliver_queue closes it once the running turn has ended
+        runner.task = asyncio.create_task(
+            self._close_agent(runner), name=f"retire-{conversation_id}"
+        )
+
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
         runner = self.runners.get(conversation_id)
         if runner is None or runner.state == "idle":
             return False
+        runner.stop_requested = True  # seen by _run_turn when the agent is still starting
         await self._interrupt_agent(runner)
         return True
 
@@ -606,33 +647,97 @@ class Supervisor:
             await self._deliver_queue(runner)
         finally:
             runner.state = "idle"
-            with self.session() as session:
-                self.publish_turn(runner.conversation_id, session)
+            try:
+                with self.session() as session:
+                    self.publish_turn(runner.conversation_id, session)
+            except Exception:  # the tabs learn the state on their next load
+                log.exception(
+                    "conversation %s: could not publish the idle turn", runner.conversation_id
+                )
 
     async def _deliver_queue(self, runner: Runner) -> None:
+        delay = RETRY_SECONDS
         while not self._closing:
             await wait_until_writable(self.engine)  # another program's lock: wait, loop running
-            with self.session() as session:
-                conversation = store.get_conversation(
-                    session=session, conversation_id=runner.conversation_id
+            try:
+                prompt = self._next_turn(runner)
+            except Exception:  # the database failed: wait for it; the queue must not stall
+                log.exception(
+                    "conversation %s: database failure before the next turn; retrying in %.0f s",
+                    runner.conversation_id,
+                    delay,
                 )
-                # An archived conversation still finishes the messages it accepted.
-                if conversation is None:
-                    return
-                queued = store.entries_in_state(
-                    session=session, conversation_id=runner.conversation_id, state="queued"
-                )
-                if not queued:
-                    return
-                entry = queued[0]
-                prompt = self._begin_turn(session, runner, conversation, entry)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            delay = RETRY_SECONDS
+            if prompt is None:
+                if runner.archived:  # /compact came during its last turn (SPEC §2)
+                    await self._close_agent(runner)
+                return
             try:
                 await self._run_turn(runner, prompt)
-            except Exception:  # one failing turn must not stop the queue
+            except Exception as error:  # one failing turn must not stop the queue
                 log.exception("turn failed in conversation %s", runner.conversation_id)
+                self._error_line(runner, f"The turn failed: {failure_reason(error)}")
             finally:
                 await wait_until_writable(self.engine)
-                self._end_turn(runner)
+                try:
+                    self._end_turn(runner)
+                except Exception:  # retried by _next_turn once the database works
+                    log.exception(
+                        "conversation %s: could not close the turn", runner.conversation_id
+                    )
+                    runner.ending = True
+
+    def _next_turn(self, runner: Runner) -> str | None:
+        """Finish what a failed turn left, then begin the next queued message (None: none)."""
+        if runner.ending:
+            self._end_turn(runner)
+            runner.ending = False
+        if runner.failure is not None:
+            self._write_error(runner, runner.failure)
+            runner.failure = None
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is None:
+                return None
+            if conversation.status != "active":  # an archived conversation never runs a turn
+                runner.archived = True
+                self._hand_over(session, conversation)
+                return None
+            queued = store.entries_in_state(
+                session=session, conversation_id=runner.conversation_id, state="queued"
+            )
+            if not queued:
+                return None
+            return self._begin_turn(session, runner, conversation, queued[0])
+
+    def _hand_over(self, session: Session, archived: Conversation) -> None:
+        """Move what an archived conversation still has queued (from an older relay) onward."""
+        queued = store.entries_in_state(
+            session=session, conversation_id=archived.id or 0, state="queued"
+        )
+        if not queued:
+            return
+        successor, seen = archived, {archived.id}
+        while successor.compacted_into_id is not None and successor.compacted_into_id not in seen:
+            seen.add(successor.compacted_into_id)
+            found = store.get_conversation(
+                session=session, conversation_id=successor.compacted_into_id
+            )
+            if found is None:
+                break
+            successor = found
+        if successor.status != "active":
+            return  # nowhere to go: they stay visible, queued, in the archive
+        for entry in queued:  # each move is one transaction: a crash midway loses nothing
+            entry_id = entry.id
+            self._save(session, successor, entry, move=True, conversation_id=successor.id or 0)
+            self.hub.emit(archived.id or 0, {"type": "entry_removed", "entry_id": entry_id})
+        self._wake(successor.id or 0)
 
     def _begin_turn(
         self, session: Session, runner: Runner, conversation: Conversation, entry: Entry
@@ -647,6 +752,7 @@ class Supervisor:
             prompt = with_note(prompt, note)
             data["context_note"] = note
         changes: dict[str, Any] = {"turn_active": True}
+        runner.carried_summary = conversation.pending_summary
         if conversation.pending_summary is not None:
             # Consumed in the same transaction that marks the message sent: never sent twice.
             prompt = first_message(conversation.pending_summary, prompt)
@@ -705,6 +811,8 @@ class Supervisor:
 
     def _end_turn(self, runner: Runner) -> None:
         runner.state = "running"  # _deliver sets idle once the queue is empty
+        runner.stop_requested = False  # a Stop after this point is for the next turn
+        runner.carried_summary = None
         runner.last_used = time.monotonic()
         for future in runner.questions.values():
             if not future.done():
@@ -844,7 +952,10 @@ class Supervisor:
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
             await wait_until_writable(self.engine)
-            self._error_line(runner, f"The agent could not start: {error}")
+            self._error_line(runner, f"The agent could not start: {failure_reason(error)}")
+            return
+        if runner.stop_requested:  # Stop came while the agent was starting: send nothing
+            self._stop_before_delivery(runner)
             return
         try:
             if isinstance(agent, Receipts) and runner.prompt_id:
@@ -852,9 +963,21 @@ class Supervisor:
             else:
                 turn = agent.turn(prompt)
             async for event in turn:
-                if not isinstance(event, TextDelta) or event.message_id not in runner.streaming:
-                    await wait_until_writable(self.engine)  # then the event is stored at once
-                self._handle(runner, event)
+                try:
+                    if not isinstance(event, TextDelta) or event.message_id not in runner.streaming:
+                        await wait_until_writable(self.engine)  # then the event is stored at once
+                    self._handle(runner, event)
+                except Exception as error:  # the database failed: this turn cannot be recorded
+                    log.exception(
+                        "conversation %s: could not store an agent event", runner.conversation_id
+                    )
+                    self._error_line(
+                        runner,
+                        "The relay could not store this turn "
+                        f"({failure_reason(error)}); the turn was stopped.",
+                    )
+                    await self._close_agent(runner)
+                    return
                 if isinstance(event, TurnDone):
                     break
             if runner.reported_agent is not agent:
@@ -865,16 +988,38 @@ class Supervisor:
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
             await wait_until_writable(self.engine)
-            self._error_line(runner, f"The agent stopped unexpectedly: {error}")
+            self._error_line(runner, f"The agent stopped unexpectedly: {failure_reason(error)}")
             await self._close_agent(runner)
 
     def _error_line(self, runner: Runner, text: str) -> None:
+        """Show an error line; one the database refuses is logged, then written later."""
+        try:
+            self._write_error(runner, text)
+        except Exception:  # kept in runner.failure, retried by _next_turn
+            log.exception(
+                "conversation %s: could not store the line %r", runner.conversation_id, text
+            )
+            runner.failure = text
+
+    def _write_error(self, runner: Runner, text: str) -> None:
         with self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
             )
             if conversation is not None:
                 self._line(session, conversation, text, level="error")
+
+    def _stop_before_delivery(self, runner: Runner) -> None:
+        """End a turn stopped before its prompt was sent; a carried summary waits for the next."""
+        with self.session() as session:
+            conversation = self._load(session, runner.conversation_id)
+            restore = runner.carried_summary is not None and conversation.pending_summary is None
+            if restore:  # saved with the line below, in one transaction
+                conversation.pending_summary = runner.carried_summary
+                session.add(conversation)
+            self._on_turn_done(session, runner, conversation, TurnDone(interrupted=True))
+            if restore:
+                self.publish_conversation(conversation)
 
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
@@ -909,8 +1054,14 @@ class Supervisor:
     async def _close_agent(self, runner: Runner) -> None:
         agent, runner.agent = runner.agent, None
         if agent is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(agent.close(), timeout=10)
+            except Exception:  # the process is gone from the runner either way
+                log.warning(
+                    "conversation %s: stopping its agent failed",
+                    runner.conversation_id,
+                    exc_info=True,
+                )
 
     async def _reap_idle(self) -> None:
         """Stop agent processes of conversations idle for longer than the idle timeout."""
@@ -1074,7 +1225,7 @@ class Supervisor:
         streaming.parts.append(event.text)
         self.hub.emit(
             runner.conversation_id,
-            {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
+            {"type": "delta", "entry_id": streaming.entry_id, "text": event.text},
         )
         now = time.monotonic()
         # Skipped while another program holds the write lock: the next delta tries again.

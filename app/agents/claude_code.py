@@ -511,6 +511,8 @@ class ClaudeCodeAgent:
         self._pending: list[AgentEvent] = []
         self._stderr: deque[str] = deque(maxlen=20)
         self._in_turn = False
+        self._starting = False  # turn() is (re)starting the CLI
+        self._stop_early = False  # interrupt() came while it did: the prompt is not sent
         self._dirty = False
         self._closing = False
 
@@ -617,7 +619,9 @@ class ClaudeCodeAgent:
 
     async def turn(self, prompt: str, prompt_id: str | None = None) -> AsyncIterator[AgentEvent]:
         """Run one turn: send prompt (with the uuid prompt_id), yield events until TurnDone."""
+        self._stop_early = False
         if self._dirty or not self.is_alive():
+            self._starting = True
             try:
                 if self._dirty:  # a turn abandoned midway left its messages in the stream
                     await self.close()
@@ -627,8 +631,13 @@ class ClaudeCodeAgent:
                     yield event
                 yield TurnDone(error=str(e))
                 return
+            finally:
+                self._starting = False
         for event in self._take_pending():
             yield event
+        if self._stop_early:  # Stop came while the CLI was starting: send nothing
+            yield TurnDone(interrupted=True)
+            return
         client, mapper = self._client, self._mapper
         assert client is not None
         mapper.begin_turn()
@@ -684,6 +693,12 @@ class ClaudeCodeAgent:
 
     async def interrupt(self) -> None:
         """Ask the running turn to stop; the process stays alive."""
+        if self._starting:
+            self._stop_early = True
+            return
+        await self._interrupt_cli()
+
+    async def _interrupt_cli(self) -> None:
         if self._client is None or not (self._in_turn or self._dirty):
             return
         self._mapper.interrupt_requested = True
@@ -711,7 +726,7 @@ class ClaudeCodeAgent:
         if client is not None and self.is_alive():
             with contextlib.suppress(TimeoutError):  # a turn in flight would delay the exit
                 async with asyncio.timeout(3):
-                    await self.interrupt()
+                    await self._interrupt_cli()
         self._client, self._transport = None, None
         if client is not None:
             try:

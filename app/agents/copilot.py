@@ -57,6 +57,7 @@ TOOLS_DIR = PROJECT_ROOT / ".tools" / "copilot"
 INSTALL_HINT = "Install the Copilot CLI with `make copilot-cli` (or set OARLOCK_COPILOT_CLI)."
 OPENAI_HINT = "Set OARLOCK_OPENAI_BASE_URL and OARLOCK_OPENAI_MODEL."
 RESUME_FAILED = "Could not resume the previous Copilot session; started a new session."
+SESSION_GONE = "Session not found"  # the CLI's answer when a session's state is gone
 DENIED = "Denied by the user in oarlock"
 SUMMARY_KEYS = ("command", "path", "file_path", "pattern", "url", "query", "description")
 MAX_OUTPUT = 2000
@@ -462,7 +463,11 @@ class CopilotAgent:
         if self.session_id:
             try:
                 session = await self._client.resume_session(self.session_id, **options)
-            except Exception as e:  # noqa: BLE001 - any refusal: start afresh and say so
+            except Exception as e:
+                if not self._session_gone(e):  # its history may still be there: keep it
+                    raise AgentError(
+                        f"Could not resume the Copilot session: {one_line(str(e), 300)}"
+                    ) from e
                 log.warning("Copilot session %s cannot be resumed: %s", self.session_id, e)
                 self._pending.append(
                     Notice(RESUME_FAILED, level="warning", data={"session_id": self.session_id})
@@ -476,6 +481,11 @@ class CopilotAgent:
         self._unsubscribe = session.on(self._on_event)
         self._pending.append(SessionStarted(session.session_id))
         self._dirty = False
+
+    def _session_gone(self, error: Exception) -> bool:
+        """Whether a failed resume means the session's state is gone (not a passing fault)."""
+        state = self.base_directory / "session-state" / (self.session_id or "")
+        return SESSION_GONE in str(error) or not state.exists()
 
     def _on_event(self, event: Any) -> None:
         """Queue a session event for the running (or next) turn; called on the event loop."""
@@ -593,13 +603,15 @@ class CopilotAgent:
 
     async def _settle(self) -> None:
         """Stop what an abandoned turn left running, and drop its events."""
-        with contextlib.suppress(Exception):
+        try:
             async with asyncio.timeout(CONTROL_TIMEOUT):
                 await self._session.abort()
                 while True:
                     raw = await self._queue.get()
                     if raw.get("type") == "session.idle":
                         break
+        except Exception:  # the next turn goes on; its events start after this point
+            log.warning("settling the abandoned Copilot turn failed", exc_info=True)
         self._mapper = EventMapper(self._mapper.model)
         while not self._queue.empty():
             self._queue.get_nowait()
