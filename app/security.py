@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import secrets
 import time
 from collections import deque
@@ -24,8 +25,10 @@ from starlette.requests import cookie_parser
 
 from app.sessions import LIFETIME, Sessions
 
+log = logging.getLogger(__name__)
 COOKIE = "oarlock_session"  # a session id (app/sessions.py), never the token
 SESSION_SCOPE_KEY = "oarlock.session"  # from _check to __call__: the socket's session
+DATABASE_DOWN = "\0database-down"  # _session_of could not read the sessions (never an id)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 PUBLIC_PATHS = ("/healthz", "/login", "/favicon.ico")
 PUBLIC_PREFIXES = ("/static/",)
@@ -201,7 +204,9 @@ class Guard:
                     if await self.limiter.failed(_client(scope)):
                         return 429, "Too many failed attempts; wait a minute.", []
                     return _unauthorized(page)
-            elif (session_id := self._session_of(headers)) is not None:
+            elif (session_id := self._session_of(headers)) == DATABASE_DOWN:
+                return 503, "The database cannot be used right now; try again shortly.", []
+            elif session_id is not None:
                 scope[SESSION_SCOPE_KEY] = session_id
                 if (websocket or method in STATE_CHANGING) and origin is None:
                     return 403, "Cross-origin request refused (no Origin header).", []
@@ -228,7 +233,11 @@ class Guard:
             return None
         # Lenient parsing: another app's odd cookie on localhost must not hide ours.
         session_id = cookie_parser(headers.get("cookie", "")).get(COOKIE)
-        return session_id if session_id and self.sessions.valid(session_id) else None
+        try:
+            return session_id if session_id and self.sessions.valid(session_id) else None
+        except OperationalError:  # locked or unreadable: say so (503), never a bare 500
+            log.warning("cannot check a session: the database is unavailable", exc_info=True)
+            return DATABASE_DOWN
 
     async def _login_by_url(
         self, scope: Scope

@@ -131,6 +131,28 @@ def test_login_with_a_read_only_database_answers_503(relay: LiveRelay) -> None:
     assert relay.login().startswith("oarlock_session=")  # writable again: logins work
 
 
+def test_session_check_on_an_unreadable_database_answers_503(relay: LiveRelay) -> None:
+    cookie = relay.login()
+    engine = relay.app.state.engine
+
+    def broken(dbapi_connection: Any, _record: Any) -> None:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    event.listen(engine, "connect", broken)
+    engine.dispose()  # every connection from now on fails to open
+    try:
+        with httpx.Client(base_url=relay.base, timeout=10) as client:
+            answer = client.get("/api/conversations", headers={"Cookie": cookie})
+    finally:
+        event.remove(engine, "connect", broken)
+        engine.dispose()
+    assert (answer.status_code, answer.json()) == (
+        503,
+        {"detail": "The database cannot be used right now; try again shortly."},
+    )
+    assert api(relay, cookie) == 200  # readable again: the same session works
+
+
 # -- log out -----------------------------------------------------------------------------
 
 
