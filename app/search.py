@@ -35,16 +35,20 @@ def words(query: str) -> list[str]:
     return cleaned.split()
 
 
-def fts_query(query: str) -> str | None:
-    """A safe FTS5 MATCH expression: every word a quoted phrase, the last one a prefix.
+def phrases(query: str) -> list[str]:
+    """The query's words as FTS5 phrases: quoted (operators become text), the last a prefix.
 
-    Quoting makes FTS5 operators (AND, OR, NEAR, parentheses, quotes, *) plain text.
+    Quoting makes FTS5 syntax (AND, OR, NEAR, parentheses, quotes, *, column:) plain text.
     """
     terms = ['"' + word.replace('"', '""') + '"' for word in words(query)]
-    if not terms:
-        return None
-    terms[-1] += "*"  # results as you type: the word being typed matches its prefix
-    return " ".join(terms)
+    if terms:
+        terms[-1] += "*"  # results as you type: the word being typed matches its prefix
+    return terms
+
+
+def fts_query(query: str) -> str | None:
+    """A safe FTS5 MATCH expression: every word must be found."""
+    return " ".join(phrases(query)) or None
 
 
 def snippet_spans(snippet: str) -> list[dict[str, Any]]:
@@ -101,29 +105,68 @@ def _hit(row: Any, spans: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def search(session: Session, query: str, limit: int) -> list[dict[str, Any]]:
-    """Messages matching every word of the query, best first, with snippets."""
+# A word found in more messages than this narrows the results but does not rank them:
+# FTS5's bm25 reads a ranked word's whole list of messages (to weigh it), so a common
+# word would cost in proportion to the database. Its weight in bm25 is low anyway.
+RANKED_WORD_LIMIT = 200
+
+_COLUMNS = (
+    "SELECT e.id AS entry_id, e.seq, e.kind, e.conversation_id, c.title, c.status,"
+    " snippet({table}, 0, :start, :end, '…', :tokens) AS snippet"
+)
+_JOIN = " JOIN entry e ON e.id = {alias}.rowid JOIN conversation c ON c.id = e.conversation_id"
+
+
+def _found_in(session: Session, phrase: str, cap: int) -> int:
+    """In how many messages a phrase is found, counting up to cap + 1 at most."""
+    sql = (
+        f"SELECT count(*) FROM (SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH :p LIMIT :n)"
+    )
+    return int(session.connection().execute(text(sql), {"p": phrase, "n": cap + 1}).scalar_one())
+
+
+def search(
+    session: Session, query: str, limit: int, *, ranked_word_limit: int = RANKED_WORD_LIMIT
+) -> list[dict[str, Any]]:
+    """Messages matching every word of the query, best first (bm25), with snippets."""
     if session.get_bind().dialect.name != "sqlite":
         return _search_like(session, query, limit)
-    match = fts_query(query)
-    if match is None:
+    every = phrases(query)
+    if not every:
         return []
-    rows = session.connection().execute(
-        text(
-            f"SELECT e.id AS entry_id, e.seq, e.kind, e.conversation_id, c.title, c.status,"
-            f" snippet({FTS_TABLE}, 0, :start, :end, '…', :tokens) AS snippet"
-            f" FROM {FTS_TABLE} JOIN entry e ON e.id = {FTS_TABLE}.rowid"
-            " JOIN conversation c ON c.id = e.conversation_id"
-            f" WHERE {FTS_TABLE} MATCH :match ORDER BY rank, e.id DESC LIMIT :limit"
-        ),
-        {
-            "start": MARK_START,
-            "end": MARK_END,
-            "tokens": SNIPPET_TOKENS,
-            "match": match,
-            "limit": limit,
-        },
-    )
+    cap = ranked_word_limit
+    rare = [p for p in every if _found_in(session, p, cap) <= cap]
+    params: dict[str, Any] = {
+        "start": MARK_START,
+        "end": MARK_END,
+        "tokens": SNIPPET_TOKENS,
+        "match": " ".join(every),
+        "ranked": " ".join(rare),
+        "limit": limit,
+    }
+    if len(rare) == len(every):  # every word ranks
+        sql = (
+            _COLUMNS.format(table=FTS_TABLE)
+            + f" FROM {FTS_TABLE}"
+            + _JOIN.format(alias=FTS_TABLE)
+            + f" WHERE {FTS_TABLE} MATCH :match ORDER BY rank, e.id DESC LIMIT :limit"
+        )
+    elif rare:  # the rare words rank; all of them must match (and the snippet shows all)
+        sql = (
+            _COLUMNS.format(table="f.entry_fts")
+            + f" FROM {FTS_TABLE} AS r JOIN {FTS_TABLE} AS f ON f.rowid = r.rowid"
+            + _JOIN.format(alias="r")
+            + f" WHERE r.{FTS_TABLE} MATCH :ranked AND f.{FTS_TABLE} MATCH :match"
+            " ORDER BY r.rank, e.id DESC LIMIT :limit"
+        )
+    else:  # only common words: the newest messages first
+        sql = (
+            _COLUMNS.format(table=FTS_TABLE)
+            + f" FROM {FTS_TABLE}"
+            + _JOIN.format(alias=FTS_TABLE)
+            + f" WHERE {FTS_TABLE} MATCH :match ORDER BY {FTS_TABLE}.rowid DESC LIMIT :limit"
+        )
+    rows = session.connection().execute(text(sql), params)
     return [_hit(row, snippet_spans(row.snippet or "")) for row in rows]
 
 

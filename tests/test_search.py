@@ -45,9 +45,9 @@ def conversation_with(engine: Engine, title: str, *messages: tuple[str, str]) ->
         return conversation
 
 
-def find(engine: Engine, query: str, limit: int = 20) -> list[dict[str, Any]]:
+def find(engine: Engine, query: str, limit: int = 20, **options: Any) -> list[dict[str, Any]]:
     with get_session(engine) as session:
-        return search(session, query, limit)
+        return search(session, query, limit, **options)
 
 
 def marked(hit: dict[str, Any]) -> list[str]:
@@ -104,6 +104,26 @@ def test_search_indexes_user_and_agent_text_only(engine: Engine) -> None:
     )
     assert find(engine, "zebra") == []
     assert len(find(engine, "quagga")) == 1
+
+
+def test_common_words_narrow_and_rare_ones_rank(engine: Engine) -> None:
+    # "flush" is in 4 messages: past a limit of 3 it filters without ranking.
+    conversation_with(engine, "a", ("user", "flush the buffer"), ("user", "flush it now"))
+    once = conversation_with(engine, "b", ("user", "flush the gannet and the rest of it all"))
+    twice = conversation_with(engine, "c", ("agent", "flush gannet gannet"))
+    conversation_with(engine, "d", ("user", "a gannet alone"))
+    hits = find(engine, "flush ganne", ranked_word_limit=3)
+    assert [hit["conversation_id"] for hit in hits] == [twice.id, once.id]
+    assert marked(hits[0]) == ["flush", "gannet", "gannet"]  # every word is marked
+    assert hits == find(engine, "flush ganne")  # the same answer when every word ranks
+
+
+def test_only_common_words_give_the_newest_first(engine: Engine) -> None:
+    for name in ("a", "b", "c"):
+        conversation_with(engine, name, ("user", f"flush {name}"), ("agent", "flush flush flush"))
+    hits = find(engine, "flush", ranked_word_limit=3)
+    assert [hit["entry_id"] for hit in hits] == [6, 5, 4, 3, 2, 1]
+    assert marked(hits[0]) == ["flush", "flush", "flush"]
 
 
 @pytest.mark.parametrize("query", ['"', "AND(", "NEAR(a b", "*", "-x", "a OR", "^", "col:x"])
