@@ -5,8 +5,9 @@
 Two databases seeded with SQL (conversations of 100 entries: user messages, Markdown agent
 replies, tool calls, notices; the FTS5 index filled by its triggers), the same 5 messages in
 each holding the word searched for; each served by its own relay in a child process.
-GET /api/search?q=… (as the search box asks: the last word as a prefix, 20 hits) alternates
-between them; the figure is the ratio of the medians.
+GET /api/search?q=flush kestr (as the search box asks while the user types: a word of half
+the messages, and the last word as a prefix, 20 hits at most) alternates between them; the
+figure is the ratio of the medians.
 """
 
 from __future__ import annotations
