@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from alembic import command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 
 from app import store
@@ -360,3 +362,21 @@ def test_export_refuses_an_unknown_format(relay: LiveRelay) -> None:
     response = relay.http.get(f"/api/conversations/{cid}/export", params={"format": "html"})
     assert response.status_code == 422
     assert relay.http.get("/api/conversations/999/export").status_code == 404
+
+
+def test_api_search_fuzzed_queries_answer_json(relay: LiveRelay) -> None:
+    cid = relay.create(title="Fuzz")["id"]
+    wait_idle_reply(relay, cid, 'quote " paren ( star * NEAR AND OR NOT col:x ^ - +')
+    problems: list[str] = []
+
+    @given(query=st.text(min_size=1, max_size=40))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    def fuzz(query: str) -> None:
+        response = relay.http.get("/api/search", params={"q": query})
+        if response.status_code != 200 and response.status_code != 422:
+            problems.append(f"{query!r}: {response.status_code} {response.text}")
+        elif "hits" not in response.json() and response.status_code == 200:
+            problems.append(f"{query!r}: {response.text}")
+
+    fuzz()
+    assert problems == []
