@@ -89,7 +89,7 @@ export class ConvActions {
       class: 'menu-item', role: 'menuitem', testid, text, href: exportUrl(id, format, ancestors), download: '',
     });
     const withAncestors = conv.compacted_from_id != null;
-    this.menu.replaceChildren(
+    const items = [
       active ? item('Rename…', 'conv-rename', () => this.startRename(id)) : null,
       download('Export Markdown', 'conv-export-md', 'md', false),
       download('Export JSON Lines', 'conv-export-jsonl', 'jsonl', false),
@@ -97,7 +97,8 @@ export class ConvActions {
       withAncestors ? download('Export JSON Lines with earlier conversations', 'conv-export-jsonl-ancestors', 'jsonl', true) : null,
       active ? item('Archive…', 'conv-archive', () => this.ask(id, 'archive')) : null,
       item('Delete…', 'conv-delete', () => this.ask(id, 'delete')),
-    );
+    ];
+    this.menu.replaceChildren(...items.filter(Boolean));
     for (const link of this.menu.querySelectorAll('a')) {
       link.addEventListener('click', () => this.menu.hidePopover());
     }

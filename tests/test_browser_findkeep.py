@@ -87,6 +87,9 @@ def test_rename_from_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
     page = pages.open(relay)
     other = pages.open(relay)
     item_menu(page, "Before")
+    expect(by_id(page, "conv-menu")).to_have_text(  # exactly these items, nothing stray
+        "Rename…Export MarkdownExport JSON LinesArchive…Delete…"
+    )
     by_id(page, "conv-rename").click()
     by_id(page, "rename-input").fill("After")
     by_id(page, "rename-save").click()
@@ -172,4 +175,17 @@ def test_export_downloads(pages: Pages, relay: LiveRelay, tmp_path: Path) -> Non
         expected = relay.http.get(f"/api/conversations/{cid}/export", params={"format": fmt})
         assert saved.read_bytes() == expected.content
     assert conv_id(page) == cid
+    compacted = relay.send(cid, "/compact")
+    assert compacted.status_code == 201, compacted.text
+    new_id = compacted.json()["compacted_into"]["id"]
+    item_menu(page, "Take away (compacted)")
+    with page.expect_download() as info:
+        by_id(page, "conv-export-md-ancestors").click()
+    saved = tmp_path / "with-ancestors.md"
+    info.value.save_as(saved)
+    expected = relay.http.get(
+        f"/api/conversations/{new_id}/export", params={"format": "md", "ancestors": "true"}
+    )
+    assert saved.read_bytes() == expected.content
+    assert "export this line" in saved.read_text()  # the earlier conversation is in it
     pages.assert_clean()
