@@ -7,6 +7,7 @@ from sqlmodel import SQLModel
 
 from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
 from app.db import make_engine
+from app.search import include_object
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -19,6 +20,7 @@ def run_migrations_offline() -> None:
         target_metadata=target_metadata,
         literal_binds=True,
         render_as_batch=True,
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -29,7 +31,10 @@ def run_migrations_online() -> None:
     engine = make_engine(config.get_main_option("sqlalchemy.url") or "")
     with engine.connect() as connection:
         context.configure(
-            connection=connection, target_metadata=target_metadata, render_as_batch=True
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=True,
+            include_object=include_object,  # the FTS tables are not in the models
         )
         with context.begin_transaction():
             context.run_migrations()

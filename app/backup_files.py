@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -196,6 +197,19 @@ class Backups:
             names = self.files.names(conversation_id)
             self._latest[conversation_id] = names[0] if names else None
         return self._latest[conversation_id]
+
+    async def forget(self, conversation_id: int) -> None:
+        """Delete a conversation's backups, after the jobs already queued for it have run."""
+        lock = self._locks.setdefault(conversation_id, asyncio.Lock())
+        async with lock:
+            await asyncio.to_thread(
+                shutil.rmtree, self.files.folder(conversation_id), ignore_errors=True
+            )
+            if self.files.folder(conversation_id).exists():
+                log.warning("backups of deleted conversation %s not removed", conversation_id)
+            self._rails.pop(conversation_id, None)
+            self._latest.pop(conversation_id, None)
+        self._locks.pop(conversation_id, None)
 
     async def drain(self) -> None:
         """Wait (a while at most) for the jobs already queued: at shutdown."""

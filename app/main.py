@@ -24,7 +24,7 @@ from app.hub import Hub
 from app.limits import BodyLimit
 from app.models import Conversation
 from app.resources import resource_dir
-from app.routes import api, backups, pages, ws
+from app.routes import api, backups, pages, search, ws
 from app.security import (
     LOOPBACK_HOSTS,
     SECURITY_HEADERS,
@@ -122,6 +122,7 @@ def create_app(settings: Settings) -> FastAPI:
         BodyLimit, max_body=settings.max_message_bytes + 4096, timeout=settings.request_timeout
     )
     app.include_router(api.router)
+    app.include_router(search.router)
     app.include_router(backups.router)
     app.include_router(ws.router)
     app.include_router(pages.router)

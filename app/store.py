@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, update
+from sqlalchemy import bindparam, delete, func, update
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry, Handoff, utcnow
@@ -290,3 +290,17 @@ def backup_entries(
     found += session.exec(agents.order_by(col(Entry.seq).desc()).limit(replies))
     found.sort(key=lambda entry: entry.seq)
     return found
+
+
+def delete_conversation(*, session: Session, conversation: Conversation) -> None:
+    """Delete a conversation and its entries; links to it from others are cleared, in one go."""
+    conversation_id = conversation.id
+    for link in (Conversation.compacted_from_id, Conversation.compacted_into_id):
+        session.connection().execute(
+            update(Conversation).where(col(link) == conversation_id).values({link.key: None})
+        )
+    session.connection().execute(delete(Entry).where(col(Entry.conversation_id) == conversation_id))
+    session.connection().execute(
+        delete(Conversation).where(col(Conversation.id) == conversation_id)
+    )
+    session.commit()

@@ -603,6 +603,59 @@ class Supervisor:
             self._close_agent(runner), name=f"retire-{conversation_id}"
         )
 
+    def _refuse_while_busy(self, conversation: Conversation, action: str) -> None:
+        """409 while a turn runs or messages wait (they would be lost or half-done)."""
+        cid = conversation.id or 0
+        runner = self.runners.get(cid)
+        running = runner is not None and (
+            runner.state != "idle" or (runner.task is not None and not runner.task.done())
+        )
+        with self.session() as session:
+            queued = store.count_queued(session=session, conversation_id=cid)
+        if running or queued or conversation.turn_active:
+            raise ConversationError(
+                f"A turn is running in this conversation; stop it before you {action} it."
+            )
+
+    def archive(self, conversation: Conversation) -> Conversation:
+        """Archive a conversation without compacting it (read-only from now on)."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is already archived.")
+        self._refuse_while_busy(conversation, "archive")
+        conversation = self.update_conversation(conversation, status="archived")
+        runner = self.runners.get(conversation.id or 0)
+        if runner is not None:
+            runner.archived = True  # released by the reaper
+        return conversation
+
+    async def delete(self, conversation: Conversation) -> None:
+        """Delete a conversation: entries (search index too), backups, runner; tell every tab.
+
+        Conversations it was compacted from or into stay, without the link to it.
+        """
+        cid = conversation.id or 0
+        self._refuse_while_busy(conversation, "delete")
+        runner = self.runners.pop(cid, None)
+        if runner is not None:
+            await self._close_agent(runner)
+        with self.session() as session:
+            session.add(conversation)
+            neighbours = [
+                link
+                for link in (conversation.compacted_from_id, conversation.compacted_into_id)
+                if link is not None
+            ]
+            store.delete_conversation(session=session, conversation=conversation)
+            changed = [
+                store.get_conversation(session=session, conversation_id=n) for n in neighbours
+            ]
+        await self.backups.forget(cid)
+        self.hub.release(cid)
+        self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
+        for other in changed:
+            if other is not None:
+                self.publish_conversation(other)
+
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
         runner = self.runners.get(conversation_id)
@@ -771,6 +824,9 @@ class Supervisor:
         runner.last_agent_entry = None
         runner.lines_shown.clear()
         self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
         return prompt
 
     def _context_note(self, conversation: Conversation) -> str | None:
@@ -838,6 +894,10 @@ class Supervisor:
                 runner.compaction = None
             runner.tools.clear()
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
+        # Every tab's sidebar: not running any more, and when it was last active.
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
 
     async def _ensure_agent(self, runner: Runner) -> Agent:
         if runner.agent is not None:

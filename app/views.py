@@ -31,4 +31,5 @@ def conversation_view(conversation: Conversation) -> dict[str, Any]:
     resolved = effective_window(conversation, os.environ.get(ENV_VAR))
     view["window"] = resolved.window if resolved else None
     view["threshold"] = resolved.threshold if resolved else None
+    view["running"] = conversation.turn_active  # the sidebar's running indicator
     return view

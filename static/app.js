@@ -5,6 +5,8 @@ import { Timeline } from './timeline.js';
 import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
 import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
+import { Search } from './search.js';
+import { ConvActions, convMeta } from './keep.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -26,6 +28,7 @@ const state = {
   current: null,
   opening: 0, // bumps on every open, so a slow answer for an older open is dropped
   drafts: new Map(), // unsent text per conversation
+  reveal: null, // a search hit to scroll to once its conversation is open: { conversationId, entryId }
 };
 
 const isArchived = (conv) => Boolean(conv) && conv.status === 'archived';
@@ -115,6 +118,15 @@ const backups = new Backups({
   },
 }, dialogs);
 
+// Find and keep (SPEC §9): the search box, and each sidebar item's ⋯ menu.
+const search = new Search({ onOpen: (hit) => openAt(hit) });
+const convActions = new ConvActions({
+  get: (id) => state.convs.get(id),
+  changed: (conv) => onConversation(conv),
+  removed: (id) => onRemoved(id),
+  dialogs,
+});
+
 // ---- socket ------------------------------------------------------------------------------------
 
 const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false };
@@ -180,6 +192,9 @@ function onSocketMessage(message) {
       return;
     case 'error':
       console.warn('oarlock relay:', message.detail);
+      return;
+    case 'conversation_removed':
+      onRemoved(message.conversation_id);
       return;
     case 'conversation':
       if (message.seq == null) { // the global feed: sidebar (and header) only
@@ -261,6 +276,52 @@ function onConversation(conv) {
   }
 }
 
+/** A conversation was deleted (here or in another tab): gone from the sidebar and the view. */
+function onRemoved(id) {
+  if (!state.convs.delete(id) && !(state.current && state.current.id === id)) return;
+  renderLists();
+  if (state.current && state.current.id === id) {
+    leaveConversation();
+    byId('missing-text').textContent = 'This conversation was deleted.';
+    showView('missing');
+  }
+}
+
+/** Open a search hit: its conversation, scrolled to the message (earlier pages loaded as needed). */
+async function openAt(hit) {
+  state.reveal = { conversationId: hit.conversation_id, entryId: hit.entry_id };
+  const cur = state.current;
+  if (cur && cur.id === hit.conversation_id && cur.loaded) {
+    setDrawer(false);
+    await revealPending();
+  } else {
+    navigate(hit.conversation_id);
+  }
+}
+
+async function revealPending() {
+  const target = state.reveal;
+  const cur = state.current;
+  if (!target || !cur || !cur.loaded || cur.id !== target.conversationId) return;
+  state.reveal = null;
+  while (!timeline.has(target.entryId) && !byId('load-earlier').hidden && state.current === cur) {
+    const lowest = timeline.lowestSeq();
+    await loadEarlier();
+    if (timeline.lowestSeq() === lowest) break; // nothing more came: stop rather than spin
+  }
+  if (state.current !== cur) return;
+  const el = byId('entries').querySelector(`[data-entry-id="${target.entryId}"]`)
+    || byId('queued-entries').querySelector(`[data-entry-id="${target.entryId}"]`);
+  if (!el) {
+    toast('That message is no longer in this conversation.');
+    return;
+  }
+  for (const old of document.querySelectorAll('.search-target')) old.classList.remove('search-target');
+  timeline.stick = false; // stay on the message, not at the bottom
+  el.classList.add('search-target');
+  el.scrollIntoView({ block: 'center' });
+}
+
 /** Where each sidebar list's next page starts (null: everything is loaded). */
 const more = { active: null, archived: null };
 
@@ -337,7 +398,7 @@ function convItem(conv, testid) {
     e.preventDefault();
     navigate(conv.id);
   });
-  return h('li', {}, link);
+  return h('li', { class: 'conv-item' }, link, convMeta(conv), convActions.button(conv));
 }
 
 // ---- routing -----------------------------------------------------------------------------------
@@ -416,6 +477,7 @@ async function openConversation(id, { focus = false } = {}) {
   updateComposer();
   subscribe(true);
   if (focus && !isArchived(state.current.conv)) input.focus();
+  await revealPending();
 }
 
 /** Render a conversation as GET /api/conversations/{id} (or a snapshot) gives it. */
@@ -910,6 +972,7 @@ function wire() {
     e.currentTarget.textContent = text.hidden ? 'Show summary' : 'Hide summary';
     e.currentTarget.setAttribute('aria-expanded', String(!text.hidden));
   });
+  setInterval(renderLists, 60 * 1000); // "5 min ago" moves on
   window.addEventListener('popstate', route);
   window.addEventListener('online', () => { if (!socket.ws) connect(); });
 }

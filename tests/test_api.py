@@ -150,6 +150,7 @@ def test_create_conversation_defaults(relay: LiveRelay) -> None:
         "compacted_into_id": None,
         "window": None,
         "threshold": None,
+        "running": False,
     }
 
 
@@ -600,6 +601,7 @@ def test_compact_201_new_conversation(relay: LiveRelay) -> None:
         "compacted_into_id": None,
         "window": 200000,
         "threshold": 167000,
+        "running": False,
     }
     # The old one is archived, linked, and keeps its timeline; the new one starts empty.
     assert (after["status"], after["compacted_into_id"], after["timeline"]) == (

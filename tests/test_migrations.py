@@ -12,6 +12,7 @@ from sqlmodel import SQLModel
 from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
 from app.db import make_engine
 from app.migrate import alembic_config, upgrade
+from app.search import include_object, is_search_table
 
 
 @pytest.fixture
@@ -30,7 +31,8 @@ def engine(url: str) -> Iterator[Engine]:
 
 
 def test_upgrade_creates_tables(engine: Engine) -> None:
-    assert sorted(inspect(engine).get_table_names()) == [
+    names = inspect(engine).get_table_names()
+    assert sorted(name for name in names if not is_search_table(name)) == [
         "alembic_version",
         "conversation",
         "entry",
@@ -43,7 +45,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0004", "0004")
+    assert (current, head) == ("0005", "0005")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -64,12 +66,13 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0004"
+        assert MigrationContext.configure(connection).get_current_revision() == "0005"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:
     with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"render_as_batch": True})
+        opts = {"render_as_batch": True, "include_object": include_object}
+        context = MigrationContext.configure(connection, opts=opts)
         assert compare_metadata(context, SQLModel.metadata) == []
 
 
@@ -92,3 +95,17 @@ def test_engine_busy_timeout(engine: Engine) -> None:
     with engine.connect() as connection:
         # Short: every call runs on the event loop (test_input.py has a locked database).
         assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 250
+
+
+def test_upgrade_creates_the_search_index(engine: Engine) -> None:
+    names = inspect(engine).get_table_names()
+    assert "entry_fts" in names
+    with engine.connect() as connection:
+        triggers = connection.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
+        ).scalars()
+        assert list(triggers) == [
+            "entry_fts_delete",
+            "entry_fts_insert",
+            "entry_fts_update",
+        ]

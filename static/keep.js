@@ -1,0 +1,181 @@
+// keep.js — what a sidebar item shows besides its title (when it was last active, whether a
+// turn runs) and its ⋯ menu: rename, export, archive, delete (the last two confirmed).
+import { h, api, byId, isolate } from './util.js';
+
+const MINUTE = 60 * 1000;
+const HOUR = 60 * MINUTE;
+const DAY = 24 * HOUR;
+
+/** "just now", "5 min ago", "3 h ago", "2 d ago", then the date. */
+export function relativeTime(iso, now = Date.now()) {
+  const then = Date.parse(iso);
+  if (!Number.isFinite(then)) return '';
+  const ago = Math.max(0, now - then);
+  if (ago < MINUTE) return 'just now';
+  if (ago < HOUR) return `${Math.floor(ago / MINUTE)} min ago`;
+  if (ago < DAY) return `${Math.floor(ago / HOUR)} h ago`;
+  if (ago < 7 * DAY) return `${Math.floor(ago / DAY)} d ago`;
+  return new Date(then).toLocaleDateString();
+}
+
+/** The line under a sidebar title: last active (exact time as its title) and the running dot. */
+export function convMeta(conv) {
+  const when = h('time', {
+    class: 'conv-when',
+    testid: 'conv-when',
+    datetime: conv.updated_at || null,
+    title: conv.updated_at ? new Date(conv.updated_at).toLocaleString() : null,
+    text: relativeTime(conv.updated_at),
+  });
+  const running = conv.running
+    ? h('span', { class: 'conv-running', testid: 'conv-running', title: 'A turn is running', text: 'running' })
+    : null;
+  return h('span', { class: 'conv-meta' }, running, when);
+}
+
+const exportUrl = (id, format, ancestors) =>
+  `/api/conversations/${id}/export?format=${format}${ancestors ? '&ancestors=true' : ''}`;
+
+/** The ⋯ menu of sidebar items (one popover, outside the lists: a redraw does not close it). */
+export class ConvActions {
+  /** hooks: get(id) → conv, changed(conv), toast(message), dialogs (app.js's) */
+  constructor(hooks) {
+    this.hooks = hooks;
+    this.menu = byId('conv-menu');
+    this.convId = null;
+    this.renameDialog = byId('rename-dialog');
+    this.confirmDialog = byId('confirm-dialog');
+    this.confirmAction = null;
+    hooks.dialogs.register(this.renameDialog);
+    hooks.dialogs.register(this.confirmDialog, () => { this.confirmAction = null; });
+    byId('rename-form').addEventListener('submit', (e) => {
+      e.preventDefault();
+      this.saveRename();
+    });
+    byId('rename-cancel').addEventListener('click', () => hooks.dialogs.close(this.renameDialog));
+    byId('confirm-cancel').addEventListener('click', () => hooks.dialogs.close(this.confirmDialog));
+    byId('confirm-ok').addEventListener('click', () => this.confirmed());
+  }
+
+  /** The ⋯ button of one sidebar item. */
+  button(conv) {
+    const button = h('button', {
+      type: 'button',
+      class: 'conv-menu-btn',
+      testid: 'conv-menu-button',
+      'aria-label': `Actions for ${isolate(conv.title || 'Untitled')}`,
+      'aria-haspopup': 'menu',
+      text: '⋯',
+    });
+    button.addEventListener('click', (e) => {
+      e.preventDefault();
+      e.stopPropagation();
+      this.open(conv.id, button);
+    });
+    return button;
+  }
+
+  open(id, anchor) {
+    const conv = this.hooks.get(id);
+    if (!conv) return;
+    this.convId = id;
+    const active = conv.status !== 'archived';
+    const item = (text, testid, onClick) => {
+      const b = h('button', { type: 'button', class: 'menu-item', role: 'menuitem', testid, text });
+      b.addEventListener('click', () => { this.menu.hidePopover(); onClick(); });
+      return b;
+    };
+    const download = (text, testid, format, ancestors) => h('a', {
+      class: 'menu-item', role: 'menuitem', testid, text, href: exportUrl(id, format, ancestors), download: '',
+    });
+    const withAncestors = conv.compacted_from_id != null;
+    const items = [
+      active ? item('Rename…', 'conv-rename', () => this.startRename(id)) : null,
+      download('Export Markdown', 'conv-export-md', 'md', false),
+      download('Export JSON Lines', 'conv-export-jsonl', 'jsonl', false),
+      withAncestors ? download('Export Markdown with earlier conversations', 'conv-export-md-ancestors', 'md', true) : null,
+      withAncestors ? download('Export JSON Lines with earlier conversations', 'conv-export-jsonl-ancestors', 'jsonl', true) : null,
+      active ? item('Archive…', 'conv-archive', () => this.ask(id, 'archive')) : null,
+      item('Delete…', 'conv-delete', () => this.ask(id, 'delete')),
+    ];
+    this.menu.replaceChildren(...items.filter(Boolean));
+    for (const link of this.menu.querySelectorAll('a')) {
+      link.addEventListener('click', () => this.menu.hidePopover());
+    }
+    this.menu.showPopover();
+    const rect = anchor.getBoundingClientRect();
+    const width = this.menu.offsetWidth;
+    this.menu.style.left = `${Math.max(8, Math.min(rect.right - width, innerWidth - width - 8))}px`;
+    this.menu.style.top = `${Math.min(rect.bottom + 4, innerHeight - this.menu.offsetHeight - 8)}px`;
+    const first = this.menu.querySelector('.menu-item');
+    if (first) first.focus();
+  }
+
+  startRename(id) {
+    const conv = this.hooks.get(id);
+    if (!conv) return;
+    const field = byId('rename-input');
+    field.value = conv.title || '';
+    this.renaming = id;
+    byId('rename-error').hidden = true;
+    this.hooks.dialogs.open(this.renameDialog, field);
+    field.select();
+  }
+
+  async saveRename() {
+    const id = this.renaming;
+    const title = byId('rename-input').value.trim();
+    const error = byId('rename-error');
+    if (!title) {
+      error.textContent = 'The title cannot be empty.';
+      error.hidden = false;
+      return;
+    }
+    try {
+      const { data } = await api(`/api/conversations/${id}`, { method: 'PATCH', body: { title } });
+      this.hooks.changed(data);
+      this.hooks.dialogs.close(this.renameDialog);
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+    }
+  }
+
+  ask(id, action) {
+    const conv = this.hooks.get(id);
+    if (!conv) return;
+    const title = conv.title || 'Untitled';
+    byId('confirm-question').textContent = action === 'delete'
+      ? `Delete “${title}”? Its messages and backups are deleted too. This cannot be undone.`
+      : `Archive “${title}”? It becomes read-only; it is not compacted.`;
+    const ok = byId('confirm-ok');
+    ok.textContent = action === 'delete' ? 'Delete' : 'Archive';
+    ok.classList.toggle('btn-danger', action === 'delete');
+    ok.disabled = false;
+    byId('confirm-error').hidden = true;
+    this.confirmAction = { id, action };
+    this.hooks.dialogs.open(this.confirmDialog, byId('confirm-cancel'));
+  }
+
+  async confirmed() {
+    const pending = this.confirmAction;
+    if (!pending) return;
+    const ok = byId('confirm-ok');
+    ok.disabled = true;
+    try {
+      if (pending.action === 'delete') {
+        await api(`/api/conversations/${pending.id}`, { method: 'DELETE' });
+        this.hooks.removed(pending.id);
+      } else {
+        const { data } = await api(`/api/conversations/${pending.id}/archive`, { method: 'POST', body: {} });
+        this.hooks.changed(data);
+      }
+      this.hooks.dialogs.close(this.confirmDialog);
+    } catch (err) {
+      const error = byId('confirm-error');
+      error.textContent = err.message;
+      error.hidden = false;
+      ok.disabled = false;
+    }
+  }
+}

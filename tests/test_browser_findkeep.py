@@ -1,0 +1,191 @@
+"""Find and keep (SPEC §9) in a real Chromium: search, rename, archive, delete, export, sidebar."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+from app import store
+from app.db import get_session
+from tests.browser import Pages, by_id, conv_id
+from tests.relay import LiveRelay
+
+FILLER = 260  # more than one timeline page (200): the hit is only reached by loading earlier
+
+
+def fill_conversation(relay: LiveRelay, cid: int, needle_at: int, needle: str) -> int:
+    """Store FILLER messages (setup, straight into the database); the id of the needle's."""
+    found = 0
+    with get_session(relay.supervisor.engine) as session:
+        conversation = store.get_conversation(session=session, conversation_id=cid)
+        assert conversation is not None
+        for seq in range(1, FILLER + 1):
+            text = needle if seq == needle_at else f"filler message number {seq}"
+            entry = store.add_entry(
+                session=session,
+                conversation=conversation,
+                seq=seq,
+                kind="user" if seq % 2 else "agent",
+                text=text,
+            )
+            if seq == needle_at:
+                found = entry.id or 0
+    return found
+
+
+def item_menu(page: Page, title: str) -> None:
+    """Open the ⋯ menu of the sidebar item with this title."""
+    item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
+    item.hover()
+    item.get_by_test_id("conv-menu-button").click()
+    expect(by_id(page, "conv-menu")).to_be_visible()
+
+
+def test_search_opens_the_message_scrolled_and_highlighted(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Long one")["id"]
+    entry_id = fill_conversation(relay, cid, 7, "we chose the <b>xylophone</b> plan")
+    relay.create(title="Newer")  # opens first: the hit is in another conversation
+    page = pages.open(relay)
+    expect(by_id(page, "title")).to_have_text("Newer")
+    by_id(page, "search-input").fill("xyloph")  # a prefix: results as you type
+    hit = by_id(page, "search-hit")
+    expect(hit).to_have_count(1)
+    expect(hit.locator("mark")).to_have_text("xylophone")
+    expect(hit).to_contain_text("we chose the <b>xylophone</b> plan")  # text, never markup
+    expect(hit).to_contain_text("Long one")
+    hit.click()
+    expect(page).to_have_url(re.compile(rf"/c/{cid}$"))
+    target = page.locator(f'#entries [data-entry-id="{entry_id}"]')
+    expect(target).to_have_class(re.compile(r"\bsearch-target\b"))
+    expect(target).to_be_in_viewport()
+    by_id(page, "search-input").press("Escape")
+    expect(by_id(page, "search-results")).to_be_hidden()
+    expect(by_id(page, "conversation-list")).to_be_visible()
+    pages.assert_clean()
+
+
+def test_search_finds_archived_conversations_and_says_when_nothing_matches(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Gone quiet")["id"]
+    fill_conversation(relay, cid, 3, "the archived walrus")
+    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    page = pages.open(relay)
+    by_id(page, "search-input").fill('walrus "AND(')
+    expect(by_id(page, "search-status")).to_have_text("No message matches.")
+    by_id(page, "search-input").fill("walrus")
+    expect(by_id(page, "search-hit")).to_contain_text("archived")
+    by_id(page, "search-hit").click()
+    expect(by_id(page, "archived-notice")).to_be_visible()
+    pages.assert_clean()
+
+
+def test_rename_from_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
+    relay.create(title="Before")
+    page = pages.open(relay)
+    other = pages.open(relay)
+    item_menu(page, "Before")
+    expect(by_id(page, "conv-menu")).to_have_text(  # exactly these items, nothing stray
+        "Rename…Export MarkdownExport JSON LinesArchive…Delete…"
+    )
+    by_id(page, "conv-rename").click()
+    by_id(page, "rename-input").fill("After")
+    by_id(page, "rename-save").click()
+    expect(by_id(page, "rename-dialog")).to_be_hidden()
+    for each in (page, other):
+        expect(by_id(each, "conversation-item")).to_have_text("After")
+    expect(by_id(page, "title")).to_have_text("After")
+    pages.assert_clean()
+
+
+def test_archive_from_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
+    relay.create(title="Keep me")
+    page = pages.open(relay)
+    other = pages.open(relay)
+    item_menu(page, "Keep me")
+    by_id(page, "conv-archive").click()
+    expect(by_id(page, "confirm-dialog")).to_contain_text("it is not compacted")
+    by_id(page, "confirm-ok").click()
+    for each in (page, other):
+        expect(by_id(each, "archive-item")).to_have_text("Keep me")
+        expect(by_id(each, "conversation-item")).to_have_count(0)
+        expect(by_id(each, "archived-notice")).to_be_visible()
+    pages.assert_clean()
+
+
+def test_delete_is_confirmed_and_every_tab_follows(pages: Pages, relay: LiveRelay) -> None:
+    relay.create(title="Survivor")
+    cid = relay.create(title="Doomed")["id"]
+    page = pages.open(relay)
+    other = pages.open(relay, f"/c/{cid}")
+    expect(by_id(other, "title")).to_have_text("Doomed")
+    item_menu(page, "Doomed")
+    by_id(page, "conv-delete").click()
+    expect(by_id(page, "confirm-dialog")).to_contain_text("Delete “Doomed”?")
+    by_id(page, "confirm-cancel").click()  # cancelled: nothing happens
+    expect(by_id(page, "confirm-dialog")).to_be_hidden()
+    assert relay.http.get(f"/api/conversations/{cid}").status_code == 200
+    item_menu(page, "Doomed")
+    by_id(page, "conv-delete").click()
+    by_id(page, "confirm-ok").click()
+    expect(by_id(page, "confirm-dialog")).to_be_hidden()
+    for each in (page, other):
+        expect(by_id(each, "conversation-item")).to_have_text("Survivor")
+    expect(other.locator("#missing-text")).to_have_text("This conversation was deleted.")
+    assert relay.http.get(f"/api/conversations/{cid}").status_code == 404
+    pages.assert_clean()
+
+
+def test_delete_refused_while_a_turn_runs_says_why(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Busy")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    assert relay.send(cid, "ask permission").status_code == 202
+    expect(by_id(page, "permission-deny")).to_be_visible()
+    item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
+    expect(item.get_by_test_id("conv-running")).to_be_visible()
+    item_menu(page, "Busy")
+    by_id(page, "conv-delete").click()
+    by_id(page, "confirm-ok").click()
+    expect(by_id(page, "confirm-error")).to_have_text(
+        "A turn is running in this conversation; stop it before you delete it."
+    )
+    by_id(page, "confirm-cancel").click()
+    by_id(page, "permission-deny").click()
+    expect(item.get_by_test_id("conv-running")).to_have_count(0)
+    expect(item.get_by_test_id("conv-when")).to_have_text("just now")
+    expect(item.get_by_test_id("conv-when")).to_have_attribute("title", re.compile(r"\d"))
+    pages.problems = [p for p in pages.problems if "409" not in p]  # the refusal, as intended
+    pages.assert_clean()
+
+
+def test_export_downloads(pages: Pages, relay: LiveRelay, tmp_path: Path) -> None:
+    cid = relay.create(title="Take away")["id"]
+    fill_conversation(relay, cid, 1, "export this line")
+    page = pages.open(relay)
+    for fmt in ("md", "jsonl"):
+        item_menu(page, "Take away")
+        with page.expect_download() as info:
+            by_id(page, f"conv-export-{fmt}").click()
+        download = info.value
+        assert download.suggested_filename == f"oarlock-conversation-{cid}.{fmt}"
+        saved = tmp_path / download.suggested_filename
+        download.save_as(saved)
+        expected = relay.http.get(f"/api/conversations/{cid}/export", params={"format": fmt})
+        assert saved.read_bytes() == expected.content
+    assert conv_id(page) == cid
+    compacted = relay.send(cid, "/compact")
+    assert compacted.status_code == 201, compacted.text
+    new_id = compacted.json()["compacted_into"]["id"]
+    item_menu(page, "Take away (compacted)")
+    with page.expect_download() as info:
+        by_id(page, "conv-export-md-ancestors").click()
+    saved = tmp_path / "with-ancestors.md"
+    info.value.save_as(saved)
+    expected = relay.http.get(
+        f"/api/conversations/{new_id}/export", params={"format": "md", "ancestors": "true"}
+    )
+    assert saved.read_bytes() == expected.content
+    assert "export this line" in saved.read_text()  # the earlier conversation is in it
+    pages.assert_clean()
