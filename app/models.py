@@ -32,6 +32,14 @@ def _visible_title(title: str | None) -> str | None:
     return title
 
 
+def _no_nul(value: str | None) -> str | None:
+    """Refuse a NUL character in stored text: PostgreSQL's text cannot hold one, so neither may
+    SQLite's (the relay answers the same on both)."""
+    if value is not None and "\x00" in value:
+        raise PydanticCustomError("nul", "The text cannot contain a NUL character.")
+    return value
+
+
 # Every string a client sends: valid Unicode, checked before any other rule.
 Text = Annotated[str, BeforeValidator(_unicode_only)]
 
@@ -122,6 +130,7 @@ class ConversationCreate(SQLModel):
     permission_mode: Text | None = None
 
     _title = field_validator("title")(_visible_title)
+    _title_nul = field_validator("title")(_no_nul)
 
 
 class ConversationUpdate(SQLModel):
@@ -134,6 +143,7 @@ class ConversationUpdate(SQLModel):
     auto_compact_window: int | None = None
 
     _title = field_validator("title")(_visible_title)
+    _title_nul = field_validator("title")(_no_nul)
 
 
 class MessageCreate(SQLModel):
@@ -142,6 +152,8 @@ class MessageCreate(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     text: Text
+
+    _text_nul = field_validator("text")(_no_nul)
 
 
 class PermissionAnswer(SQLModel):

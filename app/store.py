@@ -6,12 +6,23 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, func, update
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
+
+
+class AlreadyArchived(Exception):
+    """The conversation was archived (compacted) by another writer first."""
+
+
+def storable(text: str) -> str:
+    """Text every database can hold: a NUL (an agent's output may carry one; PostgreSQL's text
+    refuses it) becomes U+FFFD, as an undecodable byte does."""
+    return text.replace("\x00", "\ufffd")
 
 
 def create_conversation(
@@ -97,7 +108,7 @@ def add_entry(
         conversation_id=conversation.id or 0,
         seq=seq,
         kind=kind,
-        text=text,
+        text=storable(text),
         state=state,
         data=data or {},
     )
@@ -116,7 +127,11 @@ def save_entry(
 ) -> Entry:
     """Change an entry; event_seq (the change's number) becomes the conversation's last."""
     for name, value in changes.items():
-        setattr(entry, name, dict(value) if name == "data" else value)
+        if name == "data":
+            value = dict(value)
+        elif name == "text":
+            value = storable(value)
+        setattr(entry, name, value)
     session.add(entry)
     conversation.last_seq = max(conversation.last_seq, event_seq)
     session.add(conversation)
@@ -213,10 +228,20 @@ def compact_conversation(
     )
     session.add(new)
     session.flush()  # gives new its id, still inside the transaction
-    old.status = "archived"
-    old.compacted_into_id = new.id
-    old.updated_at = utcnow()
-    session.add(old)
+    now = utcnow()
+    # Archived only if still active when the row is written: another writer (a second
+    # session, or PostgreSQL's READ COMMITTED letting this UPDATE run after a concurrent
+    # commit) that compacted it first leaves this attempt, successor included, undone.
+    archived = session.connection().execute(
+        update(Conversation)
+        .where(col(Conversation.id) == old.id, col(Conversation.status) == "active")
+        .values(status="archived", compacted_into_id=new.id, updated_at=now)
+    )
+    if archived.rowcount != 1:
+        session.rollback()
+        raise AlreadyArchived(f"conversation {old.id} is no longer active")
+    for name, value in (("status", "archived"), ("compacted_into_id", new.id), ("updated_at", now)):
+        set_committed_value(old, name, value)  # as stored; nothing more to write
     session.commit()
     session.refresh(new)
     return new

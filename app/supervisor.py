@@ -374,12 +374,17 @@ class Supervisor:
                 conversation.title,
                 [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
             )
-            new = store.compact_conversation(
-                session=session,
-                old=conversation,
-                summary=summary,
-                title=f"{conversation.title} (compacted)",
-            )
+            try:
+                new = store.compact_conversation(
+                    session=session,
+                    old=conversation,
+                    summary=summary,
+                    title=f"{conversation.title} (compacted)",
+                )
+            except store.AlreadyArchived as error:  # another relay process compacted it first
+                raise ConversationError(
+                    "This conversation is archived; it cannot be compacted again."
+                ) from error
         old_view = conversation_view(conversation)
         self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": old_view})
         self.hub.emit(conversation.id or 0, {"type": "compacted", "into": conversation_view(new)})
