@@ -1,11 +1,13 @@
 """Crash safety, measured: a seeded workload while the relay is killed with SIGKILL, N times.
 
 After each restart: every acknowledged message is stored exactly once and in
-order, no conversation is half-compacted, and SQLite's integrity check passes.
-At the end every acknowledged message has been delivered to the agent, none
-twice. Prints one line of figures; exits 1 when any of them is not zero.
+order, no conversation is half-compacted, and the database's integrity check
+passes (SQLite's integrity_check; PostgreSQL's amcheck on the tables and their
+indexes). At the end every acknowledged message has been delivered to the agent,
+none twice. Prints one line of figures; exits 1 when any of them is not zero.
 
     python -m bench.reliability --kills 100 --seed 1
+    python -m bench.reliability --database-url postgresql+psycopg://me@127.0.0.1/scratch
 """
 
 from __future__ import annotations
@@ -15,17 +17,21 @@ import os
 import random
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from sqlalchemy import create_engine
+from sqlalchemy import text as sql
+from sqlalchemy.engine import Connection
 
 TOKEN = "reliability-token"
 MAX_ACTIVE = 3
@@ -73,10 +79,13 @@ class Tally:
 class Relay:
     """The relay as a child process, started and killed like a real one."""
 
-    def __init__(self, workdir: Path, demo_delay: float = 0.01) -> None:
+    def __init__(
+        self, workdir: Path, demo_delay: float = 0.01, database_url: str | None = None
+    ) -> None:
         self.workdir = workdir
         self.demo_delay = demo_delay
         self.data = workdir / "data"
+        self.database_url = database_url
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -93,6 +102,8 @@ class Relay:
             "OARLOCK_LOG_LEVEL": "warning",
             "OARLOCK_DEFAULT_PROVIDER": "demo",
         }
+        if self.database_url:
+            env["OARLOCK_DATABASE_URL"] = self.database_url
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -160,15 +171,48 @@ def workload(
             return  # the relay was killed under us
 
 
-def check_database(path: Path, tally: Tally) -> None:
-    """Every acknowledged message stored once, in order; compaction whole; integrity ok."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+@contextmanager
+def reading(url: str) -> Iterator[Connection]:
+    """A connection to the relay's database (SQLite opened read-only)."""
+    if url.startswith("sqlite:///"):
+        url = f"sqlite:///file:{url.removeprefix('sqlite:///')}?mode=ro&uri=true"
+    engine = create_engine(url)
     try:
-        if db.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+        with engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def intact(db: Connection) -> bool:
+    """The database's own consistency check of the relay's tables."""
+    if db.dialect.name == "sqlite":
+        return db.execute(sql("PRAGMA integrity_check")).scalar() == "ok"
+    # PostgreSQL: amcheck (shipped with the server) checks each table's heap and B-tree index.
+    db.execute(sql("CREATE EXTENSION IF NOT EXISTS amcheck"))
+    tables = ("conversation", "entry")
+    for table in tables:
+        if db.execute(sql(f"SELECT count(*) FROM verify_heapam('{table}')")).scalar():
+            return False
+    db.execute(
+        sql(
+            "SELECT bt_index_check(i.indexrelid, true) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam "
+            "WHERE a.amname = 'btree' AND i.indrelid::regclass::text IN ('conversation', 'entry')"
+        )
+    ).all()  # raises on a corrupt index
+    db.commit()
+    return True
+
+
+def check_database(url: str, tally: Tally) -> None:
+    """Every acknowledged message stored once, in order; compaction whole; integrity ok."""
+    with reading(url) as db:
+        if not intact(db):
             tally.integrity_failures += 1
         rows = db.execute(
-            "SELECT conversation_id, text, state, seq FROM entry WHERE kind = 'user'"
-        ).fetchall()
+            sql("SELECT conversation_id, text, state, seq FROM entry WHERE kind = 'user'")
+        ).all()
         counts = Counter(text for _c, text, _s, _q in rows)
         for text in tally.acked:
             tally.lost += counts[text] == 0
@@ -185,9 +229,9 @@ def check_database(path: Path, tally: Tally) -> None:
             if [text for _q, _s, text in stored if text in acked] != texts:
                 tally.misordered += 1
         conversations = {
-            row[0]: row[1:]
+            row[0]: tuple(row[1:])
             for row in db.execute(
-                "SELECT id, status, compacted_from_id, compacted_into_id FROM conversation"
+                sql("SELECT id, status, compacted_from_id, compacted_into_id FROM conversation")
             )
         }
         for cid, (status, from_id, into_id) in conversations.items():
@@ -199,11 +243,9 @@ def check_database(path: Path, tally: Tally) -> None:
                 tally.half_compacted += 1
             if from_id is not None and conversations.get(from_id, ("", None, None))[2] != cid:
                 tally.half_compacted += 1
-    finally:
-        db.close()
 
 
-def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
+def check_delivery(client: httpx.Client, url: str, tally: Tally) -> None:
     """After the queues drain, every acknowledged message reached the agent exactly once."""
     deadline = time.monotonic() + 120
     for status in ("active", "archived"):
@@ -217,26 +259,29 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
                 if turn == {"state": "idle", "queued": 0}:
                     break
                 time.sleep(0.05)
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        states = dict(db.execute("SELECT text, state FROM entry WHERE kind = 'user'").fetchall())
+    with reading(url) as db:
+        states = {
+            row[0]: row[1]
+            for row in db.execute(sql("SELECT text, state FROM entry WHERE kind = 'user'"))
+        }
         replies = Counter(
-            text.split("”")[0].removeprefix("You said: “")
-            for (text,) in db.execute("SELECT text FROM entry WHERE kind = 'agent'")
+            row[0].split("”")[0].removeprefix("You said: “")
+            for row in db.execute(sql("SELECT text FROM entry WHERE kind = 'agent'"))
         )
-    finally:
-        db.close()
     for text in tally.acked:
         tally.undelivered += states.get(text) != "sent"
         tally.delivered_twice += replies[text] > 1
 
 
-def run(kills: int, seed: int, workdir: Path) -> Tally:
-    """The whole experiment: kills rounds of work, kill, restart, check."""
+def run(kills: int, seed: int, workdir: Path, database_url: str | None = None) -> Tally:
+    """The whole experiment: kills rounds of work, kill, restart, check.
+
+    database_url: an empty PostgreSQL database to use; default: SQLite in workdir.
+    """
     rng = random.Random(seed)
     tally = Tally()
-    relay = Relay(workdir)
-    database = relay.data / "oarlock.db"
+    relay = Relay(workdir, database_url=database_url)
+    database = database_url or f"sqlite:///{relay.data / 'oarlock.db'}"
     for round_ in range(kills):
         client = relay.start()
         stop = threading.Event()
@@ -266,9 +311,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--database-url", default=None, help="an empty PostgreSQL database (default: SQLite)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="oarlock-reliability-") as workdir:
-        tally = run(args.kills, args.seed, Path(workdir))
+        tally = run(args.kills, args.seed, Path(workdir), args.database_url)
     print(tally.line())
     sys.exit(1 if tally.failures else 0)
 
