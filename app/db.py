@@ -62,28 +62,24 @@ MAX_OVERFLOW = 10
 
 
 def with_driver(url: str) -> str:
-    """A PostgreSQL URL with the driver the relay ships (psycopg 3); other URLs unchanged.
-
-    `postgresql://…` would mean psycopg2 to SQLAlchemy, and `postgres://…` (as some hosts
-    write it) nothing at all.
-    """
-    parsed = make_url(url.replace("postgres://", "postgresql://", 1))
+    """Name psycopg 3 (the driver shipped) in a PostgreSQL URL; leave other URLs unchanged."""
+    # SQLAlchemy 2.0 reads postgresql:// as psycopg2, and postgres:// (as hosts hand it out)
+    # as nothing at all.
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url.removeprefix("postgres://")
+    parsed = make_url(url)
     if parsed.drivername == "postgresql":
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     return url
 
 
 def display_url(url: str) -> str:
-    """The URL with its password hidden, for messages and logs."""
+    """Hide the URL's password, for messages and logs."""
     return make_url(url).render_as_string(hide_password=True)
 
 
 def make_engine(url: str) -> Engine:
-    """Create the engine; SQLite gets WAL, foreign keys and a busy timeout, files 0600.
-
-    PostgreSQL (postgresql+psycopg://…) gets a pool whose connections are checked before use:
-    a server restart or a proxy's idle timeout costs a reconnect, not a failed request.
-    """
+    """Create the engine; SQLite gets WAL, foreign keys, a busy timeout and files 0600."""
     url = with_driver(url)
     backend = make_url(url).get_backend_name()
     if backend == "postgresql":
@@ -107,7 +103,8 @@ def make_engine(url: str) -> Engine:
 
 
 def postgres_engine(url: str) -> Engine:
-    """A pooled PostgreSQL engine: bounded connects, lock waits as short as SQLite's."""
+    """Create a pooled PostgreSQL engine: bounded connects, lock waits as short as SQLite's."""
+    # Pre-ping: a server restart or a proxy's idle timeout costs a reconnect, not a request.
     engine = create_engine(
         url,
         pool_pre_ping=True,

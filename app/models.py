@@ -33,8 +33,7 @@ def _visible_title(title: str | None) -> str | None:
 
 
 def _no_nul(value: str | None) -> str | None:
-    """Refuse a NUL character in stored text: PostgreSQL's text cannot hold one, so neither may
-    SQLite's (the relay answers the same on both)."""
+    """Refuse a NUL character (PostgreSQL cannot store one; SQLite answers the same)."""
     if value is not None and "\x00" in value:
         raise PydanticCustomError("nul", "The text cannot contain a NUL character.")
     return value

@@ -20,8 +20,7 @@ class AlreadyArchived(Exception):
 
 
 def storable(text: str) -> str:
-    """Text every database can hold: a NUL (an agent's output may carry one; PostgreSQL's text
-    refuses it) becomes U+FFFD, as an undecodable byte does."""
+    """Replace NUL with U+FFFD: an agent's output may hold one, PostgreSQL's text cannot."""
     return text.replace("\x00", "\ufffd")
 
 
