@@ -88,8 +88,9 @@ load: $(VENV)/.installed-test
 	$(PY) -m bench.load --seconds $(DURATION)
 
 # Kill the relay with SIGKILL N times under load; prints kills=… lost=0 duplicated=0 …
+# DATABASE_URL=postgresql://…: run it on an empty PostgreSQL database instead of SQLite.
 reliability: $(VENV)/.installed-test
-	$(PY) -m bench.reliability --kills $(N)
+	$(PY) -m bench.reliability --kills $(N) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)')
 
 clean:
 	rm -rf $(VENV) .pytest_cache
