@@ -123,12 +123,6 @@ def test_every_integer_column_is_64_bit(engine: Engine) -> None:
         assert set(found.values()) == {"BIGINT"}, found
 
 
-@postgres.postgres_only
-def test_engine_on_postgresql_checks_connections_before_use(engine: Engine) -> None:
-    # The server may have closed an idle connection (a restart, a proxy's timeout).
-    assert engine.pool._pre_ping  # type: ignore[attr-defined]
-
-
 def test_largest_id_is_stored_and_read(engine: Engine) -> None:
     with get_session(engine) as session:
         conversation = Conversation(
