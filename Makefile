@@ -11,7 +11,7 @@ DATA ?= ./data
 
 include tools.mk
 
-.PHONY: serve migrate test lint format bench reliability load clean chromium
+.PHONY: serve migrate test lint format bench reliability load clean chromium postgresql
 
 N ?= 100
 PROVIDER ?= demo
@@ -43,6 +43,28 @@ chromium:
 		$(SUDO) apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { echo "chromium is missing" >&2; exit 1; }
 
+# Debian's PostgreSQL server binaries for the tests' throwaway server (tests/postgres.py): no
+# system service. The drop-in stops the package from creating (and starting) a default cluster.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		$(SUDO) mkdir -p /etc/postgresql-common/createcluster.d && \
+		echo "create_main_cluster = false" | \
+			$(SUDO) tee /etc/postgresql-common/createcluster.d/oarlock-no-main.conf >/dev/null && \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends postgresql >/dev/null && \
+		{ pg_lsclusters --no-header 2>/dev/null | awk '$$4 == "online" {print $$1, $$2}' | \
+			while read -r version cluster; do $(SUDO) pg_ctlcluster "$$version" "$$cluster" stop; \
+			done; }; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "postgresql is missing" >&2; exit 1; }
+
+# Run a second time against PostgreSQL: the storage, migration, API (HTTP, WebSocket, schema
+# fuzz), supervisor and reliability tests and tests/test_postgres.py, on a server the run
+# starts and stops itself (tests/postgres.py).
+POSTGRES_TESTS := tests/test_store.py tests/test_migrations.py tests/test_api.py tests/test_ws.py \
+	tests/test_schema_fuzz.py tests/test_supervisor.py tests/test_reliability.py \
+	tests/test_postgres.py
+
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check app tests bench alembic/env.py
 	$(VENV)/bin/ruff format --check app tests bench alembic/env.py
@@ -53,8 +75,9 @@ format: $(VENV)/.installed-test
 
 # Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
 # running that the asyncio tests after it could not start theirs in.
-test: $(VENV)/.installed-test chromium copilot-cli lint
+test: $(VENV)/.installed-test chromium postgresql copilot-cli lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob="tests/test_browser*.py"
+	OARLOCK_TEST_DB=postgres $(VENV)/bin/pytest -q -p no:cacheprovider $(POSTGRES_TESTS)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser*.py
 
 bench: $(VENV)/.installed-test
@@ -66,8 +89,9 @@ load: $(VENV)/.installed-test
 	$(PY) -m bench.load --seconds $(DURATION)
 
 # Kill the relay with SIGKILL N times under load (PROVIDER=demo|claude); prints kills=… unanswered=0 …
+# DATABASE_URL=postgresql://…: run it on an empty PostgreSQL database instead of SQLite.
 reliability: $(VENV)/.installed-test
-	$(PY) -m bench.reliability --kills $(N) --provider $(PROVIDER)
+	$(PY) -m bench.reliability --kills $(N) --provider $(PROVIDER) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)')
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,25 +1,32 @@
-"""Alembic environment: the models' metadata, batch mode for SQLite."""
+"""Alembic environment: the models' metadata; batch mode (table copies) for SQLite only."""
 
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import make_url
 from sqlmodel import SQLModel
 
 from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
-from app.db import make_engine
+from app.db import make_engine, with_driver
 from app.search import include_object
 
 config = context.config
 target_metadata = SQLModel.metadata
 
 
+def is_sqlite(url: str) -> bool:
+    """SQLite alters tables by copying them (batch mode); PostgreSQL alters them in place."""
+    return make_url(url).get_backend_name() == "sqlite"
+
+
 def run_migrations_offline() -> None:
     """Emit SQL without a database."""
+    url = with_driver(config.get_main_option("sqlalchemy.url") or "")
     context.configure(
-        url=config.get_main_option("sqlalchemy.url"),
+        url=url,
         target_metadata=target_metadata,
         literal_binds=True,
-        render_as_batch=True,
+        render_as_batch=is_sqlite(url),
         include_object=include_object,
     )
     with context.begin_transaction():
@@ -33,7 +40,7 @@ def run_migrations_online() -> None:
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
-            render_as_batch=True,
+            render_as_batch=engine.dialect.name == "sqlite",
             include_object=include_object,  # the FTS tables are not in the models
         )
         with context.begin_transaction():

@@ -102,10 +102,10 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data directory.")
 def migrate(data_dir: Path | None) -> None:
     """Create or upgrade the database schema."""
-    from app.db import ensure_private_dir
+    from app.db import display_url, ensure_private_dir
     from app.migrate import upgrade
 
     settings = _settings(data_dir=data_dir)
     ensure_private_dir(settings.resolved_data_dir)
     upgrade(settings.db_url)
-    click.echo(f"Database is up to date: {settings.db_url}")
+    click.echo(f"Database is up to date: {display_url(settings.db_url)}")

@@ -1,4 +1,4 @@
-"""The database engine: SQLite with WAL and foreign keys, sessions for the store."""
+"""The database engine: SQLite with WAL and foreign keys, or PostgreSQL; sessions for the store."""
 
 from __future__ import annotations
 
@@ -53,9 +53,38 @@ BUSY_TIMEOUT = 0.25
 WRITE_PATIENCE = 30.0
 
 
+# PostgreSQL: seconds to reach the server before the call fails (it runs on the event loop).
+CONNECT_TIMEOUT = 5
+# Connections the relay keeps open to a PostgreSQL server (calls run on the event loop, one at a
+# time, plus a few from threads), and the most it opens at once.
+POOL_SIZE = 5
+MAX_OVERFLOW = 10
+
+
+def with_driver(url: str) -> str:
+    """Name psycopg 3 (the driver shipped) in a PostgreSQL URL; leave other URLs unchanged."""
+    # SQLAlchemy 2.0 reads postgresql:// as psycopg2, and postgres:// (as hosts hand it out)
+    # as nothing at all.
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url.removeprefix("postgres://")
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return url
+
+
+def display_url(url: str) -> str:
+    """Hide the URL's password, for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def make_engine(url: str) -> Engine:
-    """Create the engine; SQLite gets WAL, foreign keys and a busy timeout, files 0600."""
-    if not url.startswith("sqlite"):
+    """Create the engine; SQLite gets WAL, foreign keys, a busy timeout and files 0600."""
+    url = with_driver(url)
+    backend = make_url(url).get_backend_name()
+    if backend == "postgresql":
+        return postgres_engine(url)
+    if backend != "sqlite":
         return create_engine(url)
     private_sqlite_files(url)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT})
@@ -69,6 +98,29 @@ def make_engine(url: str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={round(BUSY_TIMEOUT * 1000)}")
         cursor.close()
+
+    return engine
+
+
+def postgres_engine(url: str) -> Engine:
+    """Create a pooled PostgreSQL engine: bounded connects, lock waits as short as SQLite's."""
+    # Pre-ping: a server restart or a proxy's idle timeout costs a reconnect, not a request.
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=POOL_SIZE,
+        max_overflow=MAX_OVERFLOW,
+        pool_timeout=CONNECT_TIMEOUT,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT, "application_name": "oarlock"},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _settings(dbapi_connection: Any, _record: Any) -> None:
+        # A row another program keeps locked answers 503 instead of freezing every socket.
+        # (SET, not libpq's startup "options", which connection poolers such as PgBouncer refuse.)
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET lock_timeout = {round(BUSY_TIMEOUT * 1000)}")
+        dbapi_connection.commit()
 
     return engine
 

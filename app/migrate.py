@@ -12,7 +12,8 @@ def alembic_config(url: str) -> Config:
     """Alembic's configuration for a database URL (no alembic.ini needed: it is not shipped)."""
     config = Config()
     config.set_main_option("script_location", str(resource_dir("alembic")))
-    config.set_main_option("sqlalchemy.url", url)
+    # ConfigParser reads % as interpolation: a password's %40 must reach Alembic as %%40.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from app.unicode_text import has_visible_character, is_valid_unicode
@@ -32,8 +32,20 @@ def _visible_title(title: str | None) -> str | None:
     return title
 
 
+def _no_nul(value: str | None) -> str | None:
+    """Refuse a NUL character (PostgreSQL cannot store one; SQLite answers the same)."""
+    if value is not None and "\x00" in value:
+        raise PydanticCustomError("nul", "The text cannot contain a NUL character.")
+    return value
+
+
 # Every string a client sends: valid Unicode, checked before any other rule.
 Text = Annotated[str, BeforeValidator(_unicode_only)]
+
+
+# Every integer column holds 64 bits, as SQLite's INTEGER does (ids up to 2**63 - 1 reach the
+# database): BIGINT on PostgreSQL; SQLite keeps INTEGER, the name a rowid primary key needs.
+BigInt = BigInteger().with_variant(Integer(), "sqlite")
 
 
 def utcnow() -> datetime:
@@ -46,23 +58,29 @@ class Conversation(SQLModel, table=True):
 
     __table_args__ = (Index("ix_conversation_status_updated", "status", "updated_at", "id"),)
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
     title: str
     provider: str
     status: str = "active"  # active | archived
     cwd: str
     permission_mode: str = "default"
     session_id: str | None = None  # the agent's own session id, for resume
-    context_tokens: int | None = None
+    context_tokens: int | None = Field(default=None, sa_type=BigInt)
     model: str | None = None
-    model_window: int | None = None
-    auto_compact_window: int | None = None  # the user's setting; None = Auto
-    applied_window: int | None = None  # the setting the agent process was started with
+    model_window: int | None = Field(default=None, sa_type=BigInt)
+    # The user's setting (None = Auto), and the one the agent process was started with.
+    auto_compact_window: int | None = Field(default=None, sa_type=BigInt)
+    applied_window: int | None = Field(default=None, sa_type=BigInt)
     pending_summary: str | None = None  # /compact carry-over, consumed by the first message
-    compacted_from_id: int | None = Field(default=None, foreign_key="conversation.id")
-    compacted_into_id: int | None = Field(default=None, foreign_key="conversation.id")
+    compacted_from_id: int | None = Field(
+        default=None, foreign_key="conversation.id", sa_type=BigInt
+    )
+    compacted_into_id: int | None = Field(
+        default=None, foreign_key="conversation.id", sa_type=BigInt
+    )
     turn_active: bool = False  # a turn was running: lets a restart tell it was cut short
-    last_seq: int = 0  # the highest sequence number stored for this conversation
+    # The highest sequence number stored for this conversation.
+    last_seq: int = Field(default=0, sa_type=BigInt)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -77,9 +95,9 @@ class Entry(SQLModel, table=True):
         Index("ix_entry_state_conversation", "state", "conversation_id"),  # startup recovery
     )
 
-    id: int | None = Field(default=None, primary_key=True)
-    conversation_id: int = Field(foreign_key="conversation.id")
-    seq: int
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
+    conversation_id: int = Field(foreign_key="conversation.id", sa_type=BigInt)
+    seq: int = Field(sa_type=BigInt)
     kind: str  # user | agent | activity | line
     text: str = ""
     state: str = "done"  # user: queued|sent; agent: streaming|done|interrupted; line: running|done
@@ -92,11 +110,12 @@ class LoginSession(SQLModel, table=True):
 
     __tablename__ = "login_session"
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
     # HMAC-SHA256 of the cookie value keyed with the token: a new token matches no row.
     key: str = Field(unique=True, max_length=64)
     created_at: datetime = Field(default_factory=utcnow)
-    expires_at: int  # Unix time: compared in SQL, no time zone to get wrong
+    # Unix time: compared in SQL, no time zone to get wrong.
+    expires_at: int = Field(sa_type=BigInt)
 
 
 class Handoff(SQLModel, table=True):
@@ -104,13 +123,13 @@ class Handoff(SQLModel, table=True):
 
     __table_args__ = (Index("ix_handoff_cwd_id", "cwd", "id"),)
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
     cwd: str
     done: str
     next: str
     files: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     source: str = "agent"  # agent (the save_handoff tool) | user (written in the 🧠 modal)
-    conversation_id: int | None = Field(default=None, foreign_key="conversation.id")
+    conversation_id: int | None = Field(default=None, foreign_key="conversation.id", sa_type=BigInt)
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -137,6 +156,7 @@ class ConversationCreate(SQLModel):
     permission_mode: Text | None = None
 
     _title = field_validator("title")(_visible_title)
+    _title_nul = field_validator("title")(_no_nul)
 
 
 class ConversationUpdate(SQLModel):
@@ -149,6 +169,7 @@ class ConversationUpdate(SQLModel):
     auto_compact_window: int | None = None
 
     _title = field_validator("title")(_visible_title)
+    _title_nul = field_validator("title")(_no_nul)
 
 
 class MessageCreate(SQLModel):
@@ -157,6 +178,8 @@ class MessageCreate(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     text: Text
+
+    _text_nul = field_validator("text")(_no_nul)
 
 
 class PermissionAnswer(SQLModel):

@@ -6,12 +6,22 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, update
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry, Handoff, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
+
+
+class AlreadyArchived(Exception):
+    """The conversation was archived (compacted) by another writer first."""
+
+
+def storable(text: str) -> str:
+    """Replace NUL with U+FFFD: an agent's output may hold one, PostgreSQL's text cannot."""
+    return text.replace("\x00", "\ufffd")
 
 
 def create_conversation(
@@ -97,7 +107,7 @@ def add_entry(
         conversation_id=conversation.id or 0,
         seq=seq,
         kind=kind,
-        text=text,
+        text=storable(text),
         state=state,
         data=data or {},
     )
@@ -116,7 +126,11 @@ def save_entry(
 ) -> Entry:
     """Change an entry; event_seq (the change's number) becomes the conversation's last."""
     for name, value in changes.items():
-        setattr(entry, name, dict(value) if name == "data" else value)
+        if name == "data":
+            value = dict(value)
+        elif name == "text":
+            value = storable(value)
+        setattr(entry, name, value)
     session.add(entry)
     conversation.last_seq = max(conversation.last_seq, event_seq)
     session.add(conversation)
@@ -258,16 +272,26 @@ def compact_conversation(
     )
     session.add(new)
     session.flush()  # gives new its id, still inside the transaction
+    now = utcnow()
+    # Archived only if still active when the row is written: another writer (a second
+    # session, or PostgreSQL's READ COMMITTED letting this UPDATE run after a concurrent
+    # commit) that compacted it first leaves this attempt, successor included, undone.
+    archived = session.connection().execute(
+        update(Conversation)
+        .where(col(Conversation.id) == old.id, col(Conversation.status) == "active")
+        .values(status="archived", compacted_into_id=new.id, updated_at=now)
+    )
+    if archived.rowcount != 1:
+        session.rollback()
+        raise AlreadyArchived(f"conversation {old.id} is no longer active")
+    for name, value in (("status", "archived"), ("compacted_into_id", new.id), ("updated_at", now)):
+        set_committed_value(old, name, value)  # as stored; nothing more to write
     queued = entries_in_state(session=session, conversation_id=old.id or 0, state="queued")
     for seq, entry in enumerate(queued, start=1):
         entry.conversation_id, entry.seq = new.id or 0, seq
         session.add(entry)
     new.last_seq = len(queued)
     session.add(new)
-    old.status = "archived"
-    old.compacted_into_id = new.id
-    old.updated_at = utcnow()
-    session.add(old)
     session.commit()
     session.refresh(new)
     return new

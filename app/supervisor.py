@@ -535,12 +535,17 @@ class Supervisor:
             if handoff:  # /clear: the project's latest handoff instead, or nothing
                 latest = store.latest_handoff(session=session, cwd=conversation.cwd)
                 summary = carry_over(handoff_text(latest)) if latest is not None else None
-            new = store.compact_conversation(
-                session=session,
-                old=conversation,
-                summary=summary,
-                title=compacted_title(conversation.title),
-            )
+            try:
+                new = store.compact_conversation(
+                    session=session,
+                    old=conversation,
+                    summary=summary,
+                    title=compacted_title(conversation.title),
+                )
+            except store.AlreadyArchived as error:  # another relay process compacted it first
+                raise ConversationError(
+                    "This conversation is archived; it cannot be compacted again."
+                ) from error
             moved = store.entries_in_state(
                 session=session, conversation_id=new.id or 0, state="queued"
             )

@@ -2,7 +2,8 @@
 
 Several senders post at once. After each restart: every acknowledged message is
 stored exactly once and in each sender's order, no conversation is
-half-compacted, and SQLite's integrity check passes. At the end, once the
+half-compacted, and the database's integrity check passes (SQLite's
+integrity_check; PostgreSQL's amcheck on the tables and their indexes). At the end, once the
 queues are drained, every acknowledged message is either answered exactly once
 (some of them after the relay delivered them again) or its turn was cut by a
 kill and a line in the timeline says so. Prints one line of figures; exits 1
@@ -11,6 +12,7 @@ or left with neither an answer nor a cut line.
 
     python -m bench.reliability --kills 100 --seed 1
     python -m bench.reliability --kills 10 --provider claude
+    python -m bench.reliability --database-url postgresql+psycopg://me@127.0.0.1/scratch
 
 With --provider claude the conversations run the real Claude Code CLI against
 tests/fake_anthropic.py; its transcript lets the relay deliver again a message
@@ -26,18 +28,22 @@ import os
 import random
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import create_engine
+from sqlalchemy import text as sql
+from sqlalchemy.engine import Connection
 
 TOKEN = "reliability-token"
 MAX_ACTIVE = 3
@@ -112,11 +118,13 @@ class Relay:
         demo_delay: float = 0.01,
         provider: str = "demo",
         env: dict[str, str] | None = None,
+        database_url: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.demo_delay = demo_delay
         self.provider = provider
         self.env = env if env is not None else dict(os.environ)
+        self.database_url = database_url  # an empty PostgreSQL database; default SQLite
         self.data = workdir / "data"
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -135,6 +143,8 @@ class Relay:
             "OARLOCK_DEFAULT_PROVIDER": self.provider,
             "OARLOCK_AGENT_IDLE_TIMEOUT": "10",  # CLIs of drained conversations exit
         }
+        if self.database_url:
+            env["OARLOCK_DATABASE_URL"] = self.database_url
         command = [sys.executable, "-m", "app", "serve", "--port", str(self.port)]
         with (self.workdir / "relay.log").open("ab") as log:  # warnings, for a failed run
             self.process = subprocess.Popen(
@@ -205,23 +215,56 @@ def workload(
             return  # the relay was killed under us
 
 
-def check_database(path: Path, tally: Tally) -> None:
-    """Every acknowledged message stored once, in order; compaction whole; integrity ok."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+@contextmanager
+def reading(url: str) -> Iterator[Connection]:
+    """A connection to the relay's database (SQLite opened read-only)."""
+    if url.startswith("sqlite:///"):
+        url = f"sqlite:///file:{url.removeprefix('sqlite:///')}?mode=ro&uri=true"
+    engine = create_engine(url)
     try:
-        if db.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+        with engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def intact(db: Connection) -> bool:
+    """The database's own consistency check of the relay's tables."""
+    if db.dialect.name == "sqlite":
+        return db.execute(sql("PRAGMA integrity_check")).scalar() == "ok"
+    # PostgreSQL: amcheck (shipped with the server) checks each table's heap and B-tree index.
+    db.execute(sql("CREATE EXTENSION IF NOT EXISTS amcheck"))
+    tables = ("conversation", "entry")
+    for table in tables:
+        if db.execute(sql(f"SELECT count(*) FROM verify_heapam('{table}')")).scalar():
+            return False
+    db.execute(
+        sql(
+            "SELECT bt_index_check(i.indexrelid, true) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam "
+            "WHERE a.amname = 'btree' AND i.indrelid::regclass::text IN ('conversation', 'entry')"
+        )
+    ).all()  # raises on a corrupt index
+    db.commit()
+    return True
+
+
+def check_database(url: str, tally: Tally) -> None:
+    """Every acknowledged message stored once, in order; compaction whole; integrity ok."""
+    with reading(url) as db:
+        if not intact(db):
             tally.integrity_failures += 1
         rows = db.execute(
-            "SELECT conversation_id, text, state, seq FROM entry WHERE kind = 'user'"
-        ).fetchall()
+            sql("SELECT conversation_id, text, state, seq FROM entry WHERE kind = 'user'")
+        ).all()
         counts = Counter(text for _c, text, _s, _q in rows)
         for text in tally.acked:
             tally.lost += counts[text] == 0
             tally.duplicated += counts[text] > 1
         conversations = {
-            row[0]: row[1:]
+            row[0]: tuple(row[1:])
             for row in db.execute(
-                "SELECT id, status, compacted_from_id, compacted_into_id FROM conversation"
+                sql("SELECT id, status, compacted_from_id, compacted_into_id FROM conversation")
             )
         }
         for (conversation_id, _sender), texts in tally.order.items():
@@ -246,11 +289,9 @@ def check_database(path: Path, tally: Tally) -> None:
                 tally.half_compacted += 1
             if from_id is not None and conversations.get(from_id, ("", None, None))[2] != cid:
                 tally.half_compacted += 1
-    finally:
-        db.close()
 
 
-def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
+def check_delivery(client: httpx.Client, url: str, tally: Tally) -> None:
     """After the queues drain: each acknowledged message answered once, or cut with a line."""
     # /compact moves queued messages into the successor, so a chain's backlog drains through
     # one runner: wait as long as the queues keep shrinking, up to 120 s without progress.
@@ -269,20 +310,19 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
         if left < 0 or queued < left:
             stalled_at, left = time.monotonic() + 120, queued
         time.sleep(0.5)
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
+    with reading(url) as db:
         rows = db.execute(
-            "SELECT id, conversation_id, kind, text, state, data FROM entry"
-            " ORDER BY conversation_id, seq"
-        ).fetchall()
-    finally:
-        db.close()
+            sql(
+                "SELECT id, conversation_id, kind, text, state, data FROM entry"
+                " ORDER BY conversation_id, seq"
+            )
+        ).all()
     users: dict[str, tuple[int, str, dict[str, Any]]] = {}  # text -> id, state, data
     replies: Counter[int] = Counter()  # user entry id -> finished agent messages of its turn
     cut: dict[int, bool | None] = {}  # user entry id a cut line names -> data.received
     turn_of: dict[int, int] = {}  # conversation -> the user message whose turn runs
     for entry_id, conversation_id, kind, text, state, raw in rows:
-        data = json.loads(raw) if raw else {}
+        data = (json.loads(raw) if isinstance(raw, str) else raw) or {}  # JSON text or decoded
         if kind == "user" and state == "sent":  # turns run one at a time, in seq order
             turn_of[conversation_id] = entry_id
         if kind == "user":
@@ -308,14 +348,23 @@ def check_delivery(client: httpx.Client, path: Path, tally: Tally) -> None:
             tally.unanswered += 1
 
 
-def run(kills: int, seed: int, workdir: Path, provider: str = "demo") -> Tally:
-    """The whole experiment: kills rounds of work, kill, restart, check."""
+def run(
+    kills: int,
+    seed: int,
+    workdir: Path,
+    provider: str = "demo",
+    database_url: str | None = None,
+) -> Tally:
+    """The whole experiment: kills rounds of work, kill, restart, check.
+
+    database_url: an empty PostgreSQL database to use; default: SQLite in workdir.
+    """
     if provider == "claude":
-        return _with_claude(kills, seed, workdir)
-    return _run(kills, seed, Relay(workdir))
+        return _with_claude(kills, seed, workdir, database_url)
+    return _run(kills, seed, Relay(workdir, database_url=database_url))
 
 
-def _with_claude(kills: int, seed: int, workdir: Path) -> Tally:
+def _with_claude(kills: int, seed: int, workdir: Path, database_url: str | None) -> Tally:
     """The experiment with the real Claude Code CLI against the fake Messages API."""
     from bench.common import claude_env
     from tests.fake_anthropic import FakeAnthropic, last_user_text
@@ -323,7 +372,9 @@ def _with_claude(kills: int, seed: int, workdir: Path) -> Tally:
     home = workdir / "home"
     with FakeAnthropic() as fake:
         fake.long_word_delay = 0.05
-        relay = Relay(workdir, provider="claude", env=claude_env(home, fake))  # type: ignore[arg-type]
+        relay = Relay(
+            workdir, provider="claude", env=claude_env(home, fake), database_url=database_url
+        )  # type: ignore[arg-type]
         try:
             tally = _run(kills, seed, relay)
         finally:
@@ -345,7 +396,7 @@ def _reap_clis(home: Path) -> None:
 def _run(kills: int, seed: int, relay: Relay) -> Tally:
     rng = random.Random(seed)
     tally = Tally()
-    database = relay.data / "oarlock.db"
+    database = relay.database_url or f"sqlite:///{relay.data / 'oarlock.db'}"
     for round_ in range(kills):
         client = relay.start()
         stop = threading.Event()
@@ -392,9 +443,12 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--provider", choices=["demo", "claude"], default="demo")
+    parser.add_argument(
+        "--database-url", default=None, help="an empty PostgreSQL database (default: SQLite)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="oarlock-reliability-") as workdir:
-        tally = run(args.kills, args.seed, Path(workdir), args.provider)
+        tally = run(args.kills, args.seed, Path(workdir), args.provider, args.database_url)
     print(tally.line())
     sys.exit(1 if tally.failures else 0)
 

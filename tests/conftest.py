@@ -11,13 +11,34 @@ from typing import Any
 import pytest
 
 from app.agents.copilot import INSTALL_HINT, copilot_cli_path
+from tests import postgres
 from tests.browser import Pages
 from tests.relay import LiveRelay, make_settings
 
 
+@pytest.fixture(scope="session", autouse=True)
+def postgres_server() -> Iterator[None]:
+    """With OARLOCK_TEST_DB=postgres, one throwaway PostgreSQL server for the whole session."""
+    try:
+        if postgres.SELECTED == "postgres":
+            postgres.start()
+        yield
+    finally:
+        postgres.stop()  # even when a test failed: nothing is left running
+
+
+@pytest.fixture(autouse=True)
+def drop_test_databases() -> Iterator[None]:
+    """Drop the PostgreSQL databases a test created (after its relay has stopped)."""
+    try:
+        yield
+    finally:
+        postgres.drop_created()
+
+
 @pytest.fixture
 def relay(tmp_path: Path) -> Iterator[LiveRelay]:
-    """A running relay with the demo agent, on a fresh SQLite file."""
+    """A running relay with the demo agent, on a fresh SQLite file (or PostgreSQL database)."""
     live = LiveRelay(make_settings(tmp_path / "data")).start()
     try:
         yield live

@@ -1,4 +1,4 @@
-"""A real relay for tests: uvicorn in a thread on a free port, a fresh SQLite file."""
+"""A real relay for tests: uvicorn in a thread on a free port, a fresh database."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from app.cli import server_options
 from app.config import Settings
 from app.main import create_app
 from app.migrate import upgrade
+from tests import postgres
 
 TOKEN = "test-token-0123456789"
 
@@ -44,6 +45,8 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
         "demo_delay": 0.005,
         "port": free_port(),
     }
+    if "database_url" not in overrides and (url := postgres.database_url(data_dir)):
+        values["database_url"] = url  # OARLOCK_TEST_DB=postgres: a database per data directory
     values.update(overrides)
     return Settings(**values)
 

@@ -5,19 +5,22 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import BigInteger, Integer, inspect
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
 from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
-from app.db import make_engine
+from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
+from app.models import Conversation
 from app.search import include_object, is_search_table
+from tests import postgres
 
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'migrated.db'}"
+    return postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'migrated.db'}"
 
 
 @pytest.fixture
@@ -54,6 +57,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
         index["name"] or ""
         for table in ("conversation", "entry")
         for index in inspector.get_indexes(table)
+        if not index.get("duplicates_constraint")  # PostgreSQL's index behind a UNIQUE
     )
     assert names == [
         "ix_conversation_status_updated",
@@ -71,26 +75,31 @@ def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:
     with engine.connect() as connection:
-        opts = {"render_as_batch": True, "include_object": include_object}
+        batch = engine.dialect.name == "sqlite"
+        opts = {"render_as_batch": batch, "include_object": include_object}
         context = MigrationContext.configure(connection, opts=opts)
         assert compare_metadata(context, SQLModel.metadata) == []
 
 
+@postgres.sqlite_only
 def test_engine_journal_mode_is_wal(engine: Engine) -> None:
     with engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
+@postgres.sqlite_only
 def test_engine_foreign_keys_on(engine: Engine) -> None:
     with engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
 
 
+@postgres.sqlite_only
 def test_engine_synchronous_full(engine: Engine) -> None:
     with engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2
 
 
+@postgres.sqlite_only
 def test_engine_busy_timeout(engine: Engine) -> None:
     with engine.connect() as connection:
         # Short: every call runs on the event loop (test_input.py has a locked database).
@@ -98,6 +107,8 @@ def test_engine_busy_timeout(engine: Engine) -> None:
 
 
 def test_upgrade_creates_the_search_index(engine: Engine) -> None:
+    if engine.dialect.name != "sqlite":
+        pytest.skip("FTS5 is SQLite's; other databases search with LIKE")
     names = inspect(engine).get_table_names()
     assert "entry_fts" in names
     with engine.connect() as connection:
@@ -109,3 +120,37 @@ def test_upgrade_creates_the_search_index(engine: Engine) -> None:
             "entry_fts_insert",
             "entry_fts_update",
         ]
+
+
+def test_every_integer_column_is_64_bit(engine: Engine) -> None:
+    # Ids up to 2**63 - 1 reach the database: PostgreSQL's INTEGER holds 32 bits, BIGINT 64.
+    narrow = [
+        f"{table.name}.{column.name}"
+        for table in SQLModel.metadata.tables.values()
+        for column in table.columns
+        if isinstance(column.type.dialect_impl(postgresql.dialect()), Integer)
+        and not isinstance(column.type.dialect_impl(postgresql.dialect()), BigInteger)
+    ]
+    assert narrow == []
+    if engine.dialect.name == "postgresql":  # and the migrations made them so
+        inspector = inspect(engine)
+        found = {
+            f"{table}.{column['name']}": str(column["type"])
+            for table in inspector.get_table_names()
+            for column in inspector.get_columns(table)
+            if "INT" in str(column["type"])
+        }
+        assert set(found.values()) == {"BIGINT"}, found
+
+
+def test_largest_id_is_stored_and_read(engine: Engine) -> None:
+    with get_session(engine) as session:
+        conversation = Conversation(
+            id=2**63 - 1, title="t", provider="demo", cwd="/w", last_seq=2**63 - 1
+        )
+        session.add(conversation)
+        session.commit()
+    with get_session(engine) as session:
+        stored = session.get(Conversation, 2**63 - 1)
+        assert stored is not None
+        assert stored.last_seq == 2**63 - 1

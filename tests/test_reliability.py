@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.reliability import run
+from tests import postgres
 
 
 def test_kills_lose_nothing_and_duplicate_nothing(tmp_path: Path) -> None:
-    tally = run(kills=3, seed=7, workdir=tmp_path)
+    # OARLOCK_TEST_DB=postgres: the relay child processes use a fresh PostgreSQL database.
+    tally = run(kills=3, seed=7, workdir=tmp_path, database_url=postgres.database_url(tmp_path))
     print(tally.line())
     assert tally.kills == 3
     assert len(tally.acked) > 0

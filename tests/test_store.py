@@ -12,14 +12,15 @@ from app import store
 from app.db import get_session, make_engine
 from app.migrate import upgrade
 from app.models import Conversation, Entry
+from tests import postgres
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a fresh, migrated SQLite file."""
-    url = f"sqlite:///{tmp_path / 'store.db'}"
+    """An engine on a fresh, migrated SQLite file (or PostgreSQL database)."""
+    url = postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'store.db'}"
     upgrade(url)
     engine = make_engine(url)
     try:
@@ -302,12 +303,27 @@ def test_compact_conversation_failure_leaves_nothing(engine: Engine) -> None:
     old_id = old.id
     with engine.begin() as connection:
         # Make the archiving UPDATE fail after the successor's INSERT was flushed.
-        connection.execute(
-            text(
-                "CREATE TRIGGER refuse_archive BEFORE UPDATE OF status ON conversation "
-                "WHEN NEW.status = 'archived' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        if engine.dialect.name == "postgresql":
+            connection.execute(
+                text(
+                    "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "RAISE EXCEPTION 'refused' USING ERRCODE = 'integrity_constraint_violation';"
+                    " END $$"
+                )
             )
-        )
+            connection.execute(
+                text(
+                    "CREATE TRIGGER refuse_archive BEFORE UPDATE OF status ON conversation "
+                    "FOR EACH ROW WHEN (NEW.status = 'archived') EXECUTE FUNCTION refuse()"
+                )
+            )
+        else:
+            connection.execute(
+                text(
+                    "CREATE TRIGGER refuse_archive BEFORE UPDATE OF status ON conversation "
+                    "WHEN NEW.status = 'archived' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+                )
+            )
     with get_session(engine) as session:
         session.add(old)
         with pytest.raises(exc.IntegrityError):
@@ -394,6 +410,18 @@ def test_last_entries_uses_index(engine: Engine, before_seq: int | None) -> None
     finally:
         event.remove(engine, "before_cursor_execute", record)
     [(statement, parameters)] = [s for s in statements if "FROM entry" in s[0]]
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            # 100 rows are few enough for a sequential scan to be cheapest: ask whether an
+            # index can serve the query in order, as it must for a long timeline.
+            connection.exec_driver_sql("ANALYZE entry")
+            connection.exec_driver_sql("SET enable_seqscan = off")
+            plan = [
+                row[0] for row in connection.exec_driver_sql(f"EXPLAIN {statement}", parameters)
+            ]
+        assert any("Index Scan Backward using uq_entry_conversation_seq" in s for s in plan), plan
+        assert [step for step in plan if "Sort" in step or "Seq Scan" in step] == [], plan
+        return
     with engine.connect() as connection:
         plan = [
             row[3]

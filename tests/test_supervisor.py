@@ -96,12 +96,14 @@ def test_message_sent_during_compaction_is_queued(tmp_path: Path) -> None:
     try:
         cid = live.create()["id"]
         live.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
-        with get_session(make_engine(live.settings.db_url)) as session:
+        engine = make_engine(live.settings.db_url)
+        with get_session(engine) as session:
             conversation = store.get_conversation(session=session, conversation_id=cid)
             assert conversation is not None
             store.update_conversation(
                 session=session, conversation=conversation, context_tokens=90_000
             )
+        engine.dispose()  # PostgreSQL's connection would otherwise close only when collected
         live.send(cid, "go")
         compacting = live.wait_for(cid, lambda v: v["turn"]["state"] == "compacting")
         assert [e["text"] for e in compacting["timeline"] if e["kind"] == "line"] == [

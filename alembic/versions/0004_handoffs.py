@@ -9,6 +9,8 @@ from alembic import op
 import sqlalchemy as sa
 import sqlmodel
 
+BIGINT = sa.BigInteger().with_variant(sa.Integer(), 'sqlite')  # 64-bit ids on PostgreSQL
+
 
 revision = '0004'
 down_revision = '0003'
@@ -18,13 +20,13 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_table('handoff',
-    sa.Column('id', sa.Integer(), nullable=False),
+    sa.Column('id', BIGINT, nullable=False),
     sa.Column('cwd', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
     sa.Column('done', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
     sa.Column('next', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
     sa.Column('files', sa.JSON(), nullable=False),
     sa.Column('source', sqlmodel.sql.sqltypes.AutoString(), nullable=False),
-    sa.Column('conversation_id', sa.Integer(), nullable=True),
+    sa.Column('conversation_id', BIGINT, nullable=True),
     sa.Column('created_at', sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
     sa.ForeignKeyConstraint(['conversation_id'], ['conversation.id'], ),
     sa.PrimaryKeyConstraint('id')

@@ -124,6 +124,8 @@ def parse_cursor(cursor: str | None) -> tuple[datetime, int] | None:
     if cursor is None:
         return None
     micros, conversation_id = (int(part) for part in cursor.split("-"))
+    if conversation_id > MAX_ID:  # 19 digits may exceed a 64-bit integer column
+        raise HTTPException(422, "The page cursor is not one this relay gave out.")
     return EPOCH + timedelta(microseconds=micros), conversation_id
 
 
