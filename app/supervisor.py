@@ -48,6 +48,7 @@ from app.hub import Hub
 from app.limits import give_back_memory
 from app.models import Conversation, Entry
 from app.providers import agent_env, compaction_style, make_agent
+from app.render import render_partial
 from app.summary import SummaryMessage, build_summary, compose_first_message
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
 CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least this often
+# A streaming message is re-rendered (sanitized HTML in its delta) at most this often, and
+# less often as it grows or renders slowly: rendering stays a small share of the loop.
+RENDER_SECONDS = 0.1
+RENDER_CHARS_PER_SECOND = 100_000
 TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
 SHUTDOWN_LINE = "Interrupted: the relay was shut down."
@@ -78,6 +83,7 @@ class Streaming:
     entry: Entry
     parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
     checkpoint_at: float = field(default_factory=time.monotonic)
+    render_at: float = 0.0  # when the streamed text may next be rendered
 
     @property
     def text(self) -> str:
@@ -833,11 +839,16 @@ class Supervisor:
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
         streaming.parts.append(event.text)
-        self.hub.emit(
-            runner.conversation_id,
-            {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
-        )
+        entry_id = streaming.entry.id
+        delta: dict[str, Any] = {"type": "delta", "entry_id": entry_id, "text": event.text}
         now = time.monotonic()
+        if now >= streaming.render_at:  # the whole text so far, through the server's sanitizer
+            text = streaming.text
+            delta["html"] = render_partial(text)
+            took = time.monotonic() - now
+            pause = max(RENDER_SECONDS, 5 * took, len(text) / RENDER_CHARS_PER_SECOND)
+            streaming.render_at = now + pause
+        self.hub.emit(runner.conversation_id, delta)
         # Skipped while another program holds the write lock: the next delta tries again.
         if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS and write_lock_free(self.engine):
             # A crash-safe checkpoint of the partial text, not a write per delta.

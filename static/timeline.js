@@ -27,11 +27,14 @@ function enhance(body) {
     link.rel = 'noopener noreferrer nofollow';
   }
   for (const pre of body.querySelectorAll('pre')) {
-    const copy = h('button', { type: 'button', class: 'copy-btn', title: 'Copy', 'aria-label': 'Copy code' });
+    // A word, not a symbol: every font has it (U+29C9 showed as a box on a stock Debian).
+    const copy = h('button', { type: 'button', class: 'copy-btn', title: 'Copy', 'aria-label': 'Copy code', testid: 'copy-code', text: 'Copy' });
     copy.addEventListener('click', () => {
-      navigator.clipboard?.writeText(pre.innerText).then(() => {
+      const code = pre.querySelector('code');
+      navigator.clipboard?.writeText((code || pre).innerText).then(() => {
         copy.classList.add('copied');
-        setTimeout(() => copy.classList.remove('copied'), 1200);
+        copy.textContent = 'Copied';
+        setTimeout(() => { copy.classList.remove('copied'); copy.textContent = 'Copy'; }, 1200);
       }, () => {});
     });
     pre.classList.add('has-copy');
@@ -39,9 +42,24 @@ function enhance(body) {
   }
 }
 
+/** Where the streamed text not yet rendered goes: the end of the rendered text's last block. */
+function streamTail(body, tail) {
+  let target = body;
+  while (target.lastElementChild && !['BR', 'HR'].includes(target.lastElementChild.tagName)) target = target.lastElementChild;
+  const span = h('span', { class: 'stream-tail streaming', text: tail || '' }); // text only, never HTML
+  target.append(span);
+}
+
 function agentEntry(entry) {
   const bubble = h('div', { class: 'bubble' });
-  if (entry.state === 'streaming' || entry.html == null) {
+  if (entry.state === 'streaming' && entry.html != null) {
+    // Rendered while it streams: the server's sanitized HTML of the text so far (sent at
+    // most every ~0.1 s), then the newer text as plain text until the next rendering.
+    const body = h('div', { class: 'md', dir: 'auto', testid: 'streaming-md' });
+    body.innerHTML = entry.html; // sanitized by the server, like a finished message
+    streamTail(body, entry.tail);
+    bubble.append(body);
+  } else if (entry.state === 'streaming' || entry.html == null) {
     bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', dir: 'auto', text: entry.text }));
   } else {
     const body = h('div', { class: 'md', dir: 'auto' });
@@ -273,11 +291,15 @@ export class Timeline {
     this.changed(false);
   }
 
-  delta(id, text) {
+  /** More streamed text; html (when sent) is the server's rendering of the whole text so far. */
+  delta(id, text, html) {
     const item = this.items.get(id);
     if (!item) return;
-    item.entry = { ...item.entry, text: item.entry.text + text };
-    const plain = item.el && item.entry.state === 'streaming' ? item.el.querySelector('.plain') : null;
+    const was = item.entry;
+    const rendered = html != null ? { html, tail: '' } : { tail: (was.tail || '') + text };
+    item.entry = { ...was, text: was.text + text, ...rendered };
+    const streaming = item.el && was.state === 'streaming';
+    const plain = streaming && html == null ? item.el.querySelector('.stream-tail, .plain') : null;
     if (plain) plain.append(text);
     else this.draw(item);
     this.changed(true);

@@ -1,0 +1,145 @@
+"""Issue 17's rough edges, each seen where a user meets it: a real Chromium, desktop and phone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from playwright.sync_api import Page, expect
+
+from app.agents.base import AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
+from tests.browser import Pages, send_text
+from tests.relay import LiveRelay
+
+PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
+
+Script = Callable[["ScriptAgent", str], AsyncIterator[AgentEvent]]
+
+
+class ScriptAgent:
+    """A stand-in agent whose turns are a test's script."""
+
+    def __init__(self, spec: AgentSpec, script: Script) -> None:
+        self.spec = spec
+        self.script = script
+        self.interrupted = False
+
+    async def start(self) -> None:
+        """Nothing to start."""
+
+    async def interrupt(self) -> None:
+        """Stop at the script's next check."""
+        self.interrupted = True
+
+    async def context_usage(self) -> dict[str, Any] | None:
+        """No report."""
+        return None
+
+    def background_work(self) -> bool:
+        """Never."""
+        return False
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Run the script."""
+        self.interrupted = False
+        async for event in self.script(self, prompt):
+            yield event
+
+
+def use_script(relay: LiveRelay, script: Script) -> None:
+    """Every conversation's agent runs script."""
+    relay.supervisor.agent_factory = lambda _p, spec, _s: ScriptAgent(spec, script)
+
+
+def reply(text: str) -> Script:
+    """A script answering text in one message."""
+
+    async def script(_agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+        yield MessageDone("m1", text)
+        yield TurnDone()
+
+    return script
+
+
+def open_new(pages: Pages, relay: LiveRelay, **context: Any) -> tuple[Page, int]:
+    """A page showing a new demo conversation."""
+    cid = relay.create(title="Polish")["id"]
+    return pages.open(relay, f"/c/{cid}", **context), cid
+
+
+# ---- 1. a reply renders while it streams ------------------------------------------------------
+
+
+def test_streaming_reply_is_rendered_as_it_streams(pages: Pages, relay: LiveRelay) -> None:
+    page, cid = open_new(pages, relay)
+    send_text(page, "slow please")  # the demo's long reply: ~200 pieces
+    streaming = page.locator('[data-testid="entry-agent"][data-state="streaming"]')
+    # "I am the **demo** agent" is bold while the reply is still being written.
+    expect(streaming.locator("strong")).to_have_text("demo")
+    expect(streaming.locator("em").first).to_have_text("use a tool")
+    done = page.locator('[data-testid="entry-agent"][data-state="done"]')
+    expect(done.locator("strong")).to_have_text("demo")
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
+async def _stream_markdown(_agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+    """A reply whose raw HTML and link arrive in pieces."""
+    pieces = ["Here is ", "<img src=x onerror=window.__xss=1> ", "**bold", "** and ", "a list:"]
+    for piece in [*pieces, "\n\n- one\n- two"]:
+        yield TextDelta("s1", piece)
+        await asyncio.sleep(0.15)
+    await asyncio.sleep(3)  # time to look at the partial rendering
+    yield MessageDone("s1", "done")
+    yield TurnDone()
+
+
+def test_streaming_rendering_stays_sanitized(pages: Pages, relay: LiveRelay) -> None:
+    use_script(relay, _stream_markdown)
+    page, cid = open_new(pages, relay)
+    send_text(page, "go")
+    streaming = page.locator('[data-testid="entry-agent"][data-state="streaming"]')
+    expect(streaming.locator("li")).to_have_text(["one", "two"])
+    expect(streaming.locator("strong")).to_have_text("bold")
+    expect(streaming).to_contain_text("<img src=x onerror=window.__xss=1>")  # shown as text
+    assert streaming.locator("img").count() == 0
+    assert page.evaluate("window.__xss") is None
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
+# ---- 2. highlighted code, links, a copy button every font can show ----------------------------
+
+CODE_REPLY = (
+    "```python\ndef answer():\n    return 42\n```\n\nDocs: https://example.com/docs and app.py"
+)
+
+
+def test_code_is_highlighted_urls_are_links_and_copy_is_a_word(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    use_script(relay, reply(CODE_REPLY))
+    for context in ({}, PHONE):
+        page, cid = open_new(pages, relay, **context)
+        send_text(page, "code please")
+        agent = page.locator('[data-testid="entry-agent"][data-state="done"]')
+        keyword = agent.locator("pre code span.k").first
+        expect(keyword).to_have_text("def")
+        # highlight.css is loaded: a keyword is coloured unlike the code around it.
+        colours = keyword.evaluate(
+            "k => [getComputedStyle(k).color, getComputedStyle(k.closest('code')).color]"
+        )
+        assert colours[0] != colours[1]
+        link = agent.get_by_role("link", name="https://example.com/docs")
+        expect(link).to_have_attribute("href", "https://example.com/docs")
+        assert agent.get_by_role("link").count() == 1  # app.py is a file name, not a link
+        copy = agent.get_by_test_id("copy-code")
+        expect(copy).to_have_text("Copy")
+        if context:  # a phone has no hover: the button is shown
+            expect(copy).to_have_css("opacity", "1")
+        relay.wait_idle(cid)
+    pages.assert_clean()
