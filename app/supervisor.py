@@ -44,6 +44,7 @@ from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session, wait_until_writable, write_lock_free
+from app.edits import edit_change
 from app.hub import Hub
 from app.limits import give_back_memory
 from app.models import Conversation, Entry
@@ -646,6 +647,8 @@ class Supervisor:
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
         await wait_until_writable(self.engine)
+        change = edit_change(request.tool_name, request.tool_input)
+        edit = {"edit": change} if change else {}
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
             entry = self._add(
@@ -659,6 +662,7 @@ class Supervisor:
                     "tool": request.tool_name,
                     "input": request.tool_input,
                     "tool_id": request.tool_id,
+                    **edit,  # what an edit or write would change, shown as a diff
                 },
             )
         future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
@@ -758,6 +762,8 @@ class Supervisor:
                     data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
                     if facts := tool_facts(event.name, event.input):
                         data["backup"] = facts  # what a backup lists of this call
+                    if change := edit_change(event.name, event.input):
+                        data["edit"] = change  # shown as a diff
                     runner.tools[event.tool_id] = self._add(
                         session, conversation, "activity", event.summary, state="running", data=data
                     )

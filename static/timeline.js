@@ -75,6 +75,18 @@ function agentEntry(entry) {
     foot.length ? h('div', { class: 'msg-foot', testid: 'agent-footer', text: foot.join(' · ') }) : null);
 }
 
+/** An edit's unified diff (app/edits.py), each line coloured by its first character; text only. */
+function diffBlock(edit) {
+  const pre = h('pre', { class: 'diff', testid: 'diff', dir: 'ltr' });
+  const kinds = { '+': 'add', '-': 'del', '@': 'hunk' };
+  for (const line of Array.isArray(edit.diff) ? edit.diff : []) {
+    const kind = kinds[String(line)[0]] || 'ctx';
+    pre.append(h('span', { class: `diff-line ${kind}`, text: kind === 'hunk' ? '…' : String(line) }));
+  }
+  if (edit.more > 0) pre.append(h('span', { class: 'diff-line hunk', text: `… ${edit.more} more lines` }));
+  return pre;
+}
+
 function toolEntry(entry, old) {
   const data = entry.data || {};
   const failed = entry.state === 'error' || data.is_error === true;
@@ -90,6 +102,7 @@ function toolEntry(entry, old) {
       entry.text ? ' · ' : '',
       entry.text ? h('span', { class: 'tool-summary', dir: 'auto', text: entry.text }) : null,
       status),
+    data.edit ? diffBlock(data.edit) : null,
     h('pre', { class: 'tool-output', dir: 'auto', text: output }));
   if (old && old.open) details.open = true;
   return details;
@@ -108,9 +121,12 @@ const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
 
 function permissionEntry(entry, timeline) {
   const data = entry.data || {};
+  const edit = data.edit && typeof data.edit === 'object' ? data.edit : null;
+  const wants = !edit ? ' wants to run:' : edit.kind === 'write' ? ' wants to write:' : ' wants to edit:';
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
-    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), ' wants to run:'),
-    h('pre', { class: 'perm-input', dir: 'auto', text: inputSummary(data.input) }));
+    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), wants),
+    h('pre', { class: 'perm-input', dir: 'auto', text: edit ? String(edit.file || '') : inputSummary(data.input) }),
+    edit ? diffBlock(edit) : null);
   if (entry.state !== 'pending') {
     card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));
     return card;
@@ -195,6 +211,7 @@ export class Timeline {
     this.earlier = byId('load-earlier');
     this.emptyHint = byId('timeline-empty');
     this.items = new Map(); // entry id → { entry, el } (el is null for entries not shown)
+    this.askedFor = new Map(); // tool id → seq of its permission question
     this.turn = { state: 'idle', queued: 0 };
     this.stick = true; // follow new content (the user is at the bottom)
     this.fresh = false; // new content arrived since the last frame
@@ -232,6 +249,7 @@ export class Timeline {
   reset(entries, hasMore, { keepScroll = false } = {}) {
     const top = this.scroller.scrollTop;
     this.items.clear();
+    this.askedFor.clear();
     this.list.replaceChildren();
     this.queuedList.replaceChildren();
     for (const entry of entries) this.add(entry);
@@ -317,9 +335,33 @@ export class Timeline {
     this.draw(item);
   }
 
+  /** Where an entry sorts: by seq, but a tool's row just after its own permission question
+   *  (Claude Code announces the call, then asks: shown in seq order it read "ran, then asked"). */
+  order(entry) {
+    const data = entry.data || {};
+    const asked = data.type === 'tool' ? this.askedFor.get(data.tool_id) : undefined;
+    return asked !== undefined && asked > entry.seq ? asked + 0.5 : entry.seq;
+  }
+
+  /** A permission question seen: its tool's row (if shown) moves below it. */
+  noteQuestion(entry) {
+    const data = entry.data || {};
+    if (entry.kind !== 'activity' || data.type !== 'permission' || data.tool_id == null) return;
+    if (this.askedFor.has(data.tool_id)) return;
+    this.askedFor.set(data.tool_id, entry.seq);
+    for (const other of this.items.values()) {
+      const od = other.entry.data || {};
+      if (other.el && other.entry.kind === 'activity' && od.type === 'tool' && od.tool_id === data.tool_id) {
+        other.el.dataset.order = this.order(other.entry);
+        this.place(other.el, other.entry);
+      }
+    }
+  }
+
   /** (Re)build an entry's element and put it in its place. */
   draw(item) {
     const { entry } = item;
+    this.noteQuestion(entry);
     const old = item.el;
     const el = isShown(entry) ? this.build(entry, old) : null;
     const hadFocus = old && old.contains(document.activeElement);
@@ -337,6 +379,7 @@ export class Timeline {
     el.classList.add('entry');
     el.dataset.entryId = entry.id;
     el.dataset.seq = entry.seq;
+    el.dataset.order = this.order(entry);
     el.dataset.kind = entry.kind;
     el.dataset.state = entry.state;
     return el;
@@ -345,14 +388,14 @@ export class Timeline {
   /** Keep each list sorted by seq; queued user messages live in their own list at the end. */
   place(el, entry) {
     const list = isQueued(entry) ? this.queuedList : this.list;
-    const seq = entry.seq;
+    const seq = +el.dataset.order; // the seq, or just after a tool's permission question
     const prev = el.previousElementSibling;
     const next = el.nextElementSibling;
-    if (el.parentNode === list && (!prev || +prev.dataset.seq < seq) && (!next || +next.dataset.seq > seq)) return;
+    if (el.parentNode === list && (!prev || +prev.dataset.order < seq) && (!next || +next.dataset.order > seq)) return;
     let before = null; // most entries arrive last: scan from the end
     for (let child = list.lastElementChild; child; child = child.previousElementSibling) {
       if (child === el) continue;
-      if (+child.dataset.seq < seq) break;
+      if (+child.dataset.order < seq) break;
       before = child;
     }
     list.insertBefore(el, before);

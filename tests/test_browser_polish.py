@@ -8,8 +8,16 @@ from typing import Any
 
 from playwright.sync_api import Page, expect
 
-from app.agents.base import AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
-from tests.browser import Pages, send_text
+from app.agents.base import (
+    Activity,
+    AgentEvent,
+    AgentSpec,
+    MessageDone,
+    PermissionRequest,
+    TextDelta,
+    TurnDone,
+)
+from tests.browser import Pages, by_id, send_text
 from tests.relay import LiveRelay
 
 PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
@@ -141,5 +149,64 @@ def test_code_is_highlighted_urls_are_links_and_copy_is_a_word(
         expect(copy).to_have_text("Copy")
         if context:  # a phone has no hover: the button is shown
             expect(copy).to_have_css("opacity", "1")
+        relay.wait_idle(cid)
+    pages.assert_clean()
+
+
+# ---- 3. edits asked and shown as diffs, the question above its tool's row ---------------------
+
+EDIT_INPUT = {
+    "file_path": "/work/app.py",
+    "old_string": "def answer():\n    return 41\n",
+    "new_string": "def answer():\n    return 42\n",
+}
+WRITE_INPUT = {"file_path": "/work/NOTES.md", "content": "first line\nsecond line\n"}
+
+
+async def _edit_then_write(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+    """As Claude Code does: the call is announced, then permission is asked, then it runs."""
+    for tool_id, name, tool_input in (("e1", "Edit", EDIT_INPUT), ("w1", "Write", WRITE_INPUT)):
+        summary = tool_input["file_path"]
+        yield Activity(tool_id, name, "call", summary=summary, input=tool_input)
+        decision = await agent.spec.ask_permission(PermissionRequest(name, tool_input, tool_id))
+        output = "The file was updated." if decision.allow else "Denied."
+        yield Activity(tool_id, name, "result", summary=summary, output=output)
+    yield MessageDone("m1", "Edited.")
+    yield TurnDone()
+
+
+def test_edit_and_write_permissions_show_diffs_above_their_tool_rows(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    use_script(relay, _edit_then_write)
+    for context in ({}, PHONE):
+        page, cid = open_new(pages, relay, **context)
+        send_text(page, "edit please")
+        card = page.locator(".permission.state-pending")
+        expect(card).to_contain_text("Edit wants to edit:")
+        expect(card.locator(".perm-input")).to_have_text("/work/app.py")
+        expect(card.locator(".diff-line.del")).to_have_text(["-    return 41"])
+        expect(card.locator(".diff-line.add")).to_have_text(["+    return 42"])
+        expect(card.locator(".diff")).to_be_visible()
+        # The question comes first, then the row of the tool it asks about.
+        kinds = page.locator("#entries > .entry").evaluate_all(
+            "els => els.map(e => e.classList.contains('permission') ? 'ask' : e.tagName)"
+        )
+        assert kinds[-2:] == ["ask", "DETAILS"], kinds
+        by_id(page, "permission-allow").click()
+        card = page.locator(".permission.state-pending")
+        expect(card).to_contain_text("Write wants to write:")
+        expect(card.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
+        by_id(page, "permission-allow").click()
+        agent_done = page.locator('[data-testid="entry-agent"][data-state="done"]')
+        expect(agent_done).to_have_text("Edited.")
+        order = page.locator("#entries > .entry").evaluate_all(
+            "els => els.map(e => e.classList.contains('permission') ? 'ask' : e.dataset.kind)"
+        )
+        assert order == ["user", "ask", "activity", "ask", "activity", "agent"], order
+        # The finished edit's row shows its diff too.
+        row = page.locator("details.tool").first
+        row.locator("summary").click()
+        expect(row.locator(".diff-line.add")).to_have_text(["+    return 42"])
         relay.wait_idle(cid)
     pages.assert_clean()

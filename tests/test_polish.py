@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import nh3
 
+from app.edits import MAX_LINES, edit_change
 from app.render import HIGHLIGHT_CLASSES, render_markdown, render_partial
 
 
@@ -40,3 +41,33 @@ def test_only_pygments_class_names_survive_on_spans() -> None:
 def test_a_partial_message_renders_like_a_whole_one() -> None:
     assert render_partial("I am **demo") == "<p>I am **demo</p>\n"
     assert render_partial("<script>x</script> **b**") == render_markdown("<script>x</script> **b**")
+
+
+def test_an_edit_is_a_diff_without_snippet_line_numbers() -> None:
+    change = edit_change(
+        "Edit",
+        {"file_path": "a.py", "old_string": "x = 1\ny = 2\n", "new_string": "x = 1\ny = 3\n"},
+    )
+    assert change == {
+        "file": "a.py",
+        "kind": "edit",
+        "diff": ["@@", " x = 1", "-y = 2", "+y = 3"],
+        "more": 0,
+    }
+
+
+def test_a_write_is_its_content_added_and_a_huge_one_is_cut() -> None:
+    change = edit_change("Write", {"file_path": "b.txt", "content": "hello\nworld\n"})
+    assert change == {"file": "b.txt", "kind": "write", "diff": ["+hello", "+world"], "more": 0}
+    big = edit_change("create", {"path": "c.txt", "file_text": "x\n" * (MAX_LINES + 5)})
+    assert big is not None and len(big["diff"]) == MAX_LINES and big["more"] == 5
+
+
+def test_multi_edit_and_copilot_edits_are_diffs_other_tools_are_not() -> None:
+    multi = {"file_path": "c", "edits": [{"old_string": "a", "new_string": "b"}, "junk"]}
+    assert edit_change("MultiEdit", multi)["diff"] == ["@@", "-a", "+b"]  # type: ignore[index]
+    copilot = {"command": "str_replace", "path": "d", "old_str": "p", "new_str": "q"}
+    assert edit_change("str_replace_editor", copilot)["diff"] == ["@@", "-p", "+q"]  # type: ignore[index]
+    assert edit_change("str_replace_editor", {"command": "view", "path": "d"}) is None
+    assert edit_change("Bash", {"command": "ls"}) is None
+    assert edit_change("Edit", "not a mapping") is None
