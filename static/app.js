@@ -838,6 +838,17 @@ function wire() {
   byId('empty-new-conversation').addEventListener('click', openNewDialog);
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
   byId('scrim').addEventListener('click', () => setDrawer(false));
+  // Esc stops a running turn, as in Claude Code; the draft stays in the composer. Not when
+  // Esc already did something else: closed the command menu, cancelled a rename, a dialog, the drawer.
+  document.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape' || e.defaultPrevented || e.isComposing || document.querySelector('dialog[open]')) return;
+    if (document.body.classList.contains('drawer-open')) return;
+    const stop = byId('stop-button');
+    if (!stop.hidden && !stop.disabled) {
+      e.preventDefault();
+      interrupt();
+    }
+  });
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Escape' && document.body.classList.contains('drawer-open') && !document.querySelector('dialog[open]')) {
       setDrawer(false);

@@ -17,7 +17,7 @@ from app.agents.base import (
     TextDelta,
     TurnDone,
 )
-from tests.browser import Pages, by_id, send_text
+from tests.browser import Pages, by_id, line, send_text
 from tests.relay import LiveRelay
 
 PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
@@ -209,4 +209,27 @@ def test_edit_and_write_permissions_show_diffs_above_their_tool_rows(
         row.locator("summary").click()
         expect(row.locator(".diff-line.add")).to_have_text(["+    return 42"])
         relay.wait_idle(cid)
+    pages.assert_clean()
+
+
+# ---- 6. Esc stops a running turn and keeps the draft -------------------------------------------
+
+
+def test_escape_stops_the_turn_and_keeps_the_draft(pages: Pages, relay: LiveRelay) -> None:
+    page, cid = open_new(pages, relay)
+    send_text(page, "slow please")
+    expect(page.locator('[data-testid="entry-agent"][data-state="streaming"]')).to_be_visible()
+    box = by_id(page, "message-input")
+    box.fill("/")  # Esc first closes the command menu, and only that
+    expect(by_id(page, "command-menu")).to_be_visible()
+    box.press("Escape")
+    expect(by_id(page, "command-menu")).to_be_hidden()
+    expect(by_id(page, "stop-button")).to_be_visible()
+    box.fill("my next question")
+    box.press("Escape")
+    expect(line(page, "Interrupted by the user.")).to_be_visible()
+    expect(by_id(page, "entry-agent")).not_to_contain_text("word200")  # cut short
+    expect(box).to_have_value("my next question")
+    expect(by_id(page, "stop-button")).to_be_hidden()
+    assert relay.wait_idle(cid)["turn"]["state"] == "idle"
     pages.assert_clean()
