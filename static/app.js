@@ -154,6 +154,7 @@ function onSocketMessage(message) {
       state.epoch = message.epoch;
       socket.backoff = 500;
       byId('connection-status').hidden = true;
+      if (byId('composer-error').dataset.offline === 'true') hideComposerError(); // reachable again
       clearInterval(socket.ping);
       socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
       if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
@@ -599,9 +600,10 @@ function updateComposer() {
   byId('compact-hint').hidden = !(busy && input.value.startsWith('/'));
 }
 
-function showComposerError(message) {
+function showComposerError(message, offline = false) {
   const el = byId('composer-error');
   el.textContent = message;
+  el.dataset.offline = String(offline); // cleared by the next reconnection
   el.hidden = false;
 }
 
@@ -643,7 +645,7 @@ async function postMessage(text) {
       navigate(data.compacted_into.id, { focus: true });
     }
   } catch (err) {
-    if (state.current && state.current.id === id) showComposerError(err.message);
+    if (state.current && state.current.id === id) showComposerError(err.message, err.status === 0);
     else toast(err.message);
   } finally {
     sending = false;

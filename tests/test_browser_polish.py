@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import Page, expect
@@ -17,7 +18,7 @@ from app.agents.base import (
     TextDelta,
     TurnDone,
 )
-from tests.browser import Pages, by_id, line, send_text
+from tests.browser import Pages, by_id, line, own_relay, send_text
 from tests.relay import LiveRelay
 
 PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
@@ -232,4 +233,46 @@ def test_escape_stops_the_turn_and_keeps_the_draft(pages: Pages, relay: LiveRela
     expect(box).to_have_value("my next question")
     expect(by_id(page, "stop-button")).to_be_hidden()
     assert relay.wait_idle(cid)["turn"]["state"] == "idle"
+    pages.assert_clean()
+
+
+# ---- 9. a reconnection clears what the disconnection showed -------------------------------------
+
+
+def _overlap(a: dict[str, float] | None, b: dict[str, float] | None) -> bool:
+    assert a is not None and b is not None
+    return not (
+        a["x"] + a["width"] <= b["x"]
+        or b["x"] + b["width"] <= a["x"]
+        or a["y"] + a["height"] <= b["y"]
+        or b["y"] + b["height"] <= a["y"]
+    )
+
+
+def test_reconnecting_hides_the_unreachable_error_and_never_covers_the_title(
+    pages: Pages, tmp_path: Path
+) -> None:
+    relay = own_relay(tmp_path)
+    try:
+        cid = relay.create(title="A title long enough to reach the middle of the header bar")["id"]
+        desktop = pages.open(relay, f"/c/{cid}")
+        phone = pages.open(relay, f"/c/{cid}", **PHONE)
+        for page in (desktop, phone):
+            expect(by_id(page, "title")).to_contain_text("A title")
+        relay.stop()
+        for page in (desktop, phone):
+            status = by_id(page, "connection-status")
+            expect(status).to_be_visible()
+            assert not _overlap(status.bounding_box(), by_id(page, "title").bounding_box())
+        send_text(desktop, "hello while offline")
+        error = by_id(desktop, "composer-error")
+        expect(error).to_contain_text("The relay cannot be reached")
+        relay = LiveRelay(relay.settings).start()  # same port, same data: the socket retries
+        for page in (desktop, phone):
+            expect(by_id(page, "connection-status")).to_be_hidden(timeout=20_000)
+        expect(error).to_be_hidden()
+        expect(by_id(desktop, "message-input")).to_have_value("hello while offline")
+    finally:
+        relay.stop()
+    pages.problems = [p for p in pages.problems if "ERR_CONNECTION_REFUSED" not in p]
     pages.assert_clean()
