@@ -440,9 +440,14 @@ async function loadEarlier() {
 // ---- the chat's header, notices and banner -----------------------------------------------------
 
 function contextLabel(conv) {
-  if (conv.context_tokens == null) return '🧠 —';
-  if (conv.window == null) return `🧠 ${fmtTokens(conv.context_tokens)}`;
-  return `🧠 ${fmtTokens(conv.context_tokens)} / ${fmtTokens(conv.window)}`;
+  const used = conv.context_tokens == null ? '—' : fmtTokens(conv.context_tokens); // as the modal
+  return conv.window == null ? used : `${used} / ${fmtTokens(conv.window)}`;
+}
+
+/** The 🧠 button: the emoji, a word for fonts without it, and the figures. */
+function contextButton(conv) {
+  return [h('span', { class: 'ctx-icon', 'aria-hidden': 'true', text: '🧠' }), ' ',
+    h('span', { class: 'ctx-word', text: 'Context' }), ' ', contextLabel(conv)];
 }
 
 /** Per-conversation bits that reset when another conversation opens. */
@@ -473,7 +478,7 @@ function renderChrome() {
   byId('cwd').title = conv.cwd || '';
 
   const ctx = byId('context-button');
-  ctx.textContent = contextLabel(conv);
+  ctx.replaceChildren(...contextButton(conv));
   const warn = conv.context_tokens != null && conv.threshold != null && conv.context_tokens > 0.8 * conv.threshold;
   if (warn) ctx.dataset.warn = 'true';
   else delete ctx.dataset.warn;

@@ -276,3 +276,39 @@ def test_reconnecting_hides_the_unreachable_error_and_never_covers_the_title(
         relay.stop()
     pages.problems = [p for p in pages.problems if "ERR_CONNECTION_REFUSED" not in p]
     pages.assert_clean()
+
+
+# ---- 7. the 🧠 button and modal say the same, and say only what is true ----------------------
+
+
+def test_context_modal_on_a_fresh_compacted_conversation(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Before")["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    new = relay.send(cid, "/compact").json()["compacted_into"]["id"]
+    page = pages.open(relay, f"/c/{new}")
+    button = by_id(page, "context-button")
+    expect(button).to_have_text("🧠 Context — / 200k")  # a word for fonts without the emoji
+    button.click()
+    expect(by_id(page, "context-used")).to_have_text("— used of 200k")  # not "0 used"
+    marker = page.locator("#context-marker")
+    expect(marker).to_have_attribute("data-threshold", "167000")
+    # Nothing changed and no session yet: no word of a restart, nothing to save.
+    expect(by_id(page, "window-note")).to_be_hidden()
+    expect(by_id(page, "window-save")).to_be_hidden()
+    left = marker.evaluate("m => m.style.left")
+    slider = by_id(page, "window-slider")
+    slider.focus()
+    slider.press("ArrowRight")
+    expect(by_id(page, "window-label")).to_have_text("100k")
+    expect(marker).to_have_attribute("data-threshold", "67000")  # the marker follows the slider
+    assert marker.evaluate("m => m.style.left") != left
+    expect(by_id(page, "window-note")).to_have_text("Applies on the next message.")
+    expect(by_id(page, "window-save")).to_have_text("Saved when you close this window.")
+    slider.press("ArrowLeft")
+    expect(marker).to_have_attribute("data-threshold", "167000")
+    expect(by_id(page, "window-note")).to_be_hidden()
+    expect(by_id(page, "window-save")).to_be_hidden()
+    by_id(page, "context-close").click()
+    assert relay.get(new)["auto_compact_window"] is None
+    pages.assert_clean()

@@ -6,6 +6,7 @@ import nh3
 
 from app.edits import MAX_LINES, edit_change
 from app.render import HIGHLIGHT_CLASSES, render_markdown, render_partial
+from app.window import apply_note
 
 
 def test_fenced_code_with_a_language_is_highlighted_with_classes_only() -> None:
@@ -71,3 +72,12 @@ def test_multi_edit_and_copilot_edits_are_diffs_other_tools_are_not() -> None:
     assert edit_change("str_replace_editor", {"command": "view", "path": "d"}) is None
     assert edit_change("Bash", {"command": "ls"}) is None
     assert edit_change("Edit", "not a mapping") is None
+
+
+def test_before_any_session_a_window_change_restarts_nothing() -> None:
+    assert apply_note(turn_running=False, background_work=False, has_session=False) == (
+        "Applies on the next message."
+    )
+    assert apply_note(turn_running=False, background_work=False, has_session=True) == (
+        "Applies on the next message (the session restarts once)."
+    )
