@@ -469,7 +469,10 @@ function renderChrome() {
   document.title = `${isolate(conv.title || 'Untitled')} · oarlock`;
 
   const title = byId('title');
-  title.textContent = conv.title || 'Untitled';
+  // "(compacted)" kept whole at the end: the ellipsis cuts the title before it, not it.
+  const [, main, suffix] = (conv.title || 'Untitled').match(/^(.*?)((?:\s*\(compacted\))*)$/s);
+  title.replaceChildren(h('span', { class: 'title-main', text: main }),
+    suffix ? h('span', { class: 'title-suffix', text: suffix }) : '');
   title.title = archived ? '' : 'Rename';
   title.classList.toggle('readonly', archived);
   byId('provider-badge').textContent = providerName(conv.provider);
@@ -487,7 +490,12 @@ function renderChrome() {
 
   const from = byId('compacted-from');
   from.hidden = conv.compacted_from_id == null;
-  if (conv.compacted_from_id != null) setConvLink(byId('compacted-from-link'), conv.compacted_from_id);
+  if (conv.compacted_from_id != null) {
+    const link = byId('compacted-from-link');
+    setConvLink(link, conv.compacted_from_id);
+    const earlier = state.convs.get(conv.compacted_from_id);
+    link.textContent = earlier && earlier.title ? `Compacted from “${earlier.title}”` : 'Compacted from an earlier conversation';
+  }
 
   byId('archived-notice').hidden = !archived;
   const into = byId('compacted-into-link');

@@ -312,3 +312,39 @@ def test_context_modal_on_a_fresh_compacted_conversation(pages: Pages, relay: Li
     by_id(page, "context-close").click()
     assert relay.get(new)["auto_compact_window"] is None
     pages.assert_clean()
+
+
+# ---- 8. a compacted conversation on a phone ---------------------------------------------------
+
+LONG_TITLE = "A rather long conversation title that cannot fit on a phone"
+
+
+def test_phone_header_keeps_badge_and_compacted_and_banner_names_the_source(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title=LONG_TITLE)["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    new = relay.send(cid, "/compact").json()["compacted_into"]["id"]
+    page = pages.open(relay, f"/c/{new}", **PHONE)
+    title = by_id(page, "title")
+    expect(title).to_have_text(f"{LONG_TITLE} (compacted)")
+    expect(by_id(page, "provider-badge")).to_be_visible()
+    expect(by_id(page, "provider-badge")).to_have_text("Demo (offline)")
+    suffix = title.locator(".title-suffix")
+    expect(suffix).to_be_visible()
+    box, inner = title.bounding_box(), suffix.bounding_box()
+    assert box is not None and inner is not None
+    assert inner["x"] + inner["width"] <= box["x"] + box["width"] + 0.5  # not cut off
+    assert title.locator(".title-main").evaluate("e => e.scrollWidth > e.clientWidth")  # cut
+    banner = by_id(page, "compacted-from-link")
+    expect(banner).to_have_text(f"Compacted from “{LONG_TITLE}”")
+    expect(banner).to_have_attribute("href", f"/c/{cid}")
+    expect(banner).to_be_in_viewport()
+    for n in range(6):  # enough to scroll: the banner goes with the first messages
+        relay.send(new, f"message number {n}")
+        relay.wait_idle(new)
+    expect(page.locator('[data-testid="entry-agent"][data-state="done"]')).to_have_count(6)
+    page.get_by_test_id("timeline").evaluate("t => { t.scrollTop = t.scrollHeight }")
+    expect(banner).not_to_be_in_viewport()
+    pages.assert_clean()
