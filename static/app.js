@@ -777,12 +777,15 @@ byId('compact-confirm').addEventListener('click', () => {
 const newDialog = byId('new-dialog');
 dialogs.register(newDialog);
 
+/** A provider's reason as an option's plain text: `code` marks become quotes. */
+const plainReason = (reason) => (reason || 'not available here').replace(/`([^`]*)`/g, '“$1”');
+
 function fillProviders() {
   const select = byId('new-provider');
   select.replaceChildren(...state.providers.map((p) => h('option', {
     value: p.id,
     disabled: !p.available,
-    text: p.available ? p.name : `${p.name} — ${p.reason || 'not available here'}`,
+    text: p.available ? p.name : `${p.name} — ${plainReason(p.reason)}`,
   })));
   const pick = state.providers.find((p) => p.id === state.defaultProvider && p.available)
     || state.providers.find((p) => p.available);

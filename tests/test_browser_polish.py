@@ -348,3 +348,29 @@ def test_phone_header_keeps_badge_and_compacted_and_banner_names_the_source(
     page.get_by_test_id("timeline").evaluate("t => { t.scrollTop = t.scrollHeight }")
     expect(banner).not_to_be_in_viewport()
     pages.assert_clean()
+
+
+# ---- 10. the new-conversation dialog ------------------------------------------------------------
+
+
+def test_new_dialog_shows_plain_reasons_and_the_real_default_directory(
+    pages: Pages, tmp_path: Path
+) -> None:
+    relay = own_relay(tmp_path, copilot_cli=str(tmp_path / "no-copilot"))
+    try:
+        page = pages.open(relay)
+        by_id(page, "new-conversation").click()
+        expect(by_id(page, "new-dialog")).to_be_visible()
+        copilot = by_id(page, "new-provider").locator('option[value="copilot"]')
+        expect(copilot).to_be_disabled()
+        expect(copilot).to_contain_text("Install the Copilot CLI with “make copilot-cli”")
+        for text in by_id(page, "new-provider").locator("option").all_text_contents():
+            assert "`" not in text, text
+        cwd = str(relay.settings.cwd_default)
+        expect(by_id(page, "new-cwd")).to_have_attribute("placeholder", cwd)
+        by_id(page, "new-title").fill("Placeholder")
+        by_id(page, "new-create").click()  # left empty: the directory shown is the one used
+        expect(by_id(page, "cwd")).to_have_text(cwd)
+    finally:
+        relay.stop()
+    pages.assert_clean()

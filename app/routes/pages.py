@@ -22,9 +22,9 @@ router = APIRouter(include_in_schema=False)
 @router.get("/c/{conversation_id}", response_class=HTMLResponse)
 async def index(request: Request) -> Response:
     """The single-page app."""
-    return TEMPLATES.TemplateResponse(
-        request, "index.html", {"version": __version__, "static_url": "/static"}
-    )
+    cwd_default = str(request.app.state.settings.cwd_default)  # the new-conversation placeholder
+    context = {"version": __version__, "static_url": "/static", "cwd_default": cwd_default}
+    return TEMPLATES.TemplateResponse(request, "index.html", context)
 
 
 @router.get("/docs", response_class=HTMLResponse)
