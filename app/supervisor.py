@@ -65,11 +65,17 @@ RENDER_CHARS_PER_SECOND = 100_000
 TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
 SHUTDOWN_LINE = "Interrupted: the relay was shut down."
+RETRY_NOTICES = {"api_retry", "model_retry"}  # Claude Code's and Copilot's retry notices
 RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
 
 
 class ConversationError(Exception):
     """A request the conversation's state does not allow (HTTP 409)."""
+
+
+def is_retry(notice: Notice) -> bool:
+    """True for a notice that the agent is retrying its API request."""
+    return notice.data.get("type") in RETRY_NOTICES
 
 
 def is_compact_command(text: str) -> bool:
@@ -109,6 +115,7 @@ class Runner:
     reporting: asyncio.Task[None] | None = None
     reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
+    retry_line: Entry | None = None  # this turn's API-retry line, updated at each attempt
     last_used: float = field(default_factory=time.monotonic)
     archived: bool = False  # released as soon as it is idle
 
@@ -487,6 +494,7 @@ class Supervisor:
         runner.state = "running"
         runner.last_agent_entry = None
         runner.lines_shown.clear()
+        runner.retry_line = None
         self.publish_turn(conversation.id or 0, session)
         return prompt
 
@@ -831,6 +839,16 @@ class Supervisor:
                     runner.compaction = None
                     runner.state = "running"
                     self.publish_turn(cid, session)
+                case Notice(text=text, level=level, data=data) if is_retry(event):
+                    # One line per turn, updated in place, not a line per attempt.
+                    if runner.retry_line is None:
+                        runner.retry_line = self._line(
+                            session, conversation, text, level=level, data=data
+                        )
+                    else:
+                        data = {"level": level, **data}
+                        self._save(session, conversation, runner.retry_line, text=text, data=data)
+                    runner.lines_shown.add(text)
                 case Notice(text=text, level=level, data=data):
                     self._line(session, conversation, text, level=level, data=data)
                     runner.lines_shown.add(text)

@@ -14,6 +14,7 @@ from app.agents.base import (
     AgentEvent,
     AgentSpec,
     MessageDone,
+    Notice,
     PermissionRequest,
     TextDelta,
     TurnDone,
@@ -373,4 +374,38 @@ def test_new_dialog_shows_plain_reasons_and_the_real_default_directory(
         expect(by_id(page, "cwd")).to_have_text(cwd)
     finally:
         relay.stop()
+    pages.assert_clean()
+
+
+# ---- 4. API retries: one line that counts the attempts ------------------------------------------
+
+
+def _retry_text(attempt: int) -> str:
+    return f"API error 529 (overloaded), retrying (attempt {attempt} of 10)"
+
+
+async def _retries(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+    """Four attempts a little apart, then the answer."""
+    for attempt in range(1, 5):
+        data = {"type": "api_retry", "status": 529, "attempt": attempt, "max_retries": 10}
+        yield Notice(_retry_text(attempt), level="warning", data=data)
+        await asyncio.sleep(0.4)
+    yield MessageDone("m1", "Answered at last.")
+    yield TurnDone()
+
+
+def test_api_retries_show_as_one_line_updated_in_place(pages: Pages, relay: LiveRelay) -> None:
+    use_script(relay, _retries)
+    page, cid = open_new(pages, relay)
+    send_text(page, "go")
+    lines = by_id(page, "entry-line")
+    expect(lines).to_have_text([_retry_text(1)])
+    expect(lines).to_have_text([_retry_text(4)])  # the same line, now at attempt 4
+    expect(page.locator('[data-testid="entry-agent"][data-state="done"]')).to_have_text(
+        "Answered at last."
+    )
+    expect(lines).to_have_count(1)
+    page.reload()  # as stored
+    expect(by_id(page, "entry-line")).to_have_text([_retry_text(4)])
+    relay.wait_idle(cid)
     pages.assert_clean()
