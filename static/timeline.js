@@ -439,16 +439,20 @@ export class Timeline {
     lines.forEach((line, index) => {
       let pill = pills[index];
       if (!pill) {
-        pill = h('button', { type: 'button', class: 'compaction-pill', testid: 'compaction-pill' });
+        pill = h('button', { type: 'button', class: 'compaction-pill', testid: 'compaction-pill' },
+          h('span', { class: 'pill-tip', testid: 'compaction-pill-label', 'aria-hidden': 'true' }));
         pill.addEventListener('click', () => this.reveal(this.pillLines[+pill.dataset.index]));
         this.rail.append(pill);
       }
       const text = line.querySelector('.line-text');
       const top = total > 0 ? (line.offsetTop / total) * railHeight : 0;
       pill.dataset.index = index;
-      pill.style.top = `${Math.max(0, Math.min(top, railHeight - 10))}px`;
-      pill.title = text.title ? `${text.textContent}\n${text.title}` : text.textContent;
-      pill.setAttribute('aria-label', `Go to: ${text.textContent}`);
+      const edge = (24 - pill.offsetHeight) / 2 + 1; // the target's margin stays on the rail
+      pill.style.top = `${Math.max(edge, Math.min(top, railHeight - pill.offsetHeight - edge))}px`;
+      // Labelled with the line's numbers: shown beside the pill, and read out.
+      const label = text.title ? `${text.textContent} (${text.title})` : text.textContent;
+      if (pill.firstChild.textContent !== text.textContent) pill.firstChild.textContent = text.textContent;
+      pill.setAttribute('aria-label', `Go to: ${label}`);
       pill.classList.toggle('running', line.classList.contains('running'));
     });
     for (const extra of pills.slice(lines.length)) extra.remove();

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from app.agents.base import (
     Activity,
     AgentEvent,
     AgentSpec,
+    CompactionFinished,
+    CompactionStarted,
     MessageDone,
     Notice,
     PermissionRequest,
@@ -408,4 +411,53 @@ def test_api_retries_show_as_one_line_updated_in_place(pages: Pages, relay: Live
     page.reload()  # as stored
     expect(by_id(page, "entry-line")).to_have_text([_retry_text(4)])
     relay.wait_idle(cid)
+    pages.assert_clean()
+
+
+# ---- 5. the compaction pill: findable, labelled, a touch target ---------------------------------
+
+
+async def _compact_then_talk(agent: ScriptAgent, prompt: str) -> AsyncIterator[AgentEvent]:
+    """The first turn compacts; every turn answers with a long reply."""
+    if prompt == "compact":
+        yield CompactionStarted(trigger="auto")
+        yield CompactionFinished(trigger="auto", pre_tokens=150_046, post_tokens=3_012)
+    yield MessageDone(f"m-{prompt}", "\n\n".join(f"Paragraph {n} of {prompt}." for n in range(12)))
+    yield TurnDone()
+
+
+HITS_SQUARE = """pill => {
+  const r = pill.getBoundingClientRect();
+  const x = r.left + r.width / 2, y = r.top + r.height / 2;
+  const d = 11; // 22 px checked: a point at the window's last half pixel rounds out of it
+  const points = [[x - d, y - d], [x + d, y - d], [x - d, y + d], [x + d, y + d]];
+  return points.every(([px, py]) => document.elementFromPoint(px, py)?.closest('button') === pill);
+}"""
+
+
+def test_compaction_pill_is_labelled_and_a_touch_target(pages: Pages, relay: LiveRelay) -> None:
+    use_script(relay, _compact_then_talk)
+    cid = relay.create(title="Pills")["id"]
+    for text in ("compact", "one", "two", "three"):
+        relay.send(cid, text)
+        relay.wait_idle(cid)
+    desktop = pages.open(relay, f"/c/{cid}", viewport={"width": 1100, "height": 600})
+    phone = pages.open(relay, f"/c/{cid}", **PHONE)
+    for page in (desktop, phone):
+        line_text = by_id(page, "compaction-line")
+        expect(line_text).to_contain_text("150k → 3k")
+        pill = by_id(page, "compaction-pill")
+        expect(pill).to_have_attribute("aria-label", re.compile(r"^Go to: .*150k → 3k.*150,046"))
+        # A tap or click anywhere in a 22 px square around its centre lands on it.
+        assert pill.evaluate(HITS_SQUARE), pill.bounding_box()
+        expect(line_text).not_to_be_in_viewport()  # the reply pushed it up
+    box = by_id(phone, "compaction-pill").bounding_box()
+    assert box is not None and min(box["width"], box["height"]) >= 24  # drawn at touch size
+    pill = by_id(desktop, "compaction-pill")
+    pill.hover()
+    label = by_id(desktop, "compaction-pill-label")
+    expect(label).to_be_visible()
+    expect(label).to_have_text(by_id(desktop, "compaction-line").inner_text())
+    by_id(phone, "compaction-pill").tap()
+    expect(by_id(phone, "compaction-line")).to_be_in_viewport()
     pages.assert_clean()
