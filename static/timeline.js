@@ -42,10 +42,16 @@ function enhance(body) {
   }
 }
 
+// Blocks the streamed tail may go into (not links or emphasis: it would take their look).
+const TAIL_BLOCKS = new Set(['P', 'LI', 'UL', 'OL', 'BLOCKQUOTE', 'PRE', 'TABLE', 'THEAD', 'TBODY', 'TR', 'TD', 'TH', 'H1', 'H2', 'H3', 'H4', 'H5', 'H6']);
+
 /** Where the streamed text not yet rendered goes: the end of the rendered text's last block. */
 function streamTail(body, tail) {
   let target = body;
-  while (target.lastElementChild && !['BR', 'HR'].includes(target.lastElementChild.tagName)) target = target.lastElementChild;
+  for (let last = target.lastElementChild; last; last = target.lastElementChild) {
+    if (!TAIL_BLOCKS.has(last.tagName) && !(last.tagName === 'CODE' && target.tagName === 'PRE')) break;
+    target = last;
+  }
   const span = h('span', { class: 'stream-tail streaming', text: tail || '' }); // text only, never HTML
   target.append(span);
 }
