@@ -47,9 +47,9 @@ from app.db import get_session, wait_until_writable, write_lock_free
 from app.edits import edit_change
 from app.hub import Hub
 from app.limits import give_back_memory
+from app.live_render import LiveRender
 from app.models import Conversation, Entry
 from app.providers import agent_env, compaction_style, make_agent
-from app.render import render_partial
 from app.summary import SummaryMessage, build_summary, compose_first_message
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
@@ -58,10 +58,6 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
 CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least this often
-# A streaming message is re-rendered (sanitized HTML in its delta) at most this often, and
-# less often as it grows or renders slowly: rendering stays a small share of the loop.
-RENDER_SECONDS = 0.1
-RENDER_CHARS_PER_SECOND = 100_000
 TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
 SHUTDOWN_LINE = "Interrupted: the relay was shut down."
@@ -90,7 +86,7 @@ class Streaming:
     entry: Entry
     parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
     checkpoint_at: float = field(default_factory=time.monotonic)
-    render_at: float = 0.0  # when the streamed text may next be rendered
+    live: LiveRender | None = None  # renders the text so far now and then (sanitized HTML)
 
     @property
     def text(self) -> str:
@@ -511,6 +507,8 @@ class Supervisor:
             if conversation is None:
                 return
             for streaming in list(runner.streaming.values()):
+                if streaming.live is not None:
+                    streaming.live.close()
                 self._save(
                     session, conversation, streaming.entry, text=streaming.text, state="interrupted"
                 )
@@ -759,6 +757,8 @@ class Supervisor:
                         )
                 case MessageDone(message_id=message_id, text=text):
                     streaming = runner.streaming.pop(message_id, None)
+                    if streaming is not None and streaming.live is not None:
+                        streaming.live.close()
                     if streaming is None:
                         entry = self._add(session, conversation, "agent", text)
                     else:
@@ -863,16 +863,14 @@ class Supervisor:
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
         streaming.parts.append(event.text)
-        entry_id = streaming.entry.id
-        delta: dict[str, Any] = {"type": "delta", "entry_id": entry_id, "text": event.text}
+        self.hub.emit(
+            runner.conversation_id,
+            {"type": "delta", "entry_id": streaming.entry.id, "text": event.text},
+        )
+        if streaming.live is None:
+            streaming.live = self._live_render(runner, event.message_id, streaming)
+        streaming.live.poke()
         now = time.monotonic()
-        if now >= streaming.render_at:  # the whole text so far, through the server's sanitizer
-            text = streaming.text
-            delta["html"] = render_partial(text)
-            took = time.monotonic() - now
-            pause = max(RENDER_SECONDS, 5 * took, len(text) / RENDER_CHARS_PER_SECOND)
-            streaming.render_at = now + pause
-        self.hub.emit(runner.conversation_id, delta)
         # Skipped while another program holds the write lock: the next delta tries again.
         if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS and write_lock_free(self.engine):
             # A crash-safe checkpoint of the partial text, not a write per delta.
@@ -881,6 +879,16 @@ class Supervisor:
             with self.session() as session:
                 session.add(streaming.entry)
                 session.commit()
+
+    def _live_render(self, runner: Runner, message_id: str, streaming: Streaming) -> LiveRender:
+        """Rendering of a streaming message, sent as a delta with html and no text."""
+
+        def emit(html: str, rendered: int) -> None:
+            if runner.streaming.get(message_id) is streaming:  # else done or dropped
+                event = {"type": "delta", "entry_id": streaming.entry.id, "text": ""}
+                self.hub.emit(runner.conversation_id, event | {"html": html, "rendered": rendered})
+
+        return LiveRender(lambda: streaming.text, emit)
 
     def _on_compacted(
         self,

@@ -216,7 +216,7 @@ function onConversationEvent(message) {
   switch (message.type) {
     case 'entry': timeline.upsert(message.entry); break;
     case 'entry_removed': timeline.remove(message.entry_id); break;
-    case 'delta': timeline.delta(message.entry_id, message.text, message.html); break;
+    case 'delta': timeline.delta(message.entry_id, message.text, message.html, message.rendered); break;
     case 'turn': setTurn(message.turn); break;
     case 'conversation': onConversation(message.conversation); break;
     case 'compacted':

@@ -315,13 +315,16 @@ export class Timeline {
     this.changed(false);
   }
 
-  /** More streamed text; html (when sent) is the server's rendering of the whole text so far. */
-  delta(id, text, html) {
+  /** More streamed text, or (html) the server's rendering of the text's first `rendered`
+   *  UTF-16 units: what follows them stays plain text until the next rendering. */
+  delta(id, text, html, rendered) {
     const item = this.items.get(id);
     if (!item) return;
     const was = item.entry;
-    const rendered = html != null ? { html, tail: '' } : { tail: (was.tail || '') + text };
-    item.entry = { ...was, text: was.text + text, ...rendered };
+    if (html != null && was.state !== 'streaming') return; // late: the finished html is shown
+    const full = was.text + text;
+    const update = html != null ? { html, tail: full.slice(rendered ?? full.length) } : { tail: (was.tail || '') + text };
+    item.entry = { ...was, text: full, ...update };
     const streaming = item.el && was.state === 'streaming';
     const plain = streaming && html == null ? item.el.querySelector('.stream-tail, .plain') : null;
     if (plain) plain.append(text);

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import nh3
 
 from app.edits import MAX_LINES, edit_change
+from app.live_render import RENDER_SECONDS, LiveRender
 from app.render import HIGHLIGHT_CLASSES, render_markdown, render_partial
 from app.window import apply_note
 
@@ -81,3 +84,31 @@ def test_before_any_session_a_window_change_restarts_nothing() -> None:
     assert apply_note(turn_running=False, background_work=False, has_session=True) == (
         "Applies on the next message (the session restarts once)."
     )
+
+
+async def test_live_render_renders_off_the_loop_throttled_and_catches_up() -> None:
+    parts = ["**a"]
+    sent: list[tuple[str, int]] = []
+    arrived = asyncio.Event()
+
+    def emit(html: str, upto: int) -> None:
+        sent.append((html, upto))
+        arrived.set()
+
+    live = LiveRender(lambda: "".join(parts), emit)
+    live.poke()
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert sent == [("<p>**a</p>\n", 3)]
+    arrived.clear()
+    parts.append("** 😀")  # within the pause: a rendering is scheduled, not started
+    live.poke()
+    live.poke()
+    assert live.timer is not None and not live.busy
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert sent[1] == ("<p><strong>a</strong> 😀</p>\n", 8)  # the emoji is 2 UTF-16 units
+    parts.append(" more")
+    live.poke()
+    live.close()  # the message is done: nothing more
+    assert live.timer is None
+    await asyncio.sleep(RENDER_SECONDS * 3)
+    assert len(sent) == 2
