@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from app.agents.base import (
@@ -23,6 +24,7 @@ from app.agents.base import (
     TurnDone,
 )
 from tests.browser import Pages, by_id, line, own_relay, send_text
+from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay
 
 PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
@@ -461,3 +463,48 @@ def test_compaction_pill_is_labelled_and_a_touch_target(pages: Pages, relay: Liv
     by_id(phone, "compaction-pill").tap()
     expect(by_id(phone, "compaction-line")).to_be_in_viewport()
     pages.assert_clean()
+
+
+def test_claude_write_permission_shows_the_content_above_its_tool_row(
+    pages: Pages, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeAnthropic() as fake:
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        relay = own_relay(tmp_path)
+        try:
+            cid = relay.create(provider="claude", title="Real CLI")["id"]
+            target = Path(relay.get(cid)["cwd"]) / "notes.txt"
+            page = pages.open(relay, f"/c/{cid}")
+            send_text(page, f"[[WRITE:{target}|first line\nsecond line]]")
+            allow = by_id(page, "permission-allow")
+            expect(allow).to_be_visible(timeout=30_000)
+            card = page.locator(".permission").filter(has=allow)
+            expect(card).to_contain_text("Write wants to write:")
+            expect(card.locator(".perm-input")).to_have_text(str(target))
+            expect(card.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
+            # The CLI announced the call before asking: the question is shown first all the same.
+            expect(page.locator("#entries > details.tool")).to_have_count(1)
+            kinds = page.locator("#entries > .entry").evaluate_all(
+                "els => els.map(e => e.classList.contains('permission') ? 'ask' : e.dataset.kind)"
+            )
+            assert kinds == ["user", "agent", "ask", "activity"], kinds
+            allow.click()
+            expect(by_id(page, "permission-answer")).to_have_text("Allowed")
+            expect(by_id(page, "entry-agent").filter(has_text="The tool returned:")).to_have_count(
+                1, timeout=30_000
+            )
+            row = page.locator("details.tool")
+            row.locator("summary").click()
+            expect(row.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
+            relay.wait_idle(cid)
+            assert target.read_text() == "first line\nsecond line"
+            pages.assert_clean()
+        finally:
+            relay.stop()
