@@ -456,7 +456,7 @@ export class Timeline {
       const text = line.querySelector('.line-text');
       const top = total > 0 ? (line.offsetTop / total) * railHeight : 0;
       pill.dataset.index = index;
-      const edge = (24 - pill.offsetHeight) / 2 + 1; // the target's margin stays on the rail
+      const edge = Math.max(1, (24 - pill.offsetHeight) / 2 + 1); // the target's margin stays on the rail
       pill.style.top = `${Math.max(edge, Math.min(top, railHeight - pill.offsetHeight - edge))}px`;
       // Labelled with the line's numbers: shown beside the pill, and read out.
       const label = text.title ? `${text.textContent} (${text.title})` : text.textContent;
