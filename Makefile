@@ -20,9 +20,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when pyproject.toml changes.
+# Not quiet: the first install takes minutes (claude-agent-sdk ships the claude CLI), and a
+# silent make looks stuck. pip shows each package and a progress bar.
 $(VENV)/.installed: pyproject.toml | $(PY)
+	@echo "Installing oarlock and its dependencies into $(VENV) (the first time takes a few minutes)…"
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
+	$(PIP) install --progress-bar on -e .
+	@echo "Installed. Starting oarlock: it prints its URL once it answers."
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed

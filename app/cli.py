@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ def server_options(settings: Settings) -> dict[str, Any]:
         "proxy_headers": bool(trusted),
         "forwarded_allow_ips": ",".join(trusted),
         "log_config": uvicorn_log_config(),
+        # A line per request only when asked for (OARLOCK_LOG_LEVEL=debug): quiet by default.
+        "access_log": settings.log_level.lower() in ("debug", "trace"),
         **protocol_options(settings),
     }
 
@@ -77,25 +81,38 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"
     token = app.state.token
-    click.echo("")
-    click.echo("  oarlock is running. Open this URL in your browser:")
-    click.echo(f"    {url}?token={token}" if token else f"    {url}")
+    lines = ["", "  oarlock is running. Open this URL in your browser:"]
+    lines.append(f"    {url}?token={token}" if token else f"    {url}")
     if not is_loopback(settings.host) and not settings.allowed_hosts:
-        click.echo(
+        lines.append(
             "  Listening beyond this machine: set OARLOCK_ALLOWED_HOSTS to the name you use."
         )
-    click.echo("")
+    lines.append("")
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
     # handlers that were there before it: make those end the process with status 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         **server_options(settings),
     )
+    server = uvicorn.Server(config)
+    threading.Thread(target=announce, args=(server, lines), daemon=True).start()
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run: the server could not start (port taken, …)
+
+
+def announce(server: uvicorn.Server, lines: list[str]) -> None:
+    """Print the URL once the server listens: a URL printed earlier would not answer yet."""
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    click.echo("\n".join(lines))
 
 
 @main.command()

@@ -46,7 +46,11 @@ def context_view(
         "source_text": source_text(resolved) if resolved else "",
         "capped": resolved.capped if resolved else False,
         "line": window_line(resolved),
-        "note": apply_note(turn_running=turn_running, background_work=background_work),
+        "note": apply_note(
+            turn_running=turn_running,
+            background_work=background_work,
+            has_session=conversation.session_id is not None,
+        ),
         "will_compact": compacts,
         "warning": COMPACT_WARNING if compacts else None,
         "pending_restart": pending_restart(conversation),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import threading
@@ -10,9 +11,44 @@ from collections import OrderedDict
 import nh3
 from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexer import Lexer
+from pygments.lexers import get_lexer_by_name
+from pygments.token import STANDARD_TYPES
+from pygments.util import ClassNotFound
 
-_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
-_markdown.enable("strikethrough")
+HIGHLIGHT_CLASSES = frozenset(name for name in STANDARD_TYPES.values() if name)  # "k", "nf", …
+_FORMATTER = HtmlFormatter(nowrap=True)  # spans with Pygments' short class names, no inline style
+
+
+@functools.lru_cache(maxsize=64)
+def _lexer(language: str) -> Lexer | None:
+    """The lexer for a language name (looking one up scans every lexer: ~2 ms)."""
+    try:
+        return get_lexer_by_name(language, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return None
+
+
+def _highlight(code: str, language: str, _attrs: str) -> str:
+    """Code in a fenced block with a known language as highlighted HTML; "" leaves it plain."""
+    lexer = _lexer(language.lower()) if language else None  # no guessing: slow, often wrong
+    if lexer is None:
+        return ""
+    key = f"{language}\0{code}"  # a streaming message re-renders its blocks many times
+    html = _blocks.get(key)
+    if html is None:
+        html = highlight(code, lexer, _FORMATTER)
+        _blocks.put(key, html)
+    return html
+
+
+_markdown = MarkdownIt(
+    "commonmark", {"html": False, "linkify": True, "highlight": _highlight}
+).enable(["table", "strikethrough", "linkify"])
+# Only links written with their scheme: fuzzy matching would make "app.py" a link (.py is a TLD).
+_markdown.linkify.set({"fuzzy_link": False, "fuzzy_email": False})
 
 _ALIGN = re.compile(r"^text-align:(left|center|right)$")
 ALIGN_CLASSES = {"align-left", "align-center", "align-right"}
@@ -33,14 +69,18 @@ _markdown.core.ruler.push("alignment_as_class", _alignment_as_class)
 _TAGS = {
     "p", "br", "hr", "strong", "em", "del", "code", "pre", "blockquote",
     "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6", "a",
-    "table", "thead", "tbody", "tr", "th", "td",
+    "table", "thead", "tbody", "tr", "th", "td", "span",
 }  # fmt: skip
 _ATTRIBUTES = {
     "a": {"href", "title"},
     "code": {"class"},
     "ol": {"start"},
 }
-_ATTRIBUTE_VALUES = {"th": {"class": ALIGN_CLASSES}, "td": {"class": ALIGN_CLASSES}}
+_ATTRIBUTE_VALUES = {
+    "th": {"class": ALIGN_CLASSES},
+    "td": {"class": ALIGN_CLASSES},
+    "span": {"class": HIGHLIGHT_CLASSES},  # highlighted code: Pygments' classes and no other
+}
 
 
 CACHE_BYTES = 8 * 1024 * 1024  # memory the cache's Markdown and HTML texts take at most
@@ -83,6 +123,7 @@ class TextCache:
 
 
 _cache = TextCache(CACHE_BYTES)
+_blocks = TextCache(CACHE_BYTES // 4)  # highlighted code blocks, by language and code
 
 
 def render_markdown(text: str) -> str:
@@ -92,6 +133,11 @@ def render_markdown(text: str) -> str:
         cached = _render(text)
         _cache.put(text, cached)
     return cached
+
+
+def render_partial(text: str) -> str:
+    """Render a message still being written (uncached: each partial text is seen once)."""
+    return _render(text)
 
 
 def _render(text: str) -> str:

@@ -49,6 +49,7 @@ from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session, wait_until_writable, write_lock_free
+from app.edits import edit_change
 from app.handoff import (
     HANDOFF_REQUEST,
     HandoffText,
@@ -63,6 +64,7 @@ from app.handoff import (
 )
 from app.hub import Hub
 from app.limits import give_back_memory
+from app.live_render import LiveRender
 from app.models import Conversation, Entry, Handoff
 from app.providers import agent_env, compaction_style, make_agent
 from app.summary import SummaryMessage, build_summary
@@ -78,6 +80,7 @@ CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least th
 TIMELINE_PAGE = 200
 COMPACT_COMMAND = "/compact"
 SHUTDOWN_LINE = "Interrupted: the relay was shut down."
+RETRY_NOTICES = {"api_retry", "model_retry"}  # Claude Code's and Copilot's retry notices
 RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
 UNKNOWN_LINE = (
     "The relay restarted while this turn was running; the agent may not have received your message."
@@ -94,6 +97,11 @@ RETRY_MAX_SECONDS = 30.0
 
 class ConversationError(Exception):
     """A request the conversation's state does not allow (HTTP 409)."""
+
+
+def is_retry(notice: Notice) -> bool:
+    """True for a notice that the agent is retrying its API request."""
+    return notice.data.get("type") in RETRY_NOTICES
 
 
 def is_compact_command(text: str) -> bool:
@@ -115,6 +123,7 @@ class Streaming:
     entry: Entry
     parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
     checkpoint_at: float = field(default_factory=time.monotonic)
+    live: LiveRender | None = None  # renders the text so far now and then (sanitized HTML)
     entry_id: int = field(init=False)  # readable even after a failed write expired entry
 
     def __post_init__(self) -> None:
@@ -144,6 +153,7 @@ class Runner:
     reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
     prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
+    retry_line: Entry | None = None  # this turn's API-retry line, updated at each attempt
     last_used: float = field(default_factory=time.monotonic)
     stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)
     carried_summary: str | None = None  # the /compact summary this turn's prompt carries
@@ -828,6 +838,7 @@ class Supervisor:
         runner.state = "running"
         runner.last_agent_entry = None
         runner.lines_shown.clear()
+        runner.retry_line = None
         self.publish_turn(conversation.id or 0, session)
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
@@ -885,6 +896,8 @@ class Supervisor:
             if conversation is None:
                 return
             for streaming in list(runner.streaming.values()):
+                if streaming.live is not None:
+                    streaming.live.close()
                 self._save(
                     session, conversation, streaming.entry, text=streaming.text, state="interrupted"
                 )
@@ -1089,6 +1102,8 @@ class Supervisor:
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
         await wait_until_writable(self.engine)
+        change = edit_change(request.tool_name, request.tool_input)
+        edit = {"edit": change} if change else {}
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
             entry = self._add(
@@ -1102,6 +1117,7 @@ class Supervisor:
                     "tool": request.tool_name,
                     "input": request.tool_input,
                     "tool_id": request.tool_id,
+                    **edit,  # what an edit or write would change, shown as a diff
                 },
             )
         future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
@@ -1196,6 +1212,8 @@ class Supervisor:
                         )
                 case MessageDone(message_id=message_id, text=text):
                     streaming = runner.streaming.pop(message_id, None)
+                    if streaming is not None and streaming.live is not None:
+                        streaming.live.close()
                     if streaming is None:
                         entry = self._add(session, conversation, "agent", text)
                     else:
@@ -1207,6 +1225,8 @@ class Supervisor:
                     data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
                     if facts := tool_facts(event.name, event.input):
                         data["backup"] = facts  # what a backup lists of this call
+                    if change := edit_change(event.name, event.input):
+                        data["edit"] = change  # shown as a diff
                     runner.tools[event.tool_id] = self._add(
                         session, conversation, "activity", event.summary, state="running", data=data
                     )
@@ -1274,6 +1294,16 @@ class Supervisor:
                     runner.compaction = None
                     runner.state = "running"
                     self.publish_turn(cid, session)
+                case Notice(text=text, level=level, data=data) if is_retry(event):
+                    # One line per turn, updated in place, not a line per attempt.
+                    if runner.retry_line is None:
+                        runner.retry_line = self._line(
+                            session, conversation, text, level=level, data=data
+                        )
+                    else:
+                        data = {"level": level, **data}
+                        self._save(session, conversation, runner.retry_line, text=text, data=data)
+                    runner.lines_shown.add(text)
                 case Notice(text=text, level=level, data=data):
                     self._line(session, conversation, text, level=level, data=data)
                     runner.lines_shown.add(text)
@@ -1292,6 +1322,9 @@ class Supervisor:
             runner.conversation_id,
             {"type": "delta", "entry_id": streaming.entry_id, "text": event.text},
         )
+        if streaming.live is None:
+            streaming.live = self._live_render(runner, event.message_id, streaming)
+        streaming.live.poke()
         now = time.monotonic()
         # Skipped while another program holds the write lock: the next delta tries again.
         if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS and write_lock_free(self.engine):
@@ -1301,6 +1334,16 @@ class Supervisor:
             with self.session() as session:
                 session.add(streaming.entry)
                 session.commit()
+
+    def _live_render(self, runner: Runner, message_id: str, streaming: Streaming) -> LiveRender:
+        """Rendering of a streaming message, sent as a delta with html and no text."""
+
+        def emit(html: str, rendered: int) -> None:
+            if runner.streaming.get(message_id) is streaming:  # else done or dropped
+                event = {"type": "delta", "entry_id": streaming.entry_id, "text": ""}
+                self.hub.emit(runner.conversation_id, event | {"html": html, "rendered": rendered})
+
+        return LiveRender(lambda: streaming.text, emit)
 
     def _on_compacted(
         self,

@@ -6,14 +6,16 @@ import os
 from typing import Any
 
 from app.models import Conversation, ConversationPublic, Entry, EntryPublic
-from app.render import render_markdown
+from app.render import render_markdown, render_partial
 from app.window import ENV_VAR, ResolvedWindow, resolve_window
 
 
 def entry_view(entry: Entry, text: str | None = None) -> dict[str, Any]:
     """An entry as JSON; text overrides the stored text (live streaming text)."""
     body = entry.text if text is None else text
-    html = render_markdown(body) if entry.kind == "agent" and entry.state != "streaming" else None
+    html = None
+    if entry.kind == "agent":  # a streaming message is rendered as written so far
+        html = render_partial(body) if entry.state == "streaming" else render_markdown(body)
     public = EntryPublic.model_validate(entry, update={"text": body, "html": html})
     return public.model_dump(mode="json")
 

@@ -92,12 +92,14 @@ def window_line(resolved: ResolvedWindow | None) -> str:
     return SEPARATOR.join(parts)
 
 
-def apply_note(*, turn_running: bool, background_work: bool) -> str:
+def apply_note(*, turn_running: bool, background_work: bool, has_session: bool = True) -> str:
     """Say when a change of window applies."""
     if turn_running:
         return "Applies after the current turn."
     if background_work:
         return "Applies when background work has finished."
+    if not has_session:  # the first message starts the session with it: nothing restarts
+        return "Applies on the next message."
     return "Applies on the next message (the session restarts once)."
 
 

@@ -176,6 +176,7 @@ function onSocketMessage(message) {
       state.epoch = message.epoch;
       socket.backoff = 500;
       byId('connection-status').hidden = true;
+      if (byId('composer-error').dataset.offline === 'true') hideComposerError(); // reachable again
       clearInterval(socket.ping);
       socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
       if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
@@ -243,7 +244,7 @@ function onConversationEvent(message) {
       handoffSection.onEntry(cur.id, message.entry);
       break;
     case 'entry_removed': timeline.remove(message.entry_id); break;
-    case 'delta': timeline.delta(message.entry_id, message.text); break;
+    case 'delta': timeline.delta(message.entry_id, message.text, message.html, message.rendered); break;
     case 'turn': setTurn(message.turn); break;
     case 'conversation': onConversation(message.conversation); break;
     case 'compacted':
@@ -514,9 +515,14 @@ async function loadEarlier() {
 // ---- the chat's header, notices and banner -----------------------------------------------------
 
 function contextLabel(conv) {
-  if (conv.context_tokens == null) return '🧠 —';
-  if (conv.window == null) return `🧠 ${fmtTokens(conv.context_tokens)}`;
-  return `🧠 ${fmtTokens(conv.context_tokens)} / ${fmtTokens(conv.window)}`;
+  const used = conv.context_tokens == null ? '—' : fmtTokens(conv.context_tokens); // as the modal
+  return conv.window == null ? used : `${used} / ${fmtTokens(conv.window)}`;
+}
+
+/** The 🧠 button: the emoji, a word for fonts without it, and the figures. */
+function contextButton(conv) {
+  return [h('span', { class: 'ctx-icon', 'aria-hidden': 'true', text: '🧠' }), ' ',
+    h('span', { class: 'ctx-word', text: 'Context' }), ' ', contextLabel(conv)];
 }
 
 /** Per-conversation bits that reset when another conversation opens. */
@@ -538,7 +544,10 @@ function renderChrome() {
   document.title = `${isolate(conv.title || 'Untitled')} · oarlock`;
 
   const title = byId('title');
-  title.textContent = conv.title || 'Untitled';
+  // "(compacted)" kept whole at the end: the ellipsis cuts the title before it, not it.
+  const [, main, suffix] = (conv.title || 'Untitled').match(/^(.*?)((?:\s*\(compacted\))*)$/s);
+  title.replaceChildren(h('span', { class: 'title-main', text: main }),
+    suffix ? h('span', { class: 'title-suffix', text: suffix }) : '');
   title.title = archived ? '' : 'Rename';
   title.classList.toggle('readonly', archived);
   byId('provider-badge').textContent = providerName(conv.provider);
@@ -547,7 +556,7 @@ function renderChrome() {
   byId('cwd').title = conv.cwd || '';
 
   const ctx = byId('context-button');
-  ctx.textContent = contextLabel(conv);
+  ctx.replaceChildren(...contextButton(conv));
   const warn = conv.context_tokens != null && conv.threshold != null && conv.context_tokens > 0.8 * conv.threshold;
   if (warn) ctx.dataset.warn = 'true';
   else delete ctx.dataset.warn;
@@ -557,7 +566,12 @@ function renderChrome() {
 
   const from = byId('compacted-from');
   from.hidden = conv.compacted_from_id == null;
-  if (conv.compacted_from_id != null) setConvLink(byId('compacted-from-link'), conv.compacted_from_id);
+  if (conv.compacted_from_id != null) {
+    const link = byId('compacted-from-link');
+    setConvLink(link, conv.compacted_from_id);
+    const earlier = state.convs.get(conv.compacted_from_id);
+    link.textContent = earlier && earlier.title ? `Compacted from “${earlier.title}”` : 'Compacted from an earlier conversation';
+  }
 
   byId('archived-notice').hidden = !archived;
   const into = byId('compacted-into-link');
@@ -676,9 +690,10 @@ function updateComposer() {
   byId('compact-hint').hidden = !(busy && input.value.startsWith('/'));
 }
 
-function showComposerError(message) {
+function showComposerError(message, offline = false) {
   const el = byId('composer-error');
   el.textContent = message;
+  el.dataset.offline = String(offline); // cleared by the next reconnection
   el.hidden = false;
 }
 
@@ -724,7 +739,7 @@ async function postMessage(text) {
       navigate(data.compacted_into.id, { focus: true });
     }
   } catch (err) {
-    if (state.current && state.current.id === id) showComposerError(err.message);
+    if (state.current && state.current.id === id) showComposerError(err.message, err.status === 0);
     else toast(err.message);
   } finally {
     sending = false;
@@ -865,12 +880,15 @@ byId('watch-fresh').addEventListener('click', () => {
 const newDialog = byId('new-dialog');
 dialogs.register(newDialog);
 
+/** A provider's reason as an option's plain text: `code` marks become quotes. */
+const plainReason = (reason) => (reason || 'not available here').replace(/`([^`]*)`/g, '“$1”');
+
 function fillProviders() {
   const select = byId('new-provider');
   select.replaceChildren(...state.providers.map((p) => h('option', {
     value: p.id,
     disabled: !p.available,
-    text: p.available ? p.name : `${p.name} — ${p.reason || 'not available here'}`,
+    text: p.available ? p.name : `${p.name} — ${plainReason(p.reason)}`,
   })));
   const pick = state.providers.find((p) => p.id === state.defaultProvider && p.available)
     || state.providers.find((p) => p.available);
@@ -941,6 +959,17 @@ function wire() {
   byId('empty-new-conversation').addEventListener('click', openNewDialog);
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
   byId('scrim').addEventListener('click', () => setDrawer(false));
+  // Esc stops a running turn, as in Claude Code; the draft stays in the composer. Not when
+  // Esc already did something else: closed the command menu, cancelled a rename, a dialog, the drawer.
+  document.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape' || e.defaultPrevented || e.isComposing || document.querySelector('dialog[open]')) return;
+    if (document.body.classList.contains('drawer-open')) return;
+    const stop = byId('stop-button');
+    if (!stop.hidden && !stop.disabled) {
+      e.preventDefault();
+      interrupt();
+    }
+  });
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Escape' && document.body.classList.contains('drawer-open') && !document.querySelector('dialog[open]')) {
       setDrawer(false);

@@ -86,18 +86,16 @@ export class ContextModal {
     bar.setAttribute('aria-valuenow', String(Math.min(used, scale)));
     bar.setAttribute('aria-valuetext', `${fmtTokens(used)} of ${fmtTokens(scale)} tokens`);
     byId('context-fill').style.width = `${Math.min(100, (used / scale) * 100)}%`;
-    const marker = byId('context-marker');
-    marker.hidden = ctx.threshold == null;
-    if (ctx.threshold != null) {
-      marker.style.left = `${Math.min(100, (ctx.threshold / scale) * 100)}%`;
-      marker.title = `Auto-compaction at ${fmtTokens(ctx.threshold)}`;
-    }
+    this.scale = scale;
+    this.placeMarker(ctx.threshold);
     const level = ctx.threshold == null ? 'ok' : used >= ctx.threshold ? 'over' : used > 0.8 * ctx.threshold ? 'warn' : 'ok';
     bar.dataset.level = level;
 
+    // Unknown until the agent reports (a fresh or just compacted conversation): "—", as the 🧠 button.
+    const usedText = ctx.used == null ? '—' : fmtTokens(used);
     byId('context-used').textContent = ctx.window || ctx.model_window
-      ? `${fmtTokens(used)} used of ${fmtTokens(scale)}`
-      : `${fmtTokens(used)} used`;
+      ? `${usedText} used of ${fmtTokens(scale)}`
+      : `${usedText} used`;
     byId('context-free').textContent = `free until auto-compaction: ${ctx.free == null ? '—' : fmtTokens(ctx.free)}`;
     byId('context-model').textContent = ctx.model || 'known after the first turn';
     byId('context-model-window').textContent = ctx.model_window ? fmtTokens(ctx.model_window) : '—';
@@ -146,10 +144,15 @@ export class ContextModal {
     for (const [i, tick] of [...byId('window-ticks').children].entries()) {
       tick.classList.toggle('current', i === Number(this.slider.value));
     }
-    byId('window-note').textContent = ctx.note || '';
+    // What a change would do, only when there is one: a new notch, or one not yet applied.
+    const index = Number(this.slider.value);
+    const changed = index !== this.initial || Boolean(ctx.pending_restart);
+    byId('window-note').textContent = changed ? ctx.note || '' : '';
+    byId('window-save').hidden = index === this.initial || Boolean(this.readOnly);
+    const window = this.windowAt(value);
+    this.placeMarker(window == null ? ctx.threshold : index === this.initial ? ctx.threshold : window - COMPACT_BUFFER);
     byId('window-line').textContent = ctx.line || '';
     // At the saved notch the relay's own verdict; elsewhere the same rule, computed here.
-    const index = Number(this.slider.value);
     const warn = index === this.initial && ctx.warning !== undefined ? Boolean(ctx.warning) : this.willCompact(value);
     byId('window-warning').hidden = !warn;
     const cap = byId('window-cap');
@@ -158,17 +161,32 @@ export class ContextModal {
     if (capped) cap.textContent = `The model's own window is ${fmtTokens(ctx.model_window)}: a larger setting stops there.`;
   }
 
-  /** Would the window at this notch be already full? (used ≥ window in force − 33k) */
-  willCompact(value) {
+  /** The threshold marker on the bar: where auto-compaction starts (null: hidden). */
+  placeMarker(threshold) {
+    const marker = byId('context-marker');
+    marker.hidden = threshold == null;
+    if (threshold == null) return;
+    marker.style.left = `${Math.max(0, Math.min(100, (threshold / this.scale) * 100))}%`;
+    marker.title = `Auto-compaction at ${fmtTokens(threshold)}`;
+    marker.dataset.threshold = String(threshold);
+  }
+
+  /** The window in force at a notch (null when not known before the first turn). */
+  windowAt(value) {
     const ctx = this.ctx;
-    const used = ctx.used || 0;
-    if (used <= 0) return false;
     // Auto: the window the conversation runs with on Auto (environment or model), else the model's.
     let chosen = value;
     if (chosen == null && ctx.setting == null) chosen = ctx.window;
     if (chosen == null) chosen = ctx.model_window;
-    if (chosen == null) return false;
-    const window = ctx.model_window ? Math.min(chosen, ctx.model_window) : chosen;
+    if (chosen == null) return null;
+    return ctx.model_window ? Math.min(chosen, ctx.model_window) : chosen;
+  }
+
+  /** Would the window at this notch be already full? (used ≥ window in force − 33k) */
+  willCompact(value) {
+    const used = this.ctx.used || 0;
+    const window = this.windowAt(value);
+    if (used <= 0 || window == null) return false;
     return used >= window - COMPACT_BUFFER;
   }
 }

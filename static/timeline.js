@@ -28,11 +28,14 @@ function enhance(body) {
     link.rel = 'noopener noreferrer nofollow';
   }
   for (const pre of body.querySelectorAll('pre')) {
-    const copy = h('button', { type: 'button', class: 'copy-btn', title: 'Copy', 'aria-label': 'Copy code' });
+    // A word, not a symbol: every font has it (U+29C9 showed as a box on a stock Debian).
+    const copy = h('button', { type: 'button', class: 'copy-btn', title: 'Copy', 'aria-label': 'Copy code', testid: 'copy-code', text: 'Copy' });
     copy.addEventListener('click', () => {
-      navigator.clipboard?.writeText(pre.innerText).then(() => {
+      const code = pre.querySelector('code');
+      navigator.clipboard?.writeText((code || pre).innerText).then(() => {
         copy.classList.add('copied');
-        setTimeout(() => copy.classList.remove('copied'), 1200);
+        copy.textContent = 'Copied';
+        setTimeout(() => { copy.classList.remove('copied'); copy.textContent = 'Copy'; }, 1200);
       }, () => {});
     });
     pre.classList.add('has-copy');
@@ -40,9 +43,30 @@ function enhance(body) {
   }
 }
 
+// Blocks the streamed tail may go into (not links or emphasis: it would take their look).
+const TAIL_BLOCKS = new Set(['P', 'LI', 'UL', 'OL', 'BLOCKQUOTE', 'PRE', 'TABLE', 'THEAD', 'TBODY', 'TR', 'TD', 'TH', 'H1', 'H2', 'H3', 'H4', 'H5', 'H6']);
+
+/** Where the streamed text not yet rendered goes: the end of the rendered text's last block. */
+function streamTail(body, tail) {
+  let target = body;
+  for (let last = target.lastElementChild; last; last = target.lastElementChild) {
+    if (!TAIL_BLOCKS.has(last.tagName) && !(last.tagName === 'CODE' && target.tagName === 'PRE')) break;
+    target = last;
+  }
+  const span = h('span', { class: 'stream-tail streaming', text: tail || '' }); // text only, never HTML
+  target.append(span);
+}
+
 function agentEntry(entry) {
   const bubble = h('div', { class: 'bubble' });
-  if (entry.state === 'streaming' || entry.html == null) {
+  if (entry.state === 'streaming' && entry.html != null) {
+    // Rendered while it streams: the server's sanitized HTML of the text so far (sent at
+    // most every ~0.1 s), then the newer text as plain text until the next rendering.
+    const body = h('div', { class: 'md', dir: 'auto', testid: 'streaming-md' });
+    body.innerHTML = entry.html; // sanitized by the server, like a finished message
+    streamTail(body, entry.tail);
+    bubble.append(body);
+  } else if (entry.state === 'streaming' || entry.html == null) {
     bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', dir: 'auto', text: entry.text }));
   } else {
     const body = h('div', { class: 'md', dir: 'auto' });
@@ -56,6 +80,18 @@ function agentEntry(entry) {
   if (result) foot.push(result);
   return h('div', { class: 'msg agent', testid: 'entry-agent' }, bubble,
     foot.length ? h('div', { class: 'msg-foot', testid: 'agent-footer', text: foot.join(' · ') }) : null);
+}
+
+/** An edit's unified diff (app/edits.py), each line coloured by its first character; text only. */
+function diffBlock(edit) {
+  const pre = h('pre', { class: 'diff', testid: 'diff', dir: 'ltr' });
+  const kinds = { '+': 'add', '-': 'del', '@': 'hunk' };
+  for (const line of Array.isArray(edit.diff) ? edit.diff : []) {
+    const kind = kinds[String(line)[0]] || 'ctx';
+    pre.append(h('span', { class: `diff-line ${kind}`, text: kind === 'hunk' ? '…' : String(line) }));
+  }
+  if (edit.more > 0) pre.append(h('span', { class: 'diff-line hunk', text: `… ${edit.more} more lines` }));
+  return pre;
 }
 
 function toolEntry(entry, old) {
@@ -73,6 +109,7 @@ function toolEntry(entry, old) {
       entry.text ? ' · ' : '',
       entry.text ? h('span', { class: 'tool-summary', dir: 'auto', text: entry.text }) : null,
       status),
+    data.edit ? diffBlock(data.edit) : null,
     h('pre', { class: 'tool-output', dir: 'auto', text: output }));
   if (old && old.open) details.open = true;
   return details;
@@ -91,9 +128,12 @@ const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
 
 function permissionEntry(entry, timeline) {
   const data = entry.data || {};
+  const edit = data.edit && typeof data.edit === 'object' ? data.edit : null;
+  const wants = !edit ? ' wants to run:' : edit.kind === 'write' ? ' wants to write:' : ' wants to edit:';
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
-    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), ' wants to run:'),
-    h('pre', { class: 'perm-input', dir: 'auto', text: inputSummary(data.input) }));
+    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), wants),
+    h('pre', { class: 'perm-input', dir: 'auto', text: edit ? String(edit.file || '') : inputSummary(data.input) }),
+    edit ? diffBlock(edit) : null);
   if (entry.state !== 'pending') {
     card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));
     return card;
@@ -201,6 +241,7 @@ export class Timeline {
     this.earlier = byId('load-earlier');
     this.emptyHint = byId('timeline-empty');
     this.items = new Map(); // entry id → { entry, el } (el is null for entries not shown)
+    this.askedFor = new Map(); // tool id → seq of its permission question
     this.turn = { state: 'idle', queued: 0 };
     this.stick = true; // follow new content (the user is at the bottom)
     this.fresh = false; // new content arrived since the last frame
@@ -238,6 +279,7 @@ export class Timeline {
   reset(entries, hasMore, { keepScroll = false } = {}) {
     const top = this.scroller.scrollTop;
     this.items.clear();
+    this.askedFor.clear();
     this.list.replaceChildren();
     this.queuedList.replaceChildren();
     for (const entry of entries) this.add(entry);
@@ -297,11 +339,18 @@ export class Timeline {
     this.changed(false);
   }
 
-  delta(id, text) {
+  /** More streamed text, or (html) the server's rendering of the text's first `rendered`
+   *  UTF-16 units: what follows them stays plain text until the next rendering. */
+  delta(id, text, html, rendered) {
     const item = this.items.get(id);
     if (!item) return;
-    item.entry = { ...item.entry, text: item.entry.text + text };
-    const plain = item.el && item.entry.state === 'streaming' ? item.el.querySelector('.plain') : null;
+    const was = item.entry;
+    if (html != null && was.state !== 'streaming') return; // late: the finished html is shown
+    const full = was.text + text;
+    const update = html != null ? { html, tail: full.slice(rendered ?? full.length) } : { tail: (was.tail || '') + text };
+    item.entry = { ...was, text: full, ...update };
+    const streaming = item.el && was.state === 'streaming';
+    const plain = streaming && html == null ? item.el.querySelector('.stream-tail, .plain') : null;
     if (plain) plain.append(text);
     else this.draw(item);
     this.changed(true);
@@ -319,9 +368,33 @@ export class Timeline {
     this.draw(item);
   }
 
+  /** Where an entry sorts: by seq, but a tool's row just after its own permission question
+   *  (Claude Code announces the call, then asks: shown in seq order it read "ran, then asked"). */
+  order(entry) {
+    const data = entry.data || {};
+    const asked = data.type === 'tool' ? this.askedFor.get(data.tool_id) : undefined;
+    return asked !== undefined && asked > entry.seq ? asked + 0.5 : entry.seq;
+  }
+
+  /** A permission question seen: its tool's row (if shown) moves below it. */
+  noteQuestion(entry) {
+    const data = entry.data || {};
+    if (entry.kind !== 'activity' || data.type !== 'permission' || data.tool_id == null) return;
+    if (this.askedFor.has(data.tool_id)) return;
+    this.askedFor.set(data.tool_id, entry.seq);
+    for (const other of this.items.values()) {
+      const od = other.entry.data || {};
+      if (other.el && other.entry.kind === 'activity' && od.type === 'tool' && od.tool_id === data.tool_id) {
+        other.el.dataset.order = this.order(other.entry);
+        this.place(other.el, other.entry);
+      }
+    }
+  }
+
   /** (Re)build an entry's element and put it in its place. */
   draw(item) {
     const { entry } = item;
+    this.noteQuestion(entry);
     const old = item.el;
     const el = isShown(entry) ? this.build(entry, old) : null;
     const hadFocus = old && old.contains(document.activeElement);
@@ -339,6 +412,7 @@ export class Timeline {
     el.classList.add('entry');
     el.dataset.entryId = entry.id;
     el.dataset.seq = entry.seq;
+    el.dataset.order = this.order(entry);
     el.dataset.kind = entry.kind;
     el.dataset.state = entry.state;
     return el;
@@ -347,14 +421,14 @@ export class Timeline {
   /** Keep each list sorted by seq; queued user messages live in their own list at the end. */
   place(el, entry) {
     const list = isQueued(entry) ? this.queuedList : this.list;
-    const seq = entry.seq;
+    const seq = +el.dataset.order; // the seq, or just after a tool's permission question
     const prev = el.previousElementSibling;
     const next = el.nextElementSibling;
-    if (el.parentNode === list && (!prev || +prev.dataset.seq < seq) && (!next || +next.dataset.seq > seq)) return;
+    if (el.parentNode === list && (!prev || +prev.dataset.order < seq) && (!next || +next.dataset.order > seq)) return;
     let before = null; // most entries arrive last: scan from the end
     for (let child = list.lastElementChild; child; child = child.previousElementSibling) {
       if (child === el) continue;
-      if (+child.dataset.seq < seq) break;
+      if (+child.dataset.order < seq) break;
       before = child;
     }
     list.insertBefore(el, before);
@@ -398,16 +472,20 @@ export class Timeline {
     lines.forEach((line, index) => {
       let pill = pills[index];
       if (!pill) {
-        pill = h('button', { type: 'button', class: 'compaction-pill', testid: 'compaction-pill' });
+        pill = h('button', { type: 'button', class: 'compaction-pill', testid: 'compaction-pill' },
+          h('span', { class: 'pill-tip', testid: 'compaction-pill-label', 'aria-hidden': 'true' }));
         pill.addEventListener('click', () => this.reveal(this.pillLines[+pill.dataset.index]));
         this.rail.append(pill);
       }
       const text = line.querySelector('.line-text');
       const top = total > 0 ? (line.offsetTop / total) * railHeight : 0;
       pill.dataset.index = index;
-      pill.style.top = `${Math.max(0, Math.min(top, railHeight - 10))}px`;
-      pill.title = text.title ? `${text.textContent}\n${text.title}` : text.textContent;
-      pill.setAttribute('aria-label', `Go to: ${text.textContent}`);
+      const edge = Math.max(1, (24 - pill.offsetHeight) / 2 + 1); // the target's margin stays on the rail
+      pill.style.top = `${Math.max(edge, Math.min(top, railHeight - pill.offsetHeight - edge))}px`;
+      // Labelled with the line's numbers: shown beside the pill, and read out.
+      const label = text.title ? `${text.textContent} (${text.title})` : text.textContent;
+      if (pill.firstChild.textContent !== text.textContent) pill.firstChild.textContent = text.textContent;
+      pill.setAttribute('aria-label', `Go to: ${label}`);
       pill.classList.toggle('running', line.classList.contains('running'));
     });
     for (const extra of pills.slice(lines.length)) extra.remove();

@@ -939,7 +939,7 @@ def test_context_before_first_turn(relay: LiveRelay, no_env_window) -> None:
         "source_text": "",
         "capped": False,
         "line": "",
-        "note": "Applies on the next message (the session restarts once).",
+        "note": "Applies on the next message.",  # no session yet: nothing restarts
         "will_compact": False,
         "warning": None,
         "pending_restart": False,

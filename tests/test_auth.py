@@ -299,7 +299,7 @@ def serve(data_dir: Path, log: Path) -> Iterator[httpx.Client]:
         **os.environ,
         "OARLOCK_TOKEN": SERVE_TOKEN,
         "OARLOCK_WORKSPACE_ROOTS": str(data_dir.parent),
-        "OARLOCK_LOG_LEVEL": "info",
+        "OARLOCK_LOG_LEVEL": "debug",  # the access log is on at debug only
         "PYTHONUNBUFFERED": "1",
     }
     command = [sys.executable, "-m", "app", "serve", "--port", str(port)]

@@ -402,7 +402,7 @@ def test_context_modal_window_saves_on_close(pages: Pages, relay: LiveRelay) -> 
     assert relay.send(cid, "hello").status_code == 202
     relay.wait_idle(cid)
     p1 = pages.open(relay, f"/c/{cid}")
-    expect(by_id(p1, "context-button")).to_have_text("🧠 21k / 200k")
+    expect(by_id(p1, "context-button")).to_have_text("🧠 Context 21k / 200k")
 
     modal = open_context(p1)
     expect(by_id(p1, "window-line")).to_have_text("200k · model default")
@@ -701,10 +701,10 @@ def test_meter_warns_and_pill_follows_growth_and_resize(pages: Pages, tmp_path: 
             relay.wait_idle(cid)
         page = pages.open(relay, f"/c/{cid}", viewport={"width": 1000, "height": 700})
         meter = by_id(page, "context-button")
-        expect(meter).to_have_text("🧠 45k / 100k")
+        expect(meter).to_have_text("🧠 Context 45k / 100k")
         expect(meter).not_to_have_attribute("data-warn", "true")
         relay.send(cid, "m3")  # 57k > 53.6k: the meter turns to its warning colour, live
-        expect(meter).to_have_text("🧠 57k / 100k")
+        expect(meter).to_have_text("🧠 Context 57k / 100k")
         expect(meter).to_have_attribute("data-warn", "true")
         for n in (4, 5):  # the 6th turn starts at 69k ≥ 67k: a compaction line and its pill
             relay.wait_idle(cid)

@@ -466,7 +466,8 @@ def test_map_rate_limited_turn() -> None:
     events = feed(mapper, RATE_LIMITED)
 
     error = "API Error: Request rejected (429) · fake rate_limit_error (429)"
-    retry = {"status": 429, "attempt": 1, "max_retries": 1, "retry_delay_ms": 554}
+    retry = {"type": "api_retry", "status": 429, "attempt": 1, "max_retries": 1}
+    retry |= {"retry_delay_ms": 554}
     assert events == [
         Notice(
             "API error 429 (rate_limit), retrying (attempt 1 of 1)",

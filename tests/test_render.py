@@ -28,6 +28,7 @@ def test_render_markdown_keeps_formatting() -> None:
 
 def test_render_markdown_keeps_code_blocks_as_text() -> None:
     html = render_markdown("```py\nif a < b:\n    print('<b>')\n```")
+    html = re.sub(r'<span class="[a-z0-9]+">|</span>', "", html)  # Pygments' highlighting
     assert html == (
         "<pre><code class=\"language-py\">if a &lt; b:\n    print('&lt;b&gt;')\n</code></pre>\n"
     )

@@ -319,7 +319,8 @@ class EventMapper:
                 Notice(
                     text,
                     level="warning",
-                    data={"status": data.get("error_status")} | {k: data.get(k) for k in keys},
+                    data={"type": "api_retry", "status": data.get("error_status")}
+                    | {k: data.get(k) for k in keys},
                 )
             ]
         elif subtype == "status" and data.get("status") == "compacting":

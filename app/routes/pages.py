@@ -24,6 +24,7 @@ async def index(request: Request) -> Response:
     """The single-page app."""
     settings = request.app.state.settings
     page = {"version": __version__, "static_url": "/static"}
+    page["cwd_default"] = str(settings.cwd_default)  # the new-conversation placeholder
     # The context watch's thresholds: the 🧠 button turns amber at soft, red at hard.
     page |= {"context_soft": settings.context_soft, "context_hard": settings.context_hard}
     return TEMPLATES.TemplateResponse(request, "index.html", page)

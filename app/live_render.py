@@ -1,0 +1,89 @@
+"""A streaming message rendered now and then as it grows, in a worker thread.
+
+Rendering (markdown-it, Pygments, nh3) costs about 3 ms per KiB of text, and a streaming
+message is rendered whole each time: on the event loop a long reply would stall every
+other conversation for tens of milliseconds. In a worker thread the loop keeps running
+(the GIL is handed over every few milliseconds), and the pause between two renderings
+grows with the text and with what the last one took, so rendering stays a small share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from app.render import render_partial
+
+log = logging.getLogger(__name__)
+
+RENDER_SECONDS = 0.1  # the shortest pause between two renderings of a message
+RENDER_CHARS_PER_SECOND = 100_000  # and longer for long texts: 0.5 s at 50,000 characters
+RENDER_SHARE = 5  # and at least this many times what the last rendering took
+
+
+def utf16_length(text: str) -> int:
+    """The text's length as JavaScript counts it (UTF-16 code units)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+class LiveRender:
+    """Renders one streaming message's text, off the loop, at most every so often."""
+
+    def __init__(self, text: Callable[[], str], emit: Callable[[str, int], None]) -> None:
+        self.text = text  # the text so far
+        self.emit = emit  # (html, how much of the text it renders, in UTF-16 units)
+        self.due = 0.0  # monotonic time from which the next rendering may start
+        self.busy = False
+        self.dirty = False  # text arrived while a rendering ran
+        self.closed = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def poke(self) -> None:
+        """More text arrived: render now if due, else once due."""
+        if self.closed:
+            return
+        if self.busy:
+            self.dirty = True
+            return
+        wait = self.due - time.monotonic()
+        if wait > 0:
+            if self.timer is None:
+                self.timer = asyncio.get_running_loop().call_later(wait, self._fire)
+            return
+        self._start()
+
+    def close(self) -> None:
+        """The message is done: render nothing more."""
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self) -> None:
+        self.timer = None
+        self.poke()
+
+    def _start(self) -> None:
+        text = self.text()
+        self.busy, self.dirty = True, False
+        started = time.monotonic()
+        future = asyncio.get_running_loop().run_in_executor(None, render_partial, text)
+        future.add_done_callback(lambda done: self._done(done, text, started))
+
+    def _done(self, future: asyncio.Future[str], text: str, started: float) -> None:
+        self.busy = False
+        if self.closed or future.cancelled():
+            return
+        if (error := future.exception()) is not None:
+            log.warning("rendering a streaming message failed: %r", error)
+            return
+        now = time.monotonic()
+        pause = max(
+            RENDER_SECONDS, RENDER_SHARE * (now - started), len(text) / RENDER_CHARS_PER_SECOND
+        )
+        self.due = now + pause
+        self.emit(future.result(), utf16_length(text))
+        if self.dirty:
+            self.poke()

@@ -1,0 +1,114 @@
+"""Issue 17's rough edges, the pure parts: rendering of code, links and partial text."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nh3
+
+from app.edits import MAX_LINES, edit_change
+from app.live_render import RENDER_SECONDS, LiveRender
+from app.render import HIGHLIGHT_CLASSES, render_markdown, render_partial
+from app.window import apply_note
+
+
+def test_fenced_code_with_a_language_is_highlighted_with_classes_only() -> None:
+    html = render_markdown("```python\ndef f():\n    return '<b>'\n```")
+    assert '<span class="k">def</span>' in html
+    assert "&lt;b&gt;" in html and "<b>" not in html
+    assert "style=" not in html
+
+
+def test_code_without_a_known_language_stays_plain() -> None:
+    assert "<span" not in render_markdown("```\ndef f(): pass\n```")
+    assert "<span" not in render_markdown("```no-such-language\ndef f(): pass\n```")
+
+
+def test_bare_urls_become_links_but_file_names_do_not() -> None:
+    html = render_markdown("see https://example.com/x?a=1 and app.py and me@example.com")
+    assert '<a href="https://example.com/x?a=1"' in html
+    assert html.count("<a ") == 1
+
+
+def test_only_pygments_class_names_survive_on_spans() -> None:
+    assert {"k", "nf", "s1", "c1"} <= HIGHLIGHT_CLASSES
+    # The sanitizer itself, as render.py configures it, on hostile spans.
+    from app.render import _ATTRIBUTE_VALUES, _ATTRIBUTES, _TAGS
+
+    dirty = '<span class="k" style="color:red" onclick="x()">a</span><span class="evil">b</span>'
+    clean = nh3.clean(
+        dirty, tags=_TAGS, attributes=_ATTRIBUTES, tag_attribute_values=_ATTRIBUTE_VALUES
+    )
+    assert clean == '<span class="k">a</span><span>b</span>'
+
+
+def test_a_partial_message_renders_like_a_whole_one() -> None:
+    assert render_partial("I am **demo") == "<p>I am **demo</p>\n"
+    assert render_partial("<script>x</script> **b**") == render_markdown("<script>x</script> **b**")
+
+
+def test_an_edit_is_a_diff_without_snippet_line_numbers() -> None:
+    change = edit_change(
+        "Edit",
+        {"file_path": "a.py", "old_string": "x = 1\ny = 2\n", "new_string": "x = 1\ny = 3\n"},
+    )
+    assert change == {
+        "file": "a.py",
+        "kind": "edit",
+        "diff": ["@@", " x = 1", "-y = 2", "+y = 3"],
+        "more": 0,
+    }
+
+
+def test_a_write_is_its_content_added_and_a_huge_one_is_cut() -> None:
+    change = edit_change("Write", {"file_path": "b.txt", "content": "hello\nworld\n"})
+    assert change == {"file": "b.txt", "kind": "write", "diff": ["+hello", "+world"], "more": 0}
+    big = edit_change("create", {"path": "c.txt", "file_text": "x\n" * (MAX_LINES + 5)})
+    assert big is not None and len(big["diff"]) == MAX_LINES and big["more"] == 5
+
+
+def test_multi_edit_and_copilot_edits_are_diffs_other_tools_are_not() -> None:
+    multi = {"file_path": "c", "edits": [{"old_string": "a", "new_string": "b"}, "junk"]}
+    assert edit_change("MultiEdit", multi)["diff"] == ["@@", "-a", "+b"]  # type: ignore[index]
+    copilot = {"command": "str_replace", "path": "d", "old_str": "p", "new_str": "q"}
+    assert edit_change("str_replace_editor", copilot)["diff"] == ["@@", "-p", "+q"]  # type: ignore[index]
+    assert edit_change("str_replace_editor", {"command": "view", "path": "d"}) is None
+    assert edit_change("Bash", {"command": "ls"}) is None
+    assert edit_change("Edit", "not a mapping") is None
+
+
+def test_before_any_session_a_window_change_restarts_nothing() -> None:
+    assert apply_note(turn_running=False, background_work=False, has_session=False) == (
+        "Applies on the next message."
+    )
+    assert apply_note(turn_running=False, background_work=False, has_session=True) == (
+        "Applies on the next message (the session restarts once)."
+    )
+
+
+async def test_live_render_renders_off_the_loop_throttled_and_catches_up() -> None:
+    parts = ["**a"]
+    sent: list[tuple[str, int]] = []
+    arrived = asyncio.Event()
+
+    def emit(html: str, upto: int) -> None:
+        sent.append((html, upto))
+        arrived.set()
+
+    live = LiveRender(lambda: "".join(parts), emit)
+    live.poke()
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert sent == [("<p>**a</p>\n", 3)]
+    arrived.clear()
+    parts.append("** 😀")  # within the pause: a rendering is scheduled, not started
+    live.poke()
+    live.poke()
+    assert live.timer is not None and not live.busy
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert sent[1] == ("<p><strong>a</strong> 😀</p>\n", 8)  # the emoji is 2 UTF-16 units
+    parts.append(" more")
+    live.poke()
+    live.close()  # the message is done: nothing more
+    assert live.timer is None
+    await asyncio.sleep(RENDER_SECONDS * 3)
+    assert len(sent) == 2

@@ -1,0 +1,91 @@
+"""`make serve` and `oarlock serve` as a user meets them: real processes, real output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.relay import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "polish-serve-token-0123456789abcdef"
+
+
+def run_serve(tmp_path: Path, **env: str) -> tuple[list[str], int, subprocess.Popen[str]]:
+    """Start `python -m app serve`; its output up to the printed URL, its port, the process."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
+    environ |= {
+        "OARLOCK_TOKEN": TOKEN,
+        "OARLOCK_WORKSPACE_ROOTS": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    command = [sys.executable, "-m", "app", "serve", "--port", str(port)]
+    command += ["--data-dir", str(tmp_path / "data")]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    while f"?token={TOKEN}" not in (lines[-1] if lines else ""):
+        line = process.stdout.readline()
+        assert line, f"serve ended before printing its URL: {lines}"
+        lines.append(line.rstrip("\n"))
+    return lines, port, process
+
+
+def stop(process: subprocess.Popen[str]) -> list[str]:
+    """SIGINT, then the rest of the output."""
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    return rest.splitlines()
+
+
+def test_url_is_printed_once_the_server_answers(tmp_path: Path) -> None:
+    lines, port, process = run_serve(tmp_path)
+    try:
+        # Printed after uvicorn listens, and answered at once: no retry needed.
+        started = [n for n, line in enumerate(lines) if "Application startup complete" in line]
+        assert started and started[0] < len(lines) - 1, lines
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        stop(process)
+    assert process.returncode == 0
+
+
+def test_access_log_is_quiet_by_default_and_on_at_debug(tmp_path: Path) -> None:
+    outputs = {}
+    for level in ("", "debug"):
+        env = {"OARLOCK_LOG_LEVEL": level} if level else {}
+        _, port, process = run_serve(tmp_path / (level or "default"), **env)
+        try:
+            for _ in range(3):
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+            httpx.get(f"http://127.0.0.1:{port}/?token={TOKEN}")
+        finally:
+            outputs[level] = stop(process)
+    requests = {
+        level: [line for line in out if "HTTP/1.1" in line] for level, out in outputs.items()
+    }
+    assert requests[""] == []
+    assert sum('"GET /healthz HTTP/1.1" 200' in line for line in requests["debug"]) == 3
+    assert not any(TOKEN in line for line in requests["debug"])  # redacted (app/logs.py)
+
+
+def test_make_serve_installs_with_progress_not_quietly(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    dry = subprocess.run(
+        ["make", "-n", "serve", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert dry.returncode == 0, dry.stderr
+    installs = [
+        line for line in dry.stdout.splitlines() if "pip install" in line and " -e " in line
+    ]
+    assert installs and all(" -q" not in line for line in installs), installs
+    assert any("takes a few minutes" in line for line in dry.stdout.splitlines())
