@@ -561,8 +561,8 @@ class Supervisor:
     async def _ensure_agent(self, runner: Runner) -> Agent:
         warming = runner.warming
         if warming is not None and warming is not asyncio.current_task():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(warming)  # a warm-up under way: its agent serves this turn
+            # A warm-up under way: its agent serves this turn (if it fails, this one starts).
+            await asyncio.wait({warming})  # never raises its error, never cancels it
         if runner.agent is not None:
             return runner.agent
         with self.session() as session:
@@ -589,6 +589,7 @@ class Supervisor:
             self.publish_agent(runner.conversation_id)
             raise
         runner.agent, runner.starting = agent, False
+        runner.last_used = time.monotonic()  # its idle time starts now, not at the request
         self.publish_agent(runner.conversation_id)
         await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
         if conversation.applied_window != conversation.auto_compact_window:
