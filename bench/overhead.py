@@ -82,8 +82,8 @@ class RelayClaude:
         return time.perf_counter() - start
 
     def cli_pid(self) -> int:
-        """The relay's CLI child."""
-        (pid,) = children(self.relay.pid)
+        """The relay's CLI child (the relay also has its watcher process)."""
+        (pid,) = [p for p in children(self.relay.pid) if _is_claude(p)]
         return pid
 
     async def close(self) -> None:
