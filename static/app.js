@@ -158,6 +158,8 @@ function onSocketMessage(message) {
       socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
       if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
       subscribe(true);
+      if (warmPending != null && state.current && state.current.id === warmPending) warmAgent();
+      warmPending = null;
       return;
     }
     case 'snapshot':
@@ -530,11 +532,13 @@ function setAgent(agent) {
 // Start an asleep agent while the user writes, so that it is ready when they press Enter
 // (at most one warm-up request per conversation every 5 s).
 const warmedAt = new Map();
+let warmPending = null; // typed before the socket was open: warmed once it is
 function warmAgent() {
   const cur = state.current;
   if (!cur || !cur.loaded || isArchived(cur.conv) || cur.agent !== 'asleep') return;
   if (Date.now() - (warmedAt.get(cur.id) || 0) < 5000) return;
   if (send({ type: 'warm', conversation_id: cur.id })) warmedAt.set(cur.id, Date.now());
+  else warmPending = cur.id;
 }
 
 async function interrupt() {

@@ -51,6 +51,7 @@ def test_click_in_composer_warms_and_header_shows_asleep_starting_ready(
     gated(relay)
     cid = relay.create(title="Warm me")["id"]
     page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Warm me")  # loaded (the bare page says asleep)
     state = agent_state(page)
     expect(state).to_have_text("asleep")
     expect(state).to_have_attribute("data-state", "asleep")
@@ -79,6 +80,7 @@ def test_typing_warms_and_an_unused_warm_up_falls_asleep(tmp_path: Path, pages: 
         GatedDemo.gate.set()
         cid = relay.create(title="Type here")["id"]
         page = pages.open(relay, f"/c/{cid}")
+        expect(by_id(page, "title")).to_have_text("Type here")  # loaded
         state = agent_state(page)
         expect(state).to_have_text("asleep")
         page.evaluate("document.getElementById('message-input').focus()")  # no click
