@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.agent_memory import default_budget, mem_total, parse_size
+
 PermissionMode = Literal["default", "acceptEdits", "bypassPermissions", "plan"]
 
 
@@ -36,7 +38,10 @@ class Settings(BaseSettings):
     default_cwd: Path | None = None
     default_provider: str | None = None
     permission_mode: PermissionMode = "default"
-    agent_idle_timeout: float = 600.0
+    # Seconds an idle agent stays warm (bench/README.md: why 120 once warming exists).
+    agent_idle_timeout: float = 120.0
+    # Memory live agents may hold: "1500" (MiB), "1.5G"; default: a quarter of the machine's.
+    agent_memory: int | None = None
     agent_env_passthrough: str = ""
     claude_cli: str | None = None
     claude_model: str | None = None
@@ -70,6 +75,19 @@ class Settings(BaseSettings):
         if self.context_hard < self.context_soft:
             raise ValueError("OARLOCK_CONTEXT_HARD must not be below OARLOCK_CONTEXT_SOFT.")
         return self
+
+    @field_validator("agent_memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: object) -> object:
+        """Accept "1500" (MiB), "800M", "2G" where bytes are expected."""
+        if isinstance(value, str):
+            return parse_size(value) if value.strip() else None
+        return value
+
+    @property
+    def agent_budget(self) -> int:
+        """Bytes the live agents' processes may hold together."""
+        return self.agent_memory if self.agent_memory is not None else default_budget(mem_total())
 
     @property
     def resolved_data_dir(self) -> Path:

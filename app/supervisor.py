@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from app import store
+from app.agent_memory import Live, largest, to_stop, tree_rss
 from app.agents.base import (
     Activity,
     Agent,
@@ -160,6 +161,8 @@ class Runner:
     failure: str | None = None  # an error line the database refused: written when it can
     ending: bool = False  # _end_turn failed (database): finished before the next turn
     archived: bool = False  # the conversation is archived: its agent stops after its turn
+    warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
+    starting: bool = False  # the agent's process is being started
 
 
 class Supervisor:
@@ -181,6 +184,7 @@ class Supervisor:
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
         self.lifetime = Lifetime(settings.resolved_data_dir)  # agents end with this relay
+        self.agent_budget = settings.agent_budget  # bytes; read once (MemTotal by default)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -197,6 +201,11 @@ class Supervisor:
         self._closing = True
         if self._reaper:
             self._reaper.cancel()
+        warming = [r.warming for r in self.runners.values() if r.warming and not r.warming.done()]
+        for task in warming:  # no agent may start after the ones below are closed
+            task.cancel()
+        if warming:
+            await asyncio.wait(warming, timeout=5)
         for runner in list(self.runners.values()):
             if runner.task and not runner.task.done():
                 with contextlib.suppress(Exception):
@@ -393,6 +402,7 @@ class Supervisor:
         view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
         view["has_more"] = has_more
         view["turn"] = self.turn_view(conversation_id, session)
+        view["agent"] = self.agent_state(conversation_id)
         view["seq"] = self.hub.current_seq(conversation_id)
         view["epoch"] = self.hub.epoch
         return view
@@ -470,6 +480,19 @@ class Supervisor:
         """Tell every tab the turn state and queue length."""
         self.hub.emit(
             conversation_id, {"type": "turn", "turn": self.turn_view(conversation_id, session)}
+        )
+
+    def agent_state(self, conversation_id: int) -> str:
+        """asleep (no agent), starting, or ready: what the header shows."""
+        runner = self.runners.get(conversation_id)
+        if runner is None or (runner.agent is None and not runner.starting):
+            return "asleep"
+        return "starting" if runner.starting else "ready"
+
+    def publish_agent(self, conversation_id: int) -> None:
+        """Tell the conversation's tabs its agent's state."""
+        self.hub.emit(
+            conversation_id, {"type": "agent", "agent": self.agent_state(conversation_id)}
         )
 
     def publish_conversation(self, conversation: Conversation) -> None:
@@ -670,6 +693,30 @@ class Supervisor:
         for other in changed:
             if other is not None:
                 self.publish_conversation(other)
+
+    def warm(self, conversation: Conversation) -> str:
+        """Start the agent of a conversation about to get a message; its agent state.
+
+        Nothing happens when the agent is live or starting, or a turn will start it.
+        """
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; its agent is not started.")
+        conversation_id = conversation.id or 0
+        runner = self.runner(conversation_id)
+        runner.last_used = time.monotonic()  # about to be used: the last to be stopped
+        busy = runner.task is not None and not runner.task.done()
+        warming = runner.warming is not None and not runner.warming.done()
+        if not (self._closing or busy or warming or runner.agent is not None or runner.starting):
+            runner.warming = asyncio.create_task(self._warm(runner), name=f"warm-{conversation_id}")
+        if runner.warming is not None and not runner.warming.done():
+            return "starting"  # (the task has not run yet: its own event follows)
+        return self.agent_state(conversation_id)
+
+    async def _warm(self, runner: Runner) -> None:
+        try:
+            await self._ensure_agent(runner)
+        except Exception as error:  # noqa: BLE001 - the message's own turn will say why
+            log.info("warming conversation %s failed: %s", runner.conversation_id, error)
 
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
@@ -918,14 +965,30 @@ class Supervisor:
         )
 
     async def _ensure_agent(self, runner: Runner) -> Agent:
+        warming = runner.warming
+        if warming is not None and warming is not asyncio.current_task():
+            # A warm-up under way: its agent serves this turn (if it fails, this one starts).
+            await asyncio.wait({warming})  # never raises its error, never cancels it
         if runner.agent is not None:
             return runner.agent
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
         spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
-        await agent.start()
-        runner.agent = agent
+        runner.starting = True
+        self.publish_agent(runner.conversation_id)
+        try:
+            # Room first, sized as the largest live agent, so that the peak stays in budget.
+            await self._fit_budget(exclude=runner.conversation_id, incoming=True)
+            await agent.start()
+        except BaseException:
+            runner.starting = False
+            self.publish_agent(runner.conversation_id)
+            raise
+        runner.agent, runner.starting = agent, False
+        runner.last_used = time.monotonic()  # its idle time starts now, not at the request
+        self.publish_agent(runner.conversation_id)
+        await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
         if conversation.applied_window != conversation.auto_compact_window:
             with self.session() as session:
                 session.add(conversation)
@@ -1143,12 +1206,39 @@ class Supervisor:
                     runner.conversation_id,
                     exc_info=True,
                 )
+            self.publish_agent(runner.conversation_id)
+
+    def _stoppable(self, runner: Runner) -> bool:
+        """An idle agent: no turn, no start, no open question, no background work."""
+        agent = runner.agent
+        return (
+            agent is not None
+            and runner.state == "idle"
+            and not (runner.task is not None and not runner.task.done())
+            and not runner.starting
+            and not runner.questions
+            and not agent.background_work()
+        )
+
+    async def _fit_budget(self, *, exclude: int | None = None, incoming: bool = False) -> None:
+        """Stop the least recently used idle agents until the live ones fit the budget."""
+        live = [
+            Live(cid, tree_rss(getattr(r.agent, "pid", None)), r.last_used, self._stoppable(r))
+            for cid, r in self.runners.items()
+            if r.agent is not None and cid != exclude
+        ]
+        estimate = largest(agent.rss for agent in live) if incoming else 0
+        for conversation_id in to_stop(live, self.agent_budget, estimate):
+            runner = self.runners.get(conversation_id)
+            if runner is not None and self._stoppable(runner):  # still, after the awaits
+                log.info("agent memory budget: stopping the agent of %s", conversation_id)
+                await self._close_agent(runner)
 
     async def _reap_idle(self) -> None:
         """Stop agent processes of conversations idle for longer than the idle timeout."""
         timeout = self.settings.agent_idle_timeout
         while True:
-            await asyncio.sleep(max(0.5, min(timeout / 4, 30)))
+            await asyncio.sleep(max(0.5, min(timeout / 4, 5)))
             now = time.monotonic()
             for runner in list(self.runners.values()):
                 idle = runner.state == "idle" and not (runner.task and not runner.task.done())
@@ -1156,6 +1246,10 @@ class Supervisor:
                 if runner.agent is not None and idle and expired:
                     log.info("stopping idle agent of conversation %s", runner.conversation_id)
                     await self._close_agent(runner)
+            try:
+                await self._fit_budget()  # agents grow during their turns
+            except Exception:
+                log.exception("fitting the agents' memory budget failed")
             try:
                 self.release_idle(time.monotonic() - timeout)
             except Exception:  # memory is released on the next pass
@@ -1175,6 +1269,8 @@ class Supervisor:
                 or runner.state != "idle"
                 or (runner.task is not None and not runner.task.done())
                 or (runner.reporting is not None and not runner.reporting.done())
+                or (runner.warming is not None and not runner.warming.done())
+                or runner.starting
                 or runner.questions
                 or runner.streaming
             )

@@ -1,9 +1,11 @@
 """Load: many browser connections over many conversations with streaming demo agents.
 
 Every connection must receive every event of its conversation, in order, none
-missing (sequence numbers consecutive from its snapshot on); one deliberately
-stalled connection must not slow the others; relay memory is reported at the
-start and the end. Prints one line of figures; exits 1 when a check fails.
+missing (sequence numbers consecutive from its snapshot on) up to the last one (once
+the senders stop and every turn is over, each tab must reach its conversation's final
+seq); one deliberately stalled connection must be dropped without slowing the others;
+relay memory is reported at the start and the end. Prints one line of figures; exits 1
+when a check fails (a gap, a resync, a tab short of the last event, the stalled tab kept).
 
     python -m bench.load --seconds 300 --connections 100 --conversations 20
 """
@@ -25,6 +27,7 @@ from websockets.asyncio.client import connect
 from bench.reliability import TOKEN, Relay
 
 SAMPLE_EVERY = 30.0  # seconds between RSS samples
+FINISH = 60.0  # seconds the turns and the tabs get to finish once the senders stop
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Watcher:
     events: int = 0
     gaps: int = 0
     resyncs: int = 0
+    final_seq: int | None = None  # the conversation's last seq, once every turn is over
 
 
 def rss_kib(pid: int) -> int:
@@ -52,15 +56,24 @@ def events_of(frame: str | bytes) -> list[dict[str, Any]]:
     return message if isinstance(message, list) else [message]
 
 
-async def watch(url: str, headers: dict[str, str], watcher: Watcher, stop: asyncio.Event) -> None:
-    """Follow one conversation and check its sequence until told to stop."""
+def finished(watcher: Watcher) -> bool:
+    """True once the tab saw its conversation's last event."""
+    return (
+        watcher.final_seq is not None
+        and watcher.last_seq is not None
+        and watcher.last_seq >= watcher.final_seq
+    )
+
+
+async def watch(url: str, headers: dict[str, str], watcher: Watcher) -> None:
+    """Follow one conversation and check its sequence up to its last event."""
     async with connect(url, additional_headers=headers, max_size=None) as ws:
         await ws.send(json.dumps({"type": "subscribe", "conversation_id": watcher.conversation_id}))
-        while not stop.is_set():
+        while not finished(watcher):
             try:
                 frame = await asyncio.wait_for(ws.recv(), timeout=0.5)
             except TimeoutError:
-                continue
+                continue  # (the final seq is read once the senders stop)
             for event in events_of(frame):
                 observe(watcher, event)
 
@@ -107,6 +120,20 @@ async def drive(client: httpx.AsyncClient, conversation_id: int, stop: asyncio.E
     return sent
 
 
+async def final_seq(client: httpx.AsyncClient, conversation_id: int) -> int:
+    """A conversation's last seq once its turns are over and nothing is queued."""
+    deadline = asyncio.get_running_loop().time() + FINISH
+    while True:
+        view = (
+            await client.get(f"/api/conversations/{conversation_id}", params={"limit": 1})
+        ).json()
+        if view["turn"] == {"state": "idle", "queued": 0}:
+            return int(view["seq"])
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"conversation {conversation_id} never went idle")
+        await asyncio.sleep(0.1)
+
+
 async def run(
     seconds: float, connections: int, conversations: int, workdir: Path
 ) -> dict[str, Any]:
@@ -126,7 +153,7 @@ async def run(
             rss_start = rss_kib(relay.process.pid)
             stop = asyncio.Event()
             watchers = [Watcher(ids[n % conversations]) for n in range(connections)]
-            tabs = [asyncio.create_task(watch(url, headers, w, stop)) for w in watchers]
+            tabs = [asyncio.create_task(watch(url, headers, w)) for w in watchers]
             stalled = asyncio.create_task(stall(url, headers, ids[0], stop))
             await asyncio.sleep(1)
             drivers = [asyncio.create_task(drive(client, cid, stop)) for cid in ids]
@@ -136,8 +163,14 @@ async def run(
                 samples.append(round(rss_kib(relay.process.pid) / 1024))
             stop.set()
             messages = sum(await asyncio.gather(*drivers))
-            await asyncio.sleep(1)  # let the last events arrive
-            await asyncio.gather(*tabs)
+            finals = {cid: await final_seq(client, cid) for cid in ids}
+            for watcher in watchers:
+                watcher.final_seq = finals[watcher.conversation_id]
+            # Every tab must reach its conversation's last event; those that do not in time
+            # are counted short.
+            _done, late = await asyncio.wait(tabs, timeout=FINISH)
+            for task in late:
+                task.cancel()
             dropped = await stalled
             rss_end = rss_kib(relay.process.pid)
     finally:
@@ -150,6 +183,7 @@ async def run(
         "events": sum(w.events for w in watchers),
         "gaps": sum(w.gaps for w in watchers),
         "resyncs": sum(w.resyncs for w in watchers),
+        "short": sum(not finished(w) for w in watchers),
         "stalled_dropped": dropped,
         "rss_start_mib": round(rss_start / 1024, 1),
         "rss_end_mib": round(rss_end / 1024, 1),
@@ -169,7 +203,8 @@ def main() -> None:
             run(args.seconds, args.connections, args.conversations, Path(workdir))
         )
     print(" ".join(f"{key}={value}" for key, value in figures.items()))
-    sys.exit(1 if figures["gaps"] or figures["resyncs"] else 0)
+    failed = figures["gaps"] or figures["resyncs"] or figures["short"]
+    sys.exit(1 if failed or not figures["stalled_dropped"] else 0)
 
 
 if __name__ == "__main__":

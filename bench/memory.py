@@ -5,12 +5,20 @@
 Relay: two relays (no-op bench agent, no agent process) in child processes, one on an empty
 database and one on 1,000 conversations of 20 entries each (seeded with SQL). Both get the
 same requests: every page of the conversation list, then every conversation opened once
-(GET /api/conversations/{id}); then each one's VmRSS. The ratio is loaded ÷ empty.
+(GET /api/conversations/{id}) and given a message (so each has a runner, a turn's events
+and a replay buffer, read before any idle release); then each one's VmRSS. The ratio is
+loaded ÷ empty.
 
 Touched: two relays (no-op bench agent, OARLOCK_AGENT_IDLE_TIMEOUT=2), one given a message
 of 10 kB (so events that carry 10 kB) in each of 100 conversations and one in each of 10,000;
 then both are left idle for three timeouts, and each one's VmRSS is read. The ratio is
 10,000 ÷ 100: what stays is what the relay keeps per conversation it ever touched.
+
+Agents under the budget: a relay with the real CLI, OARLOCK_AGENT_MEMORY=500 MiB (two CLIs),
+given one turn in each of 3 (then, another relay, 10) conversations, then left idle for 60 s
+(less than the idle timeout: only the budget stops agents). The figure is the RSS of the
+relay's process tree (relay, its watcher, its agents' process trees) ÷ the relay's own
+(relay and watcher); the target is (budget + relay) ÷ relay: the budget holds.
 
 Agent: the Claude Code CLI after one turn against the fake Messages API, started by the
 relay (its child) and started directly by ClaudeSDKClient (this process's child); the
@@ -20,6 +28,7 @@ ratio is the relay's CLI ÷ the direct CLI (the relay should add nothing to an a
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import tempfile
@@ -27,7 +36,18 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import Fake, Http, Relay, Row, at_most, claude_env, rss_mib, seed
+from app.agent_memory import MIB, tree_rss
+from bench.common import (
+    Fake,
+    Http,
+    Relay,
+    Row,
+    at_most,
+    children,
+    claude_env,
+    rss_mib,
+    seed,
+)
 from bench.overhead import DirectClaude, RelayClaude
 
 COMMAND = "python -m bench memory"
@@ -37,6 +57,9 @@ TOUCHED = (100, 10_000)
 IDLE_TIMEOUT = 2.0  # seconds: OARLOCK_AGENT_IDLE_TIMEOUT of the touched relays
 MESSAGE = "m" * 10_000
 SENDERS = 4
+AGENT_BUDGET_MIB = 500  # OARLOCK_AGENT_MEMORY of the agents' relays: two CLIs
+AGENT_CONVERSATIONS = (3, 10)
+AGENTS_IDLE = 60.0  # seconds the agents' relays stay idle before their RSS is read
 
 
 def load_everything(relay: Relay) -> int:
@@ -65,6 +88,8 @@ def relay_rss() -> tuple[float, float]:
             seed(root / name / "oarlock.db", count, ENTRIES)
         with Relay(root / "empty", "noop") as empty, Relay(root / "loaded", "noop") as loaded:
             assert (load_everything(empty), load_everything(loaded)) == (0, CONVERSATIONS)
+            touch(loaded, CONVERSATIONS)  # runners, events and replay buffers, still held
+            loaded.wait_idle(CONVERSATIONS)
             return rss_mib(empty.pid), rss_mib(loaded.pid)
 
 
@@ -110,6 +135,49 @@ def touched_rss() -> tuple[float, float, float]:
             return rss_mib(small.pid), rss_mib(large.pid), took
 
 
+def _is_claude(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "claude"
+    except OSError:
+        return False
+
+
+def split_rss(relay_pid: int) -> tuple[float, float, int]:
+    """MiB of the relay (with its watcher) and of its agents' process trees; live agents."""
+    agents = [pid for pid in children(relay_pid) if _is_claude(pid)]
+    agent_bytes = sum(tree_rss(pid) for pid in agents)
+    return (tree_rss(relay_pid) - agent_bytes) / MIB, agent_bytes / MIB, len(agents)
+
+
+def budget_rss() -> dict[int, tuple[float, float, int]]:
+    """Per conversation count: relay MiB, agents MiB and live agents after the idle wait."""
+    fake = Fake()
+    found: dict[int, tuple[float, float, int]] = {}
+    relays: list[tuple[int, Relay]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="oarlock-budget-") as tmp:
+            root = Path(tmp)
+            try:
+                for count in AGENT_CONVERSATIONS:
+                    env = claude_env(root / f"home-{count}", fake)
+                    env["OARLOCK_AGENT_MEMORY"] = str(AGENT_BUDGET_MIB)
+                    relay = Relay(root / f"data-{count}", "real", env=env)
+                    relays.append((count, relay))
+                    for n in range(count):
+                        cid = relay.create("claude", f"budget {n}")
+                        assert relay.send(cid, f"Turn in conversation {n}.") == 202
+                        relay.wait_idle(cid, timeout=120)
+                time.sleep(AGENTS_IDLE)  # both relays idle together
+                for count, relay in relays:
+                    found[count] = split_rss(relay.pid)
+            finally:
+                for _count, relay in relays:
+                    relay.stop()
+    finally:
+        fake.stop()
+    return found
+
+
 async def agent_rss() -> tuple[float, float]:
     """VmRSS (MiB) of the CLI after one turn: started by the relay, and directly."""
     fake = Fake()
@@ -138,9 +206,11 @@ def run() -> list[Row]:
     empty, loaded = relay_rss()
     few, many, took = touched_rss()
     relay_cli, direct_cli = asyncio.run(agent_rss())
+    budgets = budget_rss()
     rows = [
         at_most(
-            f"Relay RSS, {CONVERSATIONS:,} conversations listed and opened ÷ empty database",
+            f"Relay RSS, {CONVERSATIONS:,} conversations listed, opened and given a message "
+            "÷ empty database",
             loaded / empty,
             1.5,
             f"{loaded:.0f} MiB with {CONVERSATIONS:,} conversations, {empty:.0f} MiB empty; "
@@ -165,6 +235,18 @@ def run() -> list[Row]:
             COMMAND,
         ),
     ]
+    for count, (relay, agents, live) in budgets.items():
+        rows.append(
+            at_most(
+                f"RSS of the relay and its agents, {count} conversations touched then idle "
+                f"{AGENTS_IDLE:g} s ÷ the relay alone (budget {AGENT_BUDGET_MIB} MiB)",
+                (relay + agents) / relay,
+                math.floor((AGENT_BUDGET_MIB + relay) / relay * 100) / 100,
+                f"{relay + agents:.0f} MiB: relay {relay:.0f} MiB, {live} live CLI "
+                f"{agents:.0f} MiB; target (budget + relay) ÷ relay",
+                COMMAND,
+            )
+        )
     for row in rows:
         print(f"memory: {row.figures}", file=sys.stderr)
     return rows

@@ -62,6 +62,10 @@ class BenchAgent:
         """No report: nothing is emitted after the turn."""
         return None
 
+    def background_work(self) -> bool:
+        """Never."""
+        return False
+
     async def close(self) -> None:
         """Nothing to stop."""
 

@@ -181,6 +181,8 @@ function onSocketMessage(message) {
       socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
       if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
       subscribe(true);
+      if (warmPending != null && state.current && state.current.id === warmPending) warmAgent();
+      warmPending = null;
       return;
     }
     case 'snapshot':
@@ -190,6 +192,7 @@ function onSocketMessage(message) {
       subscribe(false);
       return;
     case 'pong':
+    case 'warm': // the answer to a warm-up; the agent events that follow say the rest
       return;
     case 'error':
       console.warn('oarlock relay:', message.detail);
@@ -246,6 +249,7 @@ function onConversationEvent(message) {
     case 'entry_removed': timeline.remove(message.entry_id); break;
     case 'delta': timeline.delta(message.entry_id, message.text, message.html, message.rendered); break;
     case 'turn': setTurn(message.turn); break;
+    case 'agent': setAgent(message.agent); break;
     case 'conversation': onConversation(message.conversation); break;
     case 'compacted':
       onConversation(message.into);
@@ -484,7 +488,7 @@ async function openConversation(id, { focus = false } = {}) {
 /** Render a conversation as GET /api/conversations/{id} (or a snapshot) gives it. */
 function showConversation(data, { keepScroll }) {
   const cur = state.current;
-  const { timeline: entries, has_more: hasMore, turn, seq, epoch, ...conv } = data;
+  const { timeline: entries, has_more: hasMore, turn, agent, seq, epoch, ...conv } = data;
   cur.conv = conv;
   cur.seq = seq ?? 0;
   cur.epoch = epoch ?? state.epoch;
@@ -496,6 +500,7 @@ function showConversation(data, { keepScroll }) {
   renderChrome();
   timeline.reset(entries || [], Boolean(hasMore), { keepScroll });
   setTurn(turn || IDLE);
+  setAgent(agent);
 }
 
 async function loadEarlier() {
@@ -603,6 +608,28 @@ function setTurn(turn) {
   stop.disabled = false;
   timeline.setTurn(cur.turn);
   updateComposer();
+}
+
+/** The agent's process state, quietly in the header: asleep, starting, ready. */
+function setAgent(agent) {
+  const cur = state.current;
+  if (!cur) return;
+  cur.agent = agent || 'asleep';
+  const el = byId('agent-state');
+  el.dataset.state = cur.agent;
+  el.textContent = cur.agent === 'starting' ? 'starting…' : cur.agent;
+}
+
+// Start an asleep agent while the user writes, so that it is ready when they press Enter
+// (at most one warm-up request per conversation every 5 s).
+const warmedAt = new Map();
+let warmPending = null; // typed before the socket was open: warmed once it is
+function warmAgent() {
+  const cur = state.current;
+  if (!cur || !cur.loaded || isArchived(cur.conv) || cur.agent !== 'asleep') return;
+  if (Date.now() - (warmedAt.get(cur.id) || 0) < 5000) return;
+  if (send({ type: 'warm', conversation_id: cur.id })) warmedAt.set(cur.id, Date.now());
+  else warmPending = cur.id;
 }
 
 async function interrupt() {
@@ -831,6 +858,10 @@ input.addEventListener('keydown', (e) => {
     trySend();
   }
 });
+// A click or a keystroke in the composer warms; the focus given by opening a conversation
+// does not (browsing conversations would start every agent).
+input.addEventListener('pointerdown', warmAgent);
+input.addEventListener('keydown', warmAgent);
 input.addEventListener('input', () => {
   autosize();
   hideComposerError();

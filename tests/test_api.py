@@ -293,6 +293,7 @@ def test_get_conversation_new_is_empty(relay: LiveRelay) -> None:
         "timeline": [],
         "has_more": False,
         "turn": {"state": "idle", "queued": 0},
+        "agent": "asleep",  # no agent process yet (issue 18)
         "seq": 0,
         "backup": None,  # the newest backup's name (SPEC §6)
     }

@@ -48,7 +48,7 @@ def numbered(messages: list[dict[str, Any]], conversation_id: int) -> list[dict[
 
 def conversation_only(view: dict[str, Any]) -> dict[str, Any]:
     """A GET view without the snapshot-only keys: a Conversation."""
-    extra = ("timeline", "has_more", "turn", "seq", "epoch", "backup")
+    extra = ("timeline", "has_more", "turn", "agent", "seq", "epoch", "backup")
     return {key: value for key, value in view.items() if key not in extra}
 
 
@@ -167,7 +167,7 @@ def test_fanout_events_rebuild_timeline(relay: LiveRelay) -> None:
         events = numbered(receive_until(ws, is_idle_turn), cid)
     view = relay.get(cid)
     assert replay(snapshot["timeline"], events) == view["timeline"]
-    assert {m["type"] for m in events} == {"entry", "delta", "turn", "conversation"}
+    assert {m["type"] for m in events} == {"entry", "delta", "turn", "conversation", "agent"}
 
 
 def test_reconnect_replays_exactly_missed_events(relay: LiveRelay) -> None:

@@ -16,7 +16,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from app import store
 from app.hub import Event, Subscriber
 from app.limits import fit_snapshot
-from app.supervisor import Supervisor
+from app.supervisor import ConversationError, Supervisor
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
 MAX_BATCH = 256  # events sent in one frame at most
@@ -94,6 +94,8 @@ def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, A
     kind = request.get("type")
     if kind == "ping":
         return {"type": "pong"}
+    if kind == "warm":
+        return _warm(supervisor, request)
     if kind != "subscribe":
         # Only scalars are named: repr() of a deeply nested list or object would recurse.
         scalar = kind is None or isinstance(kind, str | int | float)
@@ -120,6 +122,22 @@ def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, A
     for published in missed[:-1]:
         subscriber.offer(published.text)
     return missed[-1].text if missed else {"type": "subscribed", "conversation_id": conversation_id}
+
+
+def _warm(supervisor: Supervisor, request: dict[str, Any]) -> Event:
+    """Start a conversation's agent before its message (the user is typing)."""
+    conversation_id = request.get("conversation_id")
+    if not _is_id(conversation_id):
+        return {"type": "error", "detail": "warm needs an integer conversation_id."}
+    with supervisor.session() as session:
+        conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+    if conversation is None:
+        return {"type": "error", "detail": f"No conversation {conversation_id}."}
+    try:
+        state = supervisor.warm(conversation)
+    except ConversationError as error:
+        return {"type": "error", "detail": str(error)}
+    return {"type": "warm", "conversation_id": conversation_id, "agent": state}
 
 
 def _is_id(value: Any) -> bool:

@@ -1,0 +1,139 @@
+"""First reply after the agent went to sleep: warmed while the user types ÷ already warm.
+
+    python -m bench warming
+
+One relay (child process) with the real Claude Code CLI against the fake Messages API,
+OARLOCK_AGENT_IDLE_TIMEOUT=2, one conversation followed by one WebSocket as a tab. The time
+is from the POST of a message to the first `delta` of its reply (the first reply text a
+browser shows). Three cases take turns, each after one untimed turn so the session exists:
+
+- warm: the agent has just finished a turn (its CLI is live; 0.5 s later, so that the
+  relay's one context report per new CLI is over);
+- warming: the agent went to sleep (the tab saw `"agent": "asleep"`), then the tab sends
+  `{"type": "warm"}` as the UI does on the first keystroke, and the POST comes 1 s later;
+- cold (a figure, no target): asleep, no warm-up: the CLI starts after the POST.
+
+The row is the median warming time ÷ the median warm time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.common import Fake, Relay, Row, at_most, claude_env, median, ms
+
+COMMAND = "python -m bench warming"
+ROUNDS = 5
+TYPING = 1.0  # seconds from the first keystroke (warm) to Enter (POST)
+IDLE_TIMEOUT = 2.0
+IDLE = {"state": "idle", "queued": 0}
+
+
+def _messages(raw: str | bytes) -> list[dict[str, Any]]:
+    data = json.loads(raw)
+    return data if isinstance(data, list) else [data]
+
+
+class Tab:
+    """One conversation followed over a WebSocket, as a browser tab does."""
+
+    def __init__(self, relay: Relay, conversation_id: int) -> None:
+        self.relay = relay
+        self.conversation_id = conversation_id
+        self.ws: ClientConnection | None = None
+
+    async def open(self) -> None:
+        self.ws = await connect(self.relay.ws_url, additional_headers=self.relay.ws_headers())
+        await self.until(lambda m: m["type"] == "hello")
+        await self.ws.send(
+            json.dumps({"type": "subscribe", "conversation_id": self.conversation_id})
+        )
+        await self.until(lambda m: m["type"] == "snapshot")
+
+    async def until(self, predicate: Any, seconds: float = 120) -> None:
+        assert self.ws is not None
+        async with asyncio.timeout(seconds):
+            while True:
+                if any(predicate(m) for m in _messages(await self.ws.recv())):
+                    return
+
+    async def first_reply(self, text: str) -> float:
+        """Seconds from the POST to the reply's first delta; then the turn is waited for."""
+        start = time.perf_counter()
+        status = await asyncio.to_thread(self.relay.send, self.conversation_id, text)
+        assert status == 202, status
+        await self.until(lambda m: m["type"] == "delta")
+        elapsed = time.perf_counter() - start
+        await self.until(lambda m: m["type"] == "turn" and m["turn"] == IDLE)
+        return elapsed
+
+    async def asleep(self) -> None:
+        await self.until(lambda m: m["type"] == "agent" and m["agent"] == "asleep")
+
+    async def warm(self) -> None:
+        assert self.ws is not None
+        await self.ws.send(json.dumps({"type": "warm", "conversation_id": self.conversation_id}))
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+
+
+async def measure(rounds: int) -> dict[str, list[float]]:
+    """Warm, warming and cold first replies, taking turns."""
+    times: dict[str, list[float]] = {"warm": [], "warming": [], "cold": []}
+    fake = Fake()
+    try:
+        with tempfile.TemporaryDirectory(prefix="oarlock-warming-") as tmp:
+            root = Path(tmp)
+            env = claude_env(root / "home", fake)
+            env["OARLOCK_AGENT_IDLE_TIMEOUT"] = str(IDLE_TIMEOUT)
+            with Relay(root / "data", "real", env=env) as relay:
+                tab = Tab(relay, relay.create("claude", "warming"))
+                await tab.open()
+                try:
+                    await tab.first_reply("Start the session.")
+                    for n in range(rounds):
+                        # The relay asks a new CLI for its context report after its first
+                        # turn: let it end, so that it does not slow the warm turn.
+                        await asyncio.sleep(0.5)
+                        times["warm"].append(await tab.first_reply(f"Warm {n}."))
+                        await tab.asleep()
+                        await tab.warm()
+                        await asyncio.sleep(TYPING)
+                        times["warming"].append(await tab.first_reply(f"Warming {n}."))
+                        await tab.asleep()
+                        times["cold"].append(await tab.first_reply(f"Cold {n}."))
+                finally:
+                    await tab.close()
+    finally:
+        fake.stop()
+    for name, found in times.items():
+        shown = ", ".join(f"{t * 1000:.0f}" for t in found)
+        print(f"warming {name:>7} ms: {shown}", file=sys.stderr)
+    return times
+
+
+def run(rounds: int = ROUNDS) -> list[Row]:
+    """Measure and return the table's row."""
+    times = asyncio.run(measure(rounds))
+    warm, warming, cold = (median(times[name]) for name in ("warm", "warming", "cold"))
+    return [
+        at_most(
+            f"First reply after the agent went to sleep, warmed while typing ({TYPING:g} s "
+            f"before Enter) ÷ agent already warm, median of {rounds}",
+            warming / warm,
+            1.5,
+            f"warming {ms(warming)}, warm {ms(warm)}; without warming (cold) {ms(cold)} "
+            "(POST → first delta)",
+            COMMAND,
+        )
+    ]
