@@ -21,6 +21,7 @@ import pytest
 from app.agents.claude_code import DENIED, RESUME_FAILED
 from app.compaction import finished_text
 from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
+from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 
@@ -28,18 +29,6 @@ TIMEOUT = 60  # the longest any wait may take
 MODEL = "claude-opus-5-5"  # the bundled CLI's default model
 APPLY_NOTE = "Applies on the next message (the session restarts once)."
 COMPACT_WARNING = "The conversation will be compacted on the next message."
-CLEARED = (  # variables of the outer environment that would change what the CLI does
-    "ANTHROPIC_AUTH_TOKEN",
-    "ANTHROPIC_MODEL",
-    "ANTHROPIC_SMALL_FAST_MODEL",
-    "CLAUDE_CONFIG_DIR",
-    "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
-    "CLAUDE_CODE_MAX_RETRIES",
-    "CLAUDE_CODE_OAUTH_TOKEN",
-    "DEEPSEEK_API_KEY",
-    "OARLOCK_DEFAULT_PROVIDER",
-)
-
 StartRelay = Callable[..., LiveRelay]
 
 
@@ -52,16 +41,7 @@ def fake() -> Iterator[FakeAnthropic]:
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
     """The agent environment the relay passes on: a fresh HOME and the fake API."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    for name in CLEARED:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(home / "tmp"))
-    return home
+    return use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
 
 
 @pytest.fixture

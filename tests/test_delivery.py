@@ -20,21 +20,10 @@ import pytest
 
 from app.agents.transcript import holds_prompt, prompt_received
 from app.supervisor import MISSED_AGAIN_LINE, REDELIVERED_LINE, RESTART_LINE, UNKNOWN_LINE
+from tests.claude_env import use_fake_anthropic
 from tests.crash import TIMEOUT, RelayProcess, entry, of_kind
 from tests.fake_anthropic import FakeAnthropic, last_user_text
 from tests.relay import TOKEN
-
-CLEARED = (  # variables of the outer environment that would change what the CLI does
-    "ANTHROPIC_AUTH_TOKEN",
-    "ANTHROPIC_MODEL",
-    "ANTHROPIC_SMALL_FAST_MODEL",
-    "CLAUDE_CONFIG_DIR",
-    "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
-    "CLAUDE_CODE_MAX_RETRIES",
-    "CLAUDE_CODE_OAUTH_TOKEN",
-    "OARLOCK_DEFAULT_PROVIDER",
-    "OARLOCK_CLAUDE_CLI",
-)
 
 
 @pytest.fixture
@@ -46,16 +35,7 @@ def fake() -> Iterator[FakeAnthropic]:
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
     """The agent environment the relay passes on: a fresh HOME and the fake API."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    for name in CLEARED:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(home / "tmp"))
-    return home
+    return use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
 
 
 @pytest.fixture

@@ -16,22 +16,12 @@ from typing import Any
 import pytest
 
 from app.handoff import HANDOFF_REQUEST, context_note
+from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic, last_user_text
 from tests.relay import LiveRelay, make_settings
 
 TIMEOUT = 90
 TOOL = "mcp__oarlock__save_handoff"
-CLEARED = (
-    "ANTHROPIC_AUTH_TOKEN",
-    "ANTHROPIC_MODEL",
-    "ANTHROPIC_SMALL_FAST_MODEL",
-    "CLAUDE_CONFIG_DIR",
-    "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
-    "CLAUDE_CODE_MAX_RETRIES",
-    "CLAUDE_CODE_OAUTH_TOKEN",
-    "DEEPSEEK_API_KEY",
-    "OARLOCK_DEFAULT_PROVIDER",
-)
 SOFT_310K = (
     "[Context watch] The context is at 310k tokens. At a good stopping point, save a handoff "
     "with the save_handoff tool (what is done, what is next, the file paths and function names "
@@ -68,15 +58,7 @@ def live(tmp_path: Path, agent_env: None) -> Iterator[LiveRelay]:
 @pytest.fixture
 def agent_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> None:
     """The environment the relay hands the CLI: a fresh HOME and the fake API."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    for name in CLEARED:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(home / "tmp"))
+    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
 
 
 def turn(live: LiveRelay, cid: int, text: str) -> dict[str, Any]:

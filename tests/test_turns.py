@@ -24,11 +24,11 @@ from sqlalchemy import event
 from app.agents.copilot import RESUME_FAILED as COPILOT_RESUME_FAILED
 from app.agents.demo import reply_text
 from app.summary import compose_first_message
+from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 from tests.relay import LiveRelay, make_settings
 from tests.test_claude_relay import (
-    CLEARED,
     TIMEOUT,
     agent_pid,
     create_claude,
@@ -54,15 +54,7 @@ def start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anthropic: FakeAnthropic
 ) -> Iterator[StartRelay]:
     """Start relays whose claude agents talk to the fake Messages API from a fresh HOME."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    for name in CLEARED:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(home / "tmp"))
+    use_fake_anthropic(monkeypatch, tmp_path / "home", anthropic.base_url)
     running: list[LiveRelay] = []
 
     def start_relay(**overrides: Any) -> LiveRelay:
