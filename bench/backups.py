@@ -16,16 +16,12 @@ the medians.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
-
-from bench.common import Relay, Row, at_most, median, ms, seed
+from bench.common import Relay, Row, Tab, at_most, median, ms, seed
 
 COMMAND = "python -m bench backups"
 TURNS = 30
@@ -34,41 +30,15 @@ ENTRIES = 4_000
 IDLE = {"state": "idle", "queued": 0}
 
 
-def _messages(raw: str | bytes) -> list[dict[str, Any]]:
-    data = json.loads(raw)
-    return data if isinstance(data, list) else [data]
-
-
-class Followed:
+class Followed(Tab):
     """A conversation of the relay, followed by one WebSocket."""
-
-    def __init__(self, relay: Relay, conversation_id: int) -> None:
-        self.relay = relay
-        self.conversation_id = conversation_id
-        self.ws: ClientConnection | None = None
-
-    async def open(self) -> None:
-        """Connect and subscribe."""
-        self.ws = await connect(self.relay.ws_url, additional_headers=self.relay.ws_headers())
-        await self._until(lambda m: m["type"] == "hello")
-        await self.ws.send(
-            json.dumps({"type": "subscribe", "conversation_id": self.conversation_id})
-        )
-        await self._until(lambda m: m["type"] == "snapshot")
-
-    async def _until(self, predicate: Any, seconds: float = 60) -> None:
-        assert self.ws is not None
-        async with asyncio.timeout(seconds):
-            while True:
-                if any(predicate(m) for m in _messages(await self.ws.recv())):
-                    return
 
     async def turn(self, text: str) -> float:
         """One turn's time: POST until the idle turn event."""
         start = time.perf_counter()
         status = self.relay.send(self.conversation_id, text)
         assert status == 202, status
-        await self._until(lambda m: m["type"] == "turn" and m["turn"] == IDLE)
+        await self.until(lambda m: m["type"] == "turn" and m["turn"] == IDLE)
         return time.perf_counter() - start
 
     def backups(self) -> int:

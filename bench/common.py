@@ -6,6 +6,7 @@ noise of a shared two-core machine cancels out instead of landing in the table.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -22,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from websockets.asyncio.client import ClientConnection, connect
+
 from app.migrate import upgrade
+from tests.claude_env import CLEARED  # what the tests clear, the benches clear too
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token-0123456789"
@@ -322,18 +326,6 @@ def relay(data_dir: Path, agent: str, **options: Any) -> Iterator[Relay]:
 
 # -- the real Claude Code CLI against the fake Messages API ----------------------------------
 
-CLEARED = (  # variables of the outer environment that would change what the CLI does
-    "ANTHROPIC_AUTH_TOKEN",
-    "ANTHROPIC_MODEL",
-    "ANTHROPIC_SMALL_FAST_MODEL",
-    "CLAUDE_CONFIG_DIR",
-    "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
-    "CLAUDE_CODE_MAX_RETRIES",
-    "CLAUDE_CODE_OAUTH_TOKEN",
-    "DEEPSEEK_API_KEY",
-    "OARLOCK_DEFAULT_PROVIDER",
-)
-
 
 class Fake:
     """tests/fake_anthropic.py in a child process (`python -m bench.servers fake`)."""
@@ -363,3 +355,37 @@ def claude_env(home: Path, fake: Fake) -> dict[str, str]:
         CLAUDE_CODE_TMPDIR=str(home / "tmp"),
     )
     return env
+
+
+def messages(raw: str | bytes) -> list[dict[str, Any]]:
+    """The events of one socket frame (one event, or an array of them)."""
+    data = json.loads(raw)
+    return data if isinstance(data, list) else [data]
+
+
+class Tab:
+    """One conversation followed over a WebSocket, as a browser tab does."""
+
+    def __init__(self, relay: Relay, conversation_id: int) -> None:
+        self.relay = relay
+        self.conversation_id = conversation_id
+        self.ws: ClientConnection | None = None
+
+    async def open(self) -> None:
+        """Connect and subscribe (returns once the snapshot arrived)."""
+        self.ws = await connect(self.relay.ws_url, additional_headers=self.relay.ws_headers())
+        await self.until(lambda m: m["type"] == "hello")
+        await self.ws.send(
+            json.dumps({"type": "subscribe", "conversation_id": self.conversation_id})
+        )
+        await self.until(lambda m: m["type"] == "snapshot")
+
+    async def until(
+        self, predicate: Callable[[dict[str, Any]], bool], seconds: float = 120
+    ) -> None:
+        """Read events until one satisfies predicate."""
+        assert self.ws is not None
+        async with asyncio.timeout(seconds):
+            while True:
+                if any(predicate(m) for m in messages(await self.ws.recv())):
+                    return

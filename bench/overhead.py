@@ -19,7 +19,6 @@ turn on a shared machine can be lucky.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -33,9 +32,8 @@ from claude_agent_sdk import (
     PermissionResultAllow,
     ResultMessage,
 )
-from websockets.asyncio.client import ClientConnection, connect
 
-from bench.common import Fake, Relay, Row, at_most, children, claude_env, median, ms
+from bench.common import Fake, Relay, Row, Tab, at_most, children, claude_env, median, ms
 
 COMMAND = "python -m bench overhead"
 TURNS = 15
@@ -44,41 +42,18 @@ WARMUP = 2
 IDLE = {"state": "idle", "queued": 0}
 
 
-def _messages(raw: str | bytes) -> list[dict[str, Any]]:
-    data = json.loads(raw)
-    return data if isinstance(data, list) else [data]
-
-
-class RelayClaude:
+class RelayClaude(Tab):
     """A claude conversation in a relay, followed by one WebSocket."""
 
     def __init__(self, relay: Relay) -> None:
-        self.relay = relay
-        self.conversation_id = relay.create("claude", "overhead")
-        self.ws: ClientConnection | None = None
-
-    async def open(self) -> None:
-        """Connect and subscribe."""
-        self.ws = await connect(self.relay.ws_url, additional_headers=self.relay.ws_headers())
-        await self._until(lambda m: m["type"] == "hello")
-        await self.ws.send(
-            json.dumps({"type": "subscribe", "conversation_id": self.conversation_id})
-        )
-        await self._until(lambda m: m["type"] == "snapshot")
-
-    async def _until(self, predicate: Any, seconds: float = 120) -> None:
-        assert self.ws is not None
-        async with asyncio.timeout(seconds):
-            while True:
-                if any(predicate(m) for m in _messages(await self.ws.recv())):
-                    return
+        super().__init__(relay, relay.create("claude", "overhead"))
 
     async def turn(self, text: str) -> float:
         """One turn's time: POST until the idle turn event."""
         start = time.perf_counter()
         status = self.relay.send(self.conversation_id, text)  # 202 in a few ms: the loop waits
         assert status == 202, status
-        await self._until(lambda m: m["type"] == "turn" and m["turn"] == IDLE)
+        await self.until(lambda m: m["type"] == "turn" and m["turn"] == IDLE)
         return time.perf_counter() - start
 
     def cli_pid(self) -> int:

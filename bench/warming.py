@@ -24,11 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
-
-from bench.common import Fake, Relay, Row, at_most, claude_env, median, ms
+from bench.common import Fake, Relay, Row, Tab, at_most, claude_env, median, ms
 
 COMMAND = "python -m bench warming"
 ROUNDS = 5
@@ -37,33 +34,8 @@ IDLE_TIMEOUT = 2.0
 IDLE = {"state": "idle", "queued": 0}
 
 
-def _messages(raw: str | bytes) -> list[dict[str, Any]]:
-    data = json.loads(raw)
-    return data if isinstance(data, list) else [data]
-
-
-class Tab:
-    """One conversation followed over a WebSocket, as a browser tab does."""
-
-    def __init__(self, relay: Relay, conversation_id: int) -> None:
-        self.relay = relay
-        self.conversation_id = conversation_id
-        self.ws: ClientConnection | None = None
-
-    async def open(self) -> None:
-        self.ws = await connect(self.relay.ws_url, additional_headers=self.relay.ws_headers())
-        await self.until(lambda m: m["type"] == "hello")
-        await self.ws.send(
-            json.dumps({"type": "subscribe", "conversation_id": self.conversation_id})
-        )
-        await self.until(lambda m: m["type"] == "snapshot")
-
-    async def until(self, predicate: Any, seconds: float = 120) -> None:
-        assert self.ws is not None
-        async with asyncio.timeout(seconds):
-            while True:
-                if any(predicate(m) for m in _messages(await self.ws.recv())):
-                    return
+class Typist(Tab):
+    """A tab whose user types before pressing Enter."""
 
     async def first_reply(self, text: str) -> float:
         """Seconds from the POST to the reply's first delta; then the turn is waited for."""
@@ -97,7 +69,7 @@ async def measure(rounds: int) -> dict[str, list[float]]:
             env = claude_env(root / "home", fake)
             env["OARLOCK_AGENT_IDLE_TIMEOUT"] = str(IDLE_TIMEOUT)
             with Relay(root / "data", "real", env=env) as relay:
-                tab = Tab(relay, relay.create("claude", "warming"))
+                tab = Typist(relay, relay.create("claude", "warming"))
                 await tab.open()
                 try:
                     await tab.first_reply("Start the session.")
