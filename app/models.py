@@ -144,6 +144,16 @@ class HandoffWrite(SQLModel):
     next: str
     files: list[str] = Field(default_factory=list, max_length=500)
 
+    _text_nul = field_validator("done", "next")(_no_nul)
+
+    @field_validator("files")
+    @classmethod
+    def _files_nul(cls, files: list[str]) -> list[str]:
+        """Refuse a NUL in any file name, as in the texts."""
+        for name in files:
+            _no_nul(name)
+        return files
+
 
 class ConversationCreate(SQLModel):
     """What a client may say when it creates a conversation."""

@@ -236,8 +236,13 @@ def save_handoff(
     conversation_id: int | None,
 ) -> Handoff:
     """Store a handoff for a project (it becomes the project's latest)."""
-    handoff = Handoff(
-        cwd=cwd, done=done, next=next, files=files, source=source, conversation_id=conversation_id
+    handoff = Handoff(  # an agent's handoff may hold a NUL: stored as U+FFFD, as its replies
+        cwd=cwd,
+        done=storable(done),
+        next=storable(next),
+        files=[storable(name) for name in files],
+        source=source,
+        conversation_id=conversation_id,
     )
     session.add(handoff)
     session.commit()

@@ -106,6 +106,31 @@ def test_nul_in_a_title_is_a_422(relay: LiveRelay) -> None:
     assert relay.get(cid)["title"] == "kept"
 
 
+def test_nul_in_a_handoff_is_a_422_and_an_agents_is_replaced(relay: LiveRelay) -> None:
+    cid = relay.create(title="handoff")["id"]
+    url = f"/api/conversations/{cid}/handoff"
+    for body in (
+        {"done": "a\x00b", "next": "n", "files": []},
+        {"done": "d", "next": "a\x00b", "files": []},
+        {"done": "d", "next": "n", "files": ["x\x00y"]},
+    ):
+        response = relay.http.put(url, json=body)
+        assert response.status_code == 422, response.text
+        assert "NUL" in response.text
+    assert relay.http.get(url).json()["handoff"] is None  # nothing stored
+    with get_session(relay.app.state.engine) as session:  # what the save_handoff tool stores
+        handoff = store.save_handoff(
+            session=session,
+            cwd="/w",
+            done="a\x00b",
+            next="c\x00d",
+            files=["e\x00f"],
+            source="agent",
+            conversation_id=cid,
+        )
+        assert (handoff.done, handoff.next, handoff.files) == ("a\ufffdb", "c\ufffdd", ["e\ufffdf"])
+
+
 def test_agent_text_with_nul_is_stored_with_a_replacement_character(engine: Engine) -> None:
     # An agent's output is never refused (a tool may print a binary file): it is stored.
     conversation = new_conversation(engine)
