@@ -23,6 +23,7 @@ const state = {
   defaultProvider: null,
   providersLoaded: false,
   convs: new Map(), // every conversation the sidebar knows, by id
+  removed: new Map(), // deleted conversations' id -> created_at: a late answer never revives one
   archiveQuery: '',
   // The open conversation: { id, loaded, conv, turn, seq, epoch, waiting, waitingSince }
   current: null,
@@ -267,9 +268,14 @@ function onSnapshot(data) {
 
 // ---- conversations (sidebar) -------------------------------------------------------------------
 
+/** True for a conversation this tab saw deleted (an answer sent before the delete, read after). */
+function isRemoved(conv) {
+  return state.removed.has(conv.id) && state.removed.get(conv.id) === conv.created_at;
+}
+
 /** A conversation's fields changed: sidebar, and the header if it is the open one. */
 function onConversation(conv) {
-  if (!conv || conv.id == null) return;
+  if (!conv || conv.id == null || isRemoved(conv)) return;
   state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
   renderLists();
   const cur = state.current;
@@ -283,6 +289,8 @@ function onConversation(conv) {
 
 /** A conversation was deleted (here or in another tab): gone from the sidebar and the view. */
 function onRemoved(id) {
+  const known = state.convs.get(id) || (state.current && state.current.id === id && state.current.conv);
+  if (known) state.removed.set(id, known.created_at);
   if (!state.convs.delete(id) && !(state.current && state.current.id === id)) return;
   renderLists();
   if (state.current && state.current.id === id) {
@@ -333,7 +341,9 @@ const more = { active: null, archived: null };
 async function loadPage(status, before) {
   const cursor = before ? `&before=${encodeURIComponent(before)}` : '';
   const { data } = await api(`/api/conversations?status=${status}&limit=100${cursor}`);
-  for (const conv of data.conversations) state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  for (const conv of data.conversations) {
+    if (!isRemoved(conv)) state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  }
   more[status] = data.next;
 }
 
