@@ -4,40 +4,15 @@ session tool the relay gives it, against the fake OpenAI-compatible server."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
+from tests import test_copilot_relay
 from tests.fake_openai import FakeOpenAI
-from tests.relay import LiveRelay, make_settings
+from tests.relay import LiveRelay
+
+fake = test_copilot_relay.fake  # the same fixtures: the fake OpenAI API, a relay on it
+relay = test_copilot_relay.relay
 
 HANDOFF = {"done": "Engine wired.", "next": "Test it.", "files": ["app/agents/copilot.py"]}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-def relay(
-    cli: str, fake: FakeOpenAI, shared_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LiveRelay]:
-    monkeypatch.setenv("HOME", str(shared_home))
-    settings = make_settings(
-        tmp_path / "data",
-        copilot_cli=cli,
-        openai_base_url=fake.base_url,
-        openai_api_key="sk-test",
-        openai_model="gpt-4.1",
-    )
-    live = LiveRelay(settings).start()
-    try:
-        yield live
-    finally:
-        live.stop()
 
 
 def test_engine_calls_save_handoff_and_it_is_stored(relay: LiveRelay, fake: FakeOpenAI) -> None:
