@@ -6,7 +6,6 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Page, expect
 
 from app import store
@@ -117,10 +116,6 @@ def test_archive_from_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
     pages.assert_clean()
 
 
-@pytest.mark.skip(
-    reason="flaky, about 1 run in 3: a tab that had the deleted conversation open sometimes "
-    "shows it again as the open one (a UI race not found yet; see the closing note of issue 17)"
-)
 def test_delete_is_confirmed_and_every_tab_follows(pages: Pages, relay: LiveRelay) -> None:
     relay.create(title="Survivor")
     cid = relay.create(title="Doomed")["id"]
@@ -143,9 +138,12 @@ def test_delete_is_confirmed_and_every_tab_follows(pages: Pages, relay: LiveRela
     by_id(page, "conv-delete").click()
     by_id(page, "confirm-ok").click()
     expect(by_id(page, "confirm-dialog")).to_be_hidden()
-    # The other tab follows live. (The tab that deleted its own open conversation sometimes
-    # shows it again as the open one: a known race, checked here after a reload only.)
-    expect(by_id(other, "conversation-item")).to_have_text("Survivor")
+    # Both tabs follow live. A count first: a locator that matches two items fails at once
+    # (strict mode), it does not wait for the list to be redrawn.
+    for each in (page, other):
+        expect(by_id(each, "conversation-item")).to_have_count(1)
+        expect(by_id(each, "conversation-item")).to_have_text("Survivor")
+        expect(each.locator("#missing-text")).to_have_text("This conversation was deleted.")
     page.reload()  # still at /c/<id>: the reload asks for it and is told 404
     expect(by_id(page, "conversation-item")).to_have_text("Survivor")
     expect(page.locator("#missing-text")).to_have_text("This conversation does not exist.")
