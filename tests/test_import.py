@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import claude_agent_sdk
 import pytest
 
 from app.agents.claude_code import RESUME_FAILED
@@ -23,9 +22,9 @@ from app.imports import NO_RESULT, read_history
 from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
+from tests.terminal import CLI, terminal
 
 TIMEOUT = 60
-CLI = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
 FIRST = "my name is Bob [[BASH:echo hi]]"
 
 
@@ -49,20 +48,6 @@ def live(tmp_path: Path, config: Path) -> Iterator[LiveRelay]:
     relay = LiveRelay(make_settings(tmp_path / "data")).start()
     yield relay
     relay.stop()
-
-
-def terminal(cwd: Path, prompt: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run `claude -p` in cwd as a user in a terminal would (the environment is the user's)."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [str(CLI), "-p", prompt, *args],
-        cwd=cwd,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=True,
-    )
 
 
 def sessions(live: LiveRelay) -> dict[str, Any]:
