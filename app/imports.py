@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ SESSION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 MAX_LISTED = 100  # sessions listed, most recently written first
 MAX_EXAMINED = 1000  # transcripts opened for one listing
 HEAD_BYTES = 1 << 20  # read from a transcript's start to find its cwd and first prompt
-TITLE_TAIL_BYTES = 256 << 10  # read from its end for a title set later (/rename)
+TITLE_TAIL_BYTES = 64 << 10  # read from its end for a title set later (/rename)
 LIST_LINE_LIMIT = 256 << 10  # longer lines (system prompt snapshots) are skipped when listing
 HISTORY_BYTES = 32 << 20  # an import reads at most the transcript's last 32 MiB
 HISTORY_LINE_LIMIT = 4 << 20  # a longer line is skipped unread
@@ -164,31 +164,34 @@ def _hidden(record: dict[str, Any]) -> bool:
 
 
 def session_summary(path: Path) -> tuple[str | None, str | None]:
-    """A transcript's cwd and title (a /rename, the CLI's own title, else the first prompt)."""
+    """A transcript's cwd and title (a /rename, the CLI's own title, else the first prompt).
+
+    Reads its start until both the cwd and the first prompt are found (HEAD_BYTES at most),
+    and its last TITLE_TAIL_BYTES for a title record.
+    """
     cwd: str | None = None
     prompt: str | None = None
+    for line in bounded_lines(path, stop=HEAD_BYTES, limit=LIST_LINE_LIMIT):
+        record = _parse(line)
+        if record is None:
+            continue
+        if cwd is None and isinstance(record.get("cwd"), str):
+            cwd = record["cwd"]
+        if prompt is None:
+            prompt = first_prompt(record)
+        if cwd is not None and prompt is not None:
+            break
     titles: dict[str, str] = {}
-
-    def look(records: Iterator[dict[str, Any] | None]) -> None:
-        nonlocal cwd, prompt
-        for record in records:
-            if record is None:
-                continue
-            if cwd is None and isinstance(record.get("cwd"), str):
-                cwd = record["cwd"]
-            if prompt is None:
-                prompt = first_prompt(record)
-            for kind, key in (("custom-title", "customTitle"), ("ai-title", "aiTitle")):
-                if record.get("type") == kind and isinstance(record.get(key), str):
-                    titles[kind] = record[key]
-
-    size = path.stat().st_size
-    look(_parse(line) for line in bounded_lines(path, stop=HEAD_BYTES, limit=LIST_LINE_LIMIT))
-    if size > HEAD_BYTES:
-        start = max(HEAD_BYTES, size - TITLE_TAIL_BYTES)
-        look(_parse(line) for line in bounded_lines(path, start=start, limit=LIST_LINE_LIMIT))
+    start = max(0, path.stat().st_size - TITLE_TAIL_BYTES)
+    for line in bounded_lines(path, start=start, limit=LIST_LINE_LIMIT):
+        if line is None or b'-title"' not in line:
+            continue  # most lines: no JSON parsing
+        record = _parse(line) or {}
+        for kind, key in (("custom-title", "customTitle"), ("ai-title", "aiTitle")):
+            if record.get("type") == kind and isinstance(record.get(key), str):
+                titles[kind] = record[key]
     title = titles.get("custom-title") or titles.get("ai-title") or prompt
-    return cwd, _one_line(title, TITLE_CHARS) if title else None
+    return cwd, _one_line(title, TITLE_CHARS) if title and title.strip() else None
 
 
 def _candidates(config: Path, roots: list[Path]) -> list[tuple[float, int, Path]]:

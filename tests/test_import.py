@@ -145,6 +145,19 @@ def test_terminal_session_is_listed_imported_and_resumed(
     sent = json.dumps(fake.message_bodies()[before]["messages"])
     assert "what is my name?" in sent and FIRST in sent
 
+    # ... and once the relay's agent has stopped, its next resume has the terminal's turn.
+    live.stop()
+    again = LiveRelay(live.settings).start()
+    try:
+        before = len(fake.message_bodies())
+        assert again.send(cid, "one more").status_code == 202
+        view = again.wait_idle(cid, timeout=TIMEOUT)
+        assert view["timeline"][-1]["text"] == "You said: one more"
+        sent = json.dumps(fake.message_bodies()[before]["messages"])
+        assert "and now?" in sent and "what is my name?" in sent and FIRST in sent
+    finally:
+        again.stop()
+
 
 def test_only_sessions_inside_the_roots_are_listed(
     live: LiveRelay, config: Path, tmp_path: Path
@@ -272,3 +285,21 @@ def test_a_tool_call_without_its_result_is_shown_ended(real_transcript: Path) ->
     real_transcript.write_bytes(b"".join(kept))
     (tool,) = [d for d in read_history(real_transcript).entries if d.kind == "activity"]
     assert (tool.state, tool.data["output"]) == ("done", NO_RESULT)
+
+
+def test_a_renamed_session_is_listed_by_its_name(
+    live: LiveRelay, config: Path, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "data" / "work"
+    terminal(workspace, "first prompt")
+    (transcript,) = (config / "projects").glob("*/*.jsonl")
+    with transcript.open("a") as file:  # what /rename appends in an interactive session
+        record = {
+            "type": "custom-title",
+            "customTitle": "Renamed <i>here</i>",
+            "sessionId": transcript.stem,
+        }
+        file.write(json.dumps(record) + "\n")
+    assert only_session(live, workspace)["title"] == "Renamed <i>here</i>"
+    conversation = import_session(live, transcript.stem).json()
+    assert conversation["title"] == "Renamed <i>here</i>"
