@@ -95,7 +95,8 @@ export class Imports {
       button.disabled = true;
       error.hidden = true;
       try {
-        const { data } = await api(`/api/claude-sessions/${encodeURIComponent(session.session_id)}/import`, { method: 'POST' });
+        const body = { permission_mode: byId('new-permission').value }; // as the dialog says
+        const { data } = await api(`/api/claude-sessions/${encodeURIComponent(session.session_id)}/import`, { method: 'POST', body });
         this.hooks.onImported(data);
       } catch (err) {
         error.textContent = err.message;

@@ -56,6 +56,7 @@ def test_import_a_terminal_session_and_resume_it(
     expect(item.get_by_test_id("import-title")).to_have_js_property("textContent", FIRST)
     expect(item.locator("b")).to_have_count(0)
     expect(item).to_contain_text(str(workspace))
+    by_id(page, "new-permission").select_option("acceptEdits")  # applies to the import too
     item.get_by_test_id("import-button").click()
 
     # The imported conversation opens with the terminal's history.
@@ -69,6 +70,7 @@ def test_import_a_terminal_session_and_resume_it(
     expect(tool).to_contain_text("Bash")
     expect(by_id(page, "entry-agent").filter(has_text="The tool returned: hi")).to_have_count(1)
     expect(by_id(page, "cwd")).to_have_text(str(workspace))
+    assert live.get(1)["permission_mode"] == "acceptEdits"
 
     # The next message resumes the session with the real CLI: the model got the earlier turns.
     send_text(page, "what is my name?")

@@ -301,5 +301,15 @@ def test_a_renamed_session_is_listed_by_its_name(
         }
         file.write(json.dumps(record) + "\n")
     assert only_session(live, workspace)["title"] == "Renamed <i>here</i>"
-    conversation = import_session(live, transcript.stem).json()
+    bad = live.http.post(
+        f"/api/claude-sessions/{transcript.stem}/import", json={"permission_mode": "yolo"}
+    )
+    assert bad.status_code == 422
+    assert live.http.get("/api/conversations").json()["conversations"] == []
+    response = live.http.post(
+        f"/api/claude-sessions/{transcript.stem}/import", json={"permission_mode": "acceptEdits"}
+    )
+    assert response.status_code == 201, response.text
+    conversation = response.json()
     assert conversation["title"] == "Renamed <i>here</i>"
+    assert conversation["permission_mode"] == "acceptEdits"

@@ -9,16 +9,25 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict
 
 from app import imports
 from app.agents.transcript import config_dir, live_sessions
-from app.config import Settings
+from app.config import PermissionMode, Settings
 from app.providers import agent_env, provider_infos
 from app.routes.api import SupervisorDep, resolve_cwd
 from app.views import conversation_view
 
 router = APIRouter(prefix="/api")
 SessionId = Annotated[str, PathParam(pattern=imports.SESSION_ID.pattern, max_length=36)]
+
+
+class ImportOptions(BaseModel):
+    """What a client may choose for an imported conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    permission_mode: PermissionMode | None = None
 
 
 def claude_config(settings: Settings) -> Path:
@@ -58,7 +67,10 @@ async def list_claude_sessions(request: Request, supervisor: SupervisorDep) -> d
 
 @router.post("/claude-sessions/{session_id}/import", status_code=201)
 async def import_claude_session(
-    session_id: SessionId, request: Request, supervisor: SupervisorDep
+    session_id: SessionId,
+    request: Request,
+    supervisor: SupervisorDep,
+    body: ImportOptions | None = None,
 ) -> dict[str, Any]:
     """Create a conversation that resumes the session, its history in the timeline."""
     settings: Settings = request.app.state.settings
@@ -103,7 +115,7 @@ async def import_claude_session(
             title=title or "Imported session",
             cwd=str(resolved),
             session_id=session_id,
-            permission_mode=settings.permission_mode,
+            permission_mode=(body and body.permission_mode) or settings.permission_mode,
             history=history,
             entries=imports.notes(session_id, str(resolved), history) + history.entries,
         )
