@@ -18,7 +18,7 @@ import pytest
 
 from app.agents.claude_code import RESUME_FAILED
 from app.agents.transcript import project_slug
-from app.imports import NO_RESULT, read_history
+from app.imports import NO_RESULT, read_history, user_drafts
 from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
@@ -313,3 +313,24 @@ def test_a_renamed_session_is_listed_by_its_name(
     conversation = response.json()
     assert conversation["title"] == "Renamed <i>here</i>"
     assert conversation["permission_mode"] == "acceptEdits"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain <b>text</b>", [("user", "plain <b>text</b>")]),
+        ("<system-reminder>x</system-reminder>\nhi", [("user", "hi")]),
+        ("<system-reminder>only a reminder</system-reminder>", []),
+        ("[Request interrupted by user for tool use]", [("line", "Interrupted by the user.")]),
+        (
+            "<command-name>/model</command-name>\n<command-message>model</command-message>\n"
+            "<command-args>opus</command-args>",
+            [("user", "/model opus")],
+        ),
+        ("<bash-input>ls -l</bash-input>", [("user", "! ls -l")]),
+        ("<bash-stdout>a.txt</bash-stdout><bash-stderr></bash-stderr>", [("line", "a.txt")]),
+        ("<local-command-stdout></local-command-stdout>", []),
+    ],
+)
+def test_what_a_user_record_shows_as(text: str, expected: list[tuple[str, str]]) -> None:
+    assert [(d.kind, d.text) for d in user_drafts(text)] == expected
