@@ -40,6 +40,7 @@ TITLE_CHARS = 80
 LINE_CHARS = 2000  # a command's output shown as a line
 NO_RESULT = "No result was recorded in the transcript."
 INTERRUPTED = "Interrupted by the user."
+SYNTHETIC_NO_REPLY = "No response requested."
 REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 TAG = r"<{0}>(.*?)</{0}>"
 
@@ -160,6 +161,17 @@ def _hidden(record: dict[str, Any]) -> bool:
     return bool(record.get("isMeta") or record.get("isCompactSummary") or record.get("isSidechain"))
 
 
+def _placeholder(record: dict[str, Any]) -> bool:
+    """The reply the CLI makes up for a prompt a killed CLI never answered (not an error)."""
+    message = record.get("message") or {}
+    content = message.get("content")
+    return (
+        message.get("model") == "<synthetic>"
+        and isinstance(content, list)
+        and [b.get("text") for b in content if isinstance(b, dict)] == [SYNTHETIC_NO_REPLY]
+    )
+
+
 # -- listing -----------------------------------------------------------------------------------
 
 
@@ -271,6 +283,8 @@ class HistoryBuilder:
             return  # a subagent's inner turn: its Task call and result are shown
         kind = record.get("type")
         if kind == "assistant":
+            if _placeholder(record):
+                return
             message_id = (record.get("message") or {}).get("id") or record.get("uuid")
             # Its text goes before its tool calls, as the live timeline shows it streamed.
             self.starts.setdefault(message_id, len(self.entries))

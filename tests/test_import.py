@@ -334,3 +334,49 @@ def test_a_renamed_session_is_listed_by_its_name(
 )
 def test_what_a_user_record_shows_as(text: str, expected: list[tuple[str, str]]) -> None:
     assert [(d.kind, d.text) for d in user_drafts(text)] == expected
+
+
+def test_a_compacted_session_shows_its_compaction(
+    live: LiveRelay, config: Path, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "data" / "work"
+    terminal(workspace, "remember the word kumquat")
+    (transcript,) = (config / "projects").glob("*/*.jsonl")
+    terminal(workspace, "/compact", "--resume", transcript.stem)
+    response = import_session(live, transcript.stem)
+    assert response.status_code == 201, response.text
+    view = live.get(response.json()["id"])
+    kinds = [(e["kind"], e["text"]) for e in view["timeline"][1:]]
+    assert kinds[:2] == [
+        ("user", "remember the word kumquat"),
+        ("agent", "You said: remember the word kumquat"),
+    ]
+    (compaction,) = [e for e in view["timeline"] if e["data"].get("type") == "compaction"]
+    assert compaction["kind"] == "line"
+    assert compaction["text"].startswith("Context compacted · ")
+    assert compaction["data"]["trigger"] == "manual"
+    # The CLI's summary message is not shown as the user's; the command is.
+    assert not any("continued from a previous conversation" in t for _, t in kinds)
+    assert ("user", "/compact") in kinds
+    # Resumed after the compaction: the model gets the summary, not the whole history.
+    assert live.send(view["id"], "next").status_code == 202
+    live.wait_idle(view["id"], timeout=TIMEOUT)
+    sent = json.dumps(fake.message_bodies()[-1]["messages"])
+    assert "FAKE SUMMARY" in sent
+
+
+def test_made_up_replies_are_not_errors_but_api_errors_are(real_transcript: Path) -> None:
+    def synthetic(text: str) -> str:
+        message = {"id": text, "model": "<synthetic>", "role": "assistant", "type": "message"}
+        message["content"] = [{"type": "text", "text": text}]
+        return json.dumps({"type": "assistant", "message": message, "uuid": text}) + "\n"
+
+    with real_transcript.open("a") as file:
+        file.write(synthetic("No response requested."))
+        file.write(synthetic("API Error: 500 the fake broke"))
+    history = read_history(real_transcript)
+    assert [(d.kind, d.text) for d in history.entries] == [
+        *EXPECTED,
+        ("line", "API Error: 500 the fake broke"),
+    ]
+    assert history.entries[-1].data["level"] == "error"
