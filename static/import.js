@@ -82,7 +82,7 @@ export class Imports {
     const held = data.sessions.length - fresh.length;
     byId('import-list').replaceChildren(...fresh.map((s) => this.item(s)));
     const parts = [];
-    if (!fresh.length) parts.push(`No Claude Code sessions in the workspace roots (${data.config_dir}) to import.`);
+    if (!fresh.length) parts.push(`No Claude Code sessions to import from ${data.config_dir} (only those in the workspace roots are listed).`);
     if (held) parts.push(`${held} already in oarlock ${held === 1 ? 'is' : 'are'} not listed.`);
     if (data.more) parts.push('Only the latest are listed.');
     this.status(parts.join(' '));

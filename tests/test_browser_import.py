@@ -94,8 +94,8 @@ def test_import_a_terminal_session_and_resume_it(
     by_id(page, "new-conversation").click()
     by_id(page, "import-toggle").click()
     expect(by_id(page, "import-status")).to_have_text(
-        "No Claude Code sessions in the workspace roots "
-        f"({tmp_path / 'claude-config'}) to import. 1 already in oarlock is not listed."
+        f"No Claude Code sessions to import from {tmp_path / 'claude-config'} (only those in "
+        "the workspace roots are listed). 1 already in oarlock is not listed."
     )
     expect(by_id(page, "import-item")).to_have_count(0)
     assert conv_id(page) == 1
