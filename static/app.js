@@ -7,6 +7,7 @@ import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
 import { Search } from './search.js';
 import { ConvActions, convMeta } from './keep.js';
+import { Imports, renderResume } from './import.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -594,6 +595,7 @@ function renderChrome() {
   if (conv.compacted_into_id != null) setConvLink(into, conv.compacted_into_id);
 
   backups.renderHeader(conv);
+  renderResume(conv);
 
   byId('pending-summary').hidden = archived || !conv.pending_summary;
   byId('pending-summary-text').textContent = conv.pending_summary || '';
@@ -944,6 +946,7 @@ function showNewError(message) {
 
 async function openNewDialog() {
   byId('new-form').reset();
+  imports.reset();
   showNewError('');
   byId('new-create').disabled = false;
   fillProviders();
@@ -984,6 +987,15 @@ byId('new-form').addEventListener('submit', async (e) => {
   }
 });
 byId('new-cancel').addEventListener('click', () => dialogs.close(newDialog));
+// Sessions started in a terminal: an imported one opens like a new conversation.
+const imports = new Imports({
+  onImported(data) {
+    onConversation(data);
+    newDialog.returnFocus = null;
+    dialogs.close(newDialog);
+    navigate(data.id, { focus: true });
+  },
+});
 
 // ---- the sidebar drawer (phones) ---------------------------------------------------------------
 

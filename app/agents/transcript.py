@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 SLACK_SECONDS = 60.0  # clock and file-time tolerance when a new session's file is looked for
 
@@ -105,3 +106,53 @@ def prompt_received(
     except OSError:
         return None
     return False
+
+
+SLUG_LIMIT = 200  # the CLI cuts a longer directory name there and appends a hash
+
+
+def project_slug(cwd: str) -> str:
+    """The start of the directory name the CLI files a cwd's sessions under (up to the hash).
+
+    The CLI replaces every character but ASCII letters and digits with "-" (one per UTF-16
+    code unit: a character beyond the BMP becomes two) and cuts the name at 200 characters.
+    """
+    slug = "".join(
+        ch if ch.isascii() and ch.isalnum() else "-" * (2 if ord(ch) > 0xFFFF else 1) for ch in cwd
+    )
+    return slug[:SLUG_LIMIT]
+
+
+def bounded_lines(
+    path: Path, *, start: int = 0, stop: int | None = None, limit: int
+) -> Iterator[bytes | None]:
+    """Each line of a file from byte `start` (a partial first line dropped) until `stop` bytes.
+
+    A line longer than `limit` bytes yields None and is never held in memory whole.
+    """
+    with path.open("rb") as file:
+        if start > 0:
+            file.seek(start - 1)
+            if file.read(1) != b"\n":
+                _skip_line(file)
+        read = 0
+        while stop is None or read < stop:
+            line = file.readline(limit + 1)
+            if not line:
+                return
+            read += len(line)
+            if len(line) > limit and not line.endswith(b"\n"):
+                read += _skip_line(file)
+                yield None
+                continue
+            yield line
+
+
+def _skip_line(file: BinaryIO) -> int:
+    """Read to the end of the current line; the bytes read."""
+    skipped = 0
+    while chunk := file.readline(1 << 20):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped

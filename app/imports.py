@@ -1,0 +1,467 @@
+"""Claude Code sessions started in a terminal: finding them, reading one as a timeline, storing it.
+
+The CLI keeps each session as JSON lines in <config>/projects/<cwd slug>/<session id>.jsonl
+(app/agents/transcript.py). A session is offered when its recorded cwd is inside a workspace
+root; importing it creates a conversation holding its session id, so the next message resumes
+it with `claude --resume`. Its history is read the way the relay shows a live turn: the
+transcript's assistant and tool-result records go through the same EventMapper.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from app.agents.base import Activity, MessageDone, Notice, Usage
+from app.agents.transcript import bounded_lines, project_slug
+from app.backups import tool_facts
+from app.compaction import finished_text
+from app.edits import edit_change
+from app.models import Conversation, Entry
+from app.store import storable
+
+SESSION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MAX_LISTED = 100  # sessions listed, most recently written first
+MAX_EXAMINED = 1000  # transcripts opened for one listing
+HEAD_BYTES = 1 << 20  # read from a transcript's start to find its cwd and first prompt
+TITLE_TAIL_BYTES = 64 << 10  # read from its end for a title set later (/rename)
+LIST_LINE_LIMIT = 256 << 10  # longer lines (system prompt snapshots) are skipped when listing
+HISTORY_BYTES = 32 << 20  # an import reads at most the transcript's last 32 MiB
+HISTORY_LINE_LIMIT = 4 << 20  # a longer line is skipped unread
+MAX_ENTRIES = 2000  # timeline entries kept (the latest) from one transcript
+TITLE_CHARS = 80
+LINE_CHARS = 2000  # a command's output shown as a line
+NO_RESULT = "No result was recorded in the transcript."
+INTERRUPTED = "Interrupted by the user."
+SYNTHETIC_NO_REPLY = "No response requested."
+REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+TAG = r"<{0}>(.*?)</{0}>"
+
+
+@dataclass(frozen=True)
+class TerminalSession:
+    """A session the CLI wrote, as the import list shows it."""
+
+    session_id: str
+    cwd: str
+    title: str
+    updated_at: float  # the transcript's modification time (Unix)
+    size: int  # bytes
+
+
+@dataclass
+class Draft:
+    """A timeline entry to store."""
+
+    kind: str
+    text: str
+    state: str = "done"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class History:
+    """What an import stores: the entries, and the context the session last reported."""
+
+    entries: list[Draft]
+    context_tokens: int | None = None
+    model: str | None = None
+    skipped_lines: int = 0  # malformed or too long
+    bytes_left_out: int = 0  # the transcript's start, beyond HISTORY_BYTES
+    entries_left_out: int = 0  # beyond MAX_ENTRIES
+
+
+def inside(path: Path, roots: Iterable[Path]) -> bool:
+    """Whether a resolved path is one of the roots or below one."""
+    return any(path == root or root in path.parents for root in roots)
+
+
+def _parse(line: bytes | None) -> dict[str, Any] | None:
+    """A transcript line as a JSON object, or None (too long, malformed, not an object)."""
+    if line is None:
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _one_line(text: str, limit: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _blocks_text(content: Any) -> str:
+    """The text of a user message's content: a string, or its text blocks (images named)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif block.get("type") == "image":
+            parts.append("[image]")
+    return "\n\n".join(parts)
+
+
+def _tag(name: str, text: str) -> str | None:
+    found = re.search(TAG.format(name), text, re.DOTALL)
+    return found[1] if found else None
+
+
+def user_drafts(text: str) -> list[Draft]:
+    """What a user record's text shows as: a message, a command, a command's output, a line."""
+    text = REMINDER.sub("", text).strip()
+    if not text:
+        return []
+    if text.startswith("[Request interrupted by user"):
+        return [Draft("line", INTERRUPTED, data={"level": "info", "type": "interrupted"})]
+    if (command := _tag("command-name", text)) is not None:
+        args = (_tag("command-args", text) or "").strip()
+        return [Draft("user", f"{command.strip()} {args}".strip(), "sent", {"imported": True})]
+    if (command := _tag("bash-input", text)) is not None:
+        return [Draft("user", f"! {command.strip()}", "sent", {"imported": True})]
+    outputs = [_tag(name, text) for name in ("local-command-stdout", "bash-stdout", "bash-stderr")]
+    if any(output is not None for output in outputs):
+        said = "\n".join(o.strip() for o in outputs if o and o.strip())
+        if not said:
+            return []
+        if len(said) > LINE_CHARS:
+            said = said[:LINE_CHARS] + "…"
+        return [Draft("line", said, data={"level": "info", "type": "command_output"})]
+    return [Draft("user", text, "sent", {"imported": True})]
+
+
+def first_prompt(record: dict[str, Any]) -> str | None:
+    """A user record's prompt as a one-line title, if it is one the user typed."""
+    if record.get("type") != "user" or _hidden(record):
+        return None
+    message = record.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    for draft in user_drafts(_blocks_text(content)):
+        if draft.kind == "user":
+            return _one_line(draft.text, TITLE_CHARS)
+    return None
+
+
+def _hidden(record: dict[str, Any]) -> bool:
+    """Records the CLI never shows as the user's: meta, a compaction summary, a subagent's."""
+    return bool(record.get("isMeta") or record.get("isCompactSummary") or record.get("isSidechain"))
+
+
+def _placeholder(record: dict[str, Any]) -> bool:
+    """The reply the CLI makes up for a prompt a killed CLI never answered (not an error)."""
+    message = record.get("message") or {}
+    content = message.get("content")
+    return (
+        message.get("model") == "<synthetic>"
+        and isinstance(content, list)
+        and [b.get("text") for b in content if isinstance(b, dict)] == [SYNTHETIC_NO_REPLY]
+    )
+
+
+# -- listing -----------------------------------------------------------------------------------
+
+
+def session_summary(path: Path) -> tuple[str | None, str | None]:
+    """A transcript's cwd and title (a /rename, the CLI's own title, else the first prompt).
+
+    Reads its start until both the cwd and the first prompt are found (HEAD_BYTES at most),
+    and its last TITLE_TAIL_BYTES for a title record.
+    """
+    cwd: str | None = None
+    prompt: str | None = None
+    for line in bounded_lines(path, stop=HEAD_BYTES, limit=LIST_LINE_LIMIT):
+        record = _parse(line)
+        if record is None:
+            continue
+        if cwd is None and isinstance(record.get("cwd"), str):
+            cwd = record["cwd"]
+        if prompt is None:
+            prompt = first_prompt(record)
+        if cwd is not None and prompt is not None:
+            break
+    titles: dict[str, str] = {}
+    start = max(0, path.stat().st_size - TITLE_TAIL_BYTES)
+    for line in bounded_lines(path, start=start, limit=LIST_LINE_LIMIT):
+        if line is None or b'-title"' not in line:
+            continue  # most lines: no JSON parsing
+        record = _parse(line) or {}
+        for kind, key in (("custom-title", "customTitle"), ("ai-title", "aiTitle")):
+            if record.get("type") == kind and isinstance(record.get(key), str):
+                titles[kind] = record[key]
+    title = titles.get("custom-title") or titles.get("ai-title") or prompt
+    return cwd, _one_line(title, TITLE_CHARS) if title and title.strip() else None
+
+
+def _candidates(config: Path, roots: list[Path]) -> list[tuple[float, int, Path]]:
+    """Transcripts in project directories that may belong to a root, newest first."""
+    projects = config / "projects"
+    prefixes = tuple(project_slug(str(root)) for root in roots)
+    found = []
+    try:
+        directories = [d for d in projects.iterdir() if d.name.startswith(prefixes)]
+    except OSError:
+        return []
+    for directory in directories:
+        try:
+            files = list(directory.glob("*.jsonl"))
+        except OSError:
+            continue
+        for path in files:
+            if not SESSION_ID.match(path.stem):
+                continue
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            found.append((stat.st_mtime, stat.st_size, path))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return found
+
+
+def list_sessions(config: Path, roots: list[Path]) -> tuple[list[TerminalSession], bool]:
+    """Sessions whose cwd is an existing directory inside a root, newest first; and whether
+    more were left out."""
+    sessions: list[TerminalSession] = []
+    candidates = _candidates(config, roots)
+    for mtime, size, path in candidates[:MAX_EXAMINED]:
+        if len(sessions) == MAX_LISTED:
+            return sessions, True
+        try:
+            cwd, title = session_summary(path)
+            if cwd is None or not os.path.isabs(cwd):
+                continue
+            resolved = Path(cwd).resolve()
+            if not inside(resolved, roots) or not resolved.is_dir():
+                continue
+        except (OSError, RuntimeError):
+            continue
+        sessions.append(TerminalSession(path.stem, cwd, title or "(no prompt)", mtime, size))
+    return sessions, len(candidates) > MAX_EXAMINED
+
+
+def find_transcript(config: Path, session_id: str) -> Path | None:
+    """The transcript of a session (its id already checked against SESSION_ID)."""
+    try:
+        return next((config / "projects").glob(f"*/{session_id}.jsonl"), None)
+    except OSError:
+        return None
+
+
+# -- reading a history -------------------------------------------------------------------------
+
+
+class HistoryBuilder:
+    """Turn transcript records, in order, into timeline entries as a live turn stores them."""
+
+    def __init__(self) -> None:
+        from app.agents.claude_code import EventMapper  # the SDK is imported only here
+
+        self.mapper = EventMapper()
+        self.entries: list[Draft] = []
+        self.tools: dict[str, Draft] = {}
+        self.starts: dict[str, int] = {}  # where each assistant message began in entries
+        self.context_tokens: int | None = None
+        self.model: str | None = None
+
+    def feed(self, record: dict[str, Any]) -> None:
+        """Take one record (malformed ones raise; the caller skips them)."""
+        if record.get("isSidechain"):
+            return  # a subagent's inner turn: its Task call and result are shown
+        kind = record.get("type")
+        if kind == "assistant":
+            if _placeholder(record):
+                return
+            message_id = (record.get("message") or {}).get("id") or record.get("uuid")
+            # Its text goes before its tool calls, as the live timeline shows it streamed.
+            self.starts.setdefault(message_id, len(self.entries))
+            self._events(self.mapper.feed_json(record))
+        elif kind == "user":
+            self._user(record)
+        elif kind == "system" and record.get("subtype") == "compact_boundary":
+            self._events(self.mapper.finish())
+            meta = record.get("compactMetadata") or {}
+            numbers = {"pre_tokens": meta.get("preTokens"), "post_tokens": meta.get("postTokens")}
+            numbers = {k: v for k, v in numbers.items() if isinstance(v, int)}
+            data = {"type": "compaction", "trigger": meta.get("trigger"), "level": "info"}
+            self.entries.append(
+                Draft("line", finished_text("line", **numbers), data=data | numbers)
+            )
+
+    def _user(self, record: dict[str, Any]) -> None:
+        content = record["message"]["content"]
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            self._events(self.mapper.feed_json(record))
+        if _hidden(record):
+            return
+        drafts = user_drafts(_blocks_text(content))
+        if drafts:
+            self._events(self.mapper.finish())  # the agent's message before it is complete
+            self.entries += drafts
+
+    def _events(self, events: list[Any]) -> None:
+        for event in events:
+            match event:
+                case MessageDone(message_id=message_id, text=text) if text.strip():
+                    at = self.starts.get(message_id, len(self.entries))
+                    self.entries.insert(at, Draft("agent", text))
+                case Activity(phase="call"):
+                    data: dict[str, Any] = {"type": "tool", "tool": event.name}
+                    data["tool_id"] = event.tool_id
+                    if facts := tool_facts(event.name, event.input):
+                        data["backup"] = facts
+                    if change := edit_change(event.name, event.input):
+                        data["edit"] = change
+                    draft = Draft("activity", event.summary, "running", data)
+                    self.tools[event.tool_id] = draft
+                    self.entries.append(draft)
+                case Activity(phase="result"):
+                    result = {"output": event.output, "is_error": event.is_error}
+                    state = "error" if event.is_error else "done"
+                    if (draft := self.tools.pop(event.tool_id, None)) is not None:
+                        draft.state, draft.data = state, {**draft.data, **result}
+                    else:
+                        data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
+                        self.entries.append(Draft("activity", "", state, data | result))
+                case Notice(text=text, level=level, data=data):
+                    self.entries.append(Draft("line", text, data={"level": level, **data}))
+                case Usage(context_tokens=tokens, model=model):
+                    self.context_tokens = tokens
+                    self.model = model or self.model
+
+    def finish(self) -> list[Draft]:
+        """The entries; a call whose result the transcript lacks is shown as ended."""
+        self._events(self.mapper.finish())
+        for draft in self.tools.values():
+            draft.state = "done"
+            draft.data = {**draft.data, "output": NO_RESULT}
+        self.tools.clear()
+        return self.entries
+
+
+def read_history(
+    path: Path,
+    *,
+    max_bytes: int = HISTORY_BYTES,
+    line_limit: int = HISTORY_LINE_LIMIT,
+    max_entries: int = MAX_ENTRIES,
+) -> History:
+    """A transcript's timeline, from at most its last max_bytes and as its last max_entries."""
+    size = path.stat().st_size
+    start = max(0, size - max_bytes)
+    builder = HistoryBuilder()
+    skipped = 0
+    for line in bounded_lines(path, start=start, limit=line_limit):
+        record = _parse(line)
+        if record is None:
+            skipped += line is None or bool(line.strip())
+            continue
+        try:
+            builder.feed(record)
+        except Exception:  # noqa: BLE001 - one malformed record never stops an import
+            skipped += 1
+    entries = builder.finish()
+    left_out = max(0, len(entries) - max_entries)
+    return History(
+        entries=entries[left_out:],
+        context_tokens=builder.context_tokens,
+        model=builder.model,
+        skipped_lines=skipped,
+        bytes_left_out=start,
+        entries_left_out=left_out,
+    )
+
+
+def notes(session_id: str, cwd: str, history: History) -> list[Draft]:
+    """The lines an imported timeline starts with: where it came from, what was left out."""
+    lines = [
+        Draft(
+            "line",
+            f"Imported from the Claude Code session {session_id} (started in a terminal in {cwd}).",
+            data={"level": "info", "type": "imported", "session_id": session_id},
+        )
+    ]
+    if history.bytes_left_out or history.entries_left_out:
+        lines.append(
+            Draft(
+                "line",
+                "Only the latest part of this session is shown here; "
+                "the agent still remembers all of it.",
+                data={"level": "info", "type": "imported_partly"},
+            )
+        )
+    return lines
+
+
+# -- storing -----------------------------------------------------------------------------------
+
+
+def holder(session: Session, session_id: str) -> int | None:
+    """The conversation that already holds this session id, if any."""
+    query = select(Conversation.id).where(col(Conversation.session_id) == session_id)
+    return session.exec(query.limit(1)).first()
+
+
+def holders(session: Session, session_ids: list[str]) -> dict[str, int]:
+    """Which of these session ids conversations already hold, and which conversation."""
+    if not session_ids:
+        return {}
+    query = select(Conversation.session_id, Conversation.id).where(
+        col(Conversation.session_id).in_(session_ids)
+    )
+    return {sid: cid for sid, cid in session.exec(query) if sid and cid}
+
+
+def save_import(
+    session: Session,
+    *,
+    title: str,
+    cwd: str,
+    session_id: str,
+    permission_mode: str,
+    history: History,
+    entries: list[Draft],
+) -> Conversation:
+    """Create the conversation with its whole imported timeline, in one transaction."""
+    conversation = Conversation(
+        title=title,
+        provider="claude",
+        cwd=cwd,
+        permission_mode=permission_mode,
+        session_id=session_id,
+        context_tokens=history.context_tokens,
+        model=history.model,
+    )
+    session.add(conversation)
+    session.flush()  # its id, still inside the transaction
+    for seq, draft in enumerate(entries, start=1):
+        session.add(
+            Entry(
+                conversation_id=conversation.id or 0,
+                seq=seq,
+                kind=draft.kind,
+                text=storable(draft.text),
+                state=draft.state,
+                data=draft.data,
+            )
+        )
+    conversation.last_seq = len(entries)
+    session.add(conversation)
+    session.commit()
+    session.refresh(conversation)
+    return conversation

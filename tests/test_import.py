@@ -1,0 +1,382 @@
+"""Sessions started in a terminal (issue #17): the real `claude` CLI, run as a terminal user
+would in a workspace with its own CLAUDE_CONFIG_DIR, against the fake Messages API; then the
+relay lists the session, imports it, and resumes it on the next message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.agents.claude_code import RESUME_FAILED
+from app.agents.transcript import project_slug
+from app.imports import NO_RESULT, read_history, user_drafts
+from tests.claude_env import use_fake_anthropic
+from tests.fake_anthropic import FakeAnthropic
+from tests.relay import LiveRelay, make_settings
+from tests.terminal import CLI, terminal
+
+TIMEOUT = 60
+FIRST = "my name is Bob [[BASH:echo hi]]"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as server:
+        yield server
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
+    """The user's environment, which the relay passes on: the fake API, a CLAUDE_CONFIG_DIR."""
+    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
+    config = tmp_path / "claude-config"
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    return config
+
+
+@pytest.fixture
+def live(tmp_path: Path, config: Path) -> Iterator[LiveRelay]:
+    relay = LiveRelay(make_settings(tmp_path / "data")).start()
+    yield relay
+    relay.stop()
+
+
+def sessions(live: LiveRelay) -> dict[str, Any]:
+    response = live.http.get("/api/claude-sessions")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def only_session(live: LiveRelay, cwd: Path) -> dict[str, Any]:
+    (found,) = [s for s in sessions(live)["sessions"] if s["cwd"] == str(cwd)]
+    return found
+
+
+def import_session(live: LiveRelay, session_id: str) -> Any:
+    return live.http.post(f"/api/claude-sessions/{session_id}/import")
+
+
+def shape(view: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(e["kind"], e["state"], e["text"]) for e in view["timeline"]]
+
+
+# The whole round trip ---------------------------------------------------------------------------
+
+
+def test_terminal_session_is_listed_imported_and_resumed(
+    live: LiveRelay, config: Path, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "data" / "work" / "my proj.v2"
+    out = terminal(workspace, FIRST, "--allowedTools", "Bash")
+    assert out.stdout.strip() == "The tool returned: hi"
+    # The CLI's own directory name: every character but ASCII letters and digits is "-".
+    (transcript,) = (config / "projects").glob("*/*.jsonl")
+    assert transcript.parent.name == project_slug(str(workspace))
+    assert transcript.parent.name.endswith("-data-work-my-proj-v2")
+
+    listing = sessions(live)
+    assert listing["config_dir"] == str(config)
+    found = only_session(live, workspace)
+    assert found["session_id"] == transcript.stem
+    assert found["title"] == FIRST
+    assert found["conversation_id"] is None
+
+    response = import_session(live, found["session_id"])
+    assert response.status_code == 201, response.text
+    conversation = response.json()
+    cid = conversation["id"]
+    assert conversation["provider"] == "claude"
+    assert conversation["session_id"] == found["session_id"]
+    assert conversation["cwd"] == str(workspace)
+    assert conversation["title"] == FIRST
+    assert conversation["context_tokens"] == 1000  # the session's last reported usage
+
+    view = live.get(cid)
+    assert shape(view) == [
+        (
+            "line",
+            "done",
+            f"Imported from the Claude Code session {found['session_id']} "
+            f"(started in a terminal in {workspace}).",
+        ),
+        ("user", "sent", FIRST),
+        ("agent", "done", "I will run the command."),
+        ("activity", "done", "echo hi"),
+        ("agent", "done", "The tool returned: hi"),
+    ]
+    tool = view["timeline"][3]["data"]
+    assert (tool["tool"], tool["output"], tool["is_error"]) == ("Bash", "hi", False)
+    assert view["timeline"][2]["html"] == "<p>I will run the command.</p>\n"
+
+    # Marked as imported in the list; a second import is refused and stores nothing.
+    assert only_session(live, workspace)["conversation_id"] == cid
+    again = import_session(live, found["session_id"])
+    assert again.status_code == 409
+    assert again.json() == {"detail": f"This session is already conversation {cid}."}
+    listed = live.http.get("/api/conversations").json()["conversations"]
+    assert [c["id"] for c in listed] == [cid]
+
+    # The next message resumes the session: the model gets the terminal's turns.
+    before = len(fake.message_bodies())
+    assert live.send(cid, "what is my name?").status_code == 202
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert view["timeline"][-1]["text"] == "You said: what is my name?"
+    assert view["session_id"] == found["session_id"]
+    assert RESUME_FAILED not in [e["text"] for e in view["timeline"]]
+    body = fake.message_bodies()[before]
+    sent = json.dumps(body["messages"])
+    assert FIRST in sent
+    assert "The tool returned: hi" in sent
+    assert fake.user_texts_sent()[-1] == "what is my name?"
+
+    # ... and back to the terminal: `claude --resume <id>` there sees the relay's turn too.
+    before = len(fake.message_bodies())
+    back = terminal(workspace, "and now?", "--resume", found["session_id"])
+    assert back.stdout.strip() == "You said: and now?"
+    sent = json.dumps(fake.message_bodies()[before]["messages"])
+    assert "what is my name?" in sent and FIRST in sent
+
+    # ... and once the relay's agent has stopped, its next resume has the terminal's turn.
+    live.stop()
+    again = LiveRelay(live.settings).start()
+    try:
+        before = len(fake.message_bodies())
+        assert again.send(cid, "one more").status_code == 202
+        view = again.wait_idle(cid, timeout=TIMEOUT)
+        assert view["timeline"][-1]["text"] == "You said: one more"
+        sent = json.dumps(fake.message_bodies()[before]["messages"])
+        assert "and now?" in sent and "what is my name?" in sent and FIRST in sent
+    finally:
+        again.stop()
+
+
+def test_only_sessions_inside_the_roots_are_listed(
+    live: LiveRelay, config: Path, tmp_path: Path
+) -> None:
+    inside = tmp_path / "data" / "work"
+    outside = tmp_path / "elsewhere"
+    terminal(inside, "inside the roots")
+    terminal(outside, "outside the roots")
+    assert len(list((config / "projects").glob("*/*.jsonl"))) == 2
+    listed = sessions(live)["sessions"]
+    assert [(s["cwd"], s["title"]) for s in listed] == [(str(inside), "inside the roots")]
+    (transcript,) = (config / "projects" / project_slug(str(outside))).glob("*.jsonl")
+    refused = import_session(live, transcript.stem)
+    assert refused.status_code == 400
+    assert "must be inside" in refused.json()["detail"]
+    assert live.http.get("/api/conversations").json()["conversations"] == []
+
+
+def test_bad_or_unknown_session_ids(live: LiveRelay) -> None:
+    assert import_session(live, "not-a-session").status_code == 422
+    assert import_session(live, "..%2F..%2Fetc").status_code in (404, 422)
+    missing = "00000000-0000-4000-8000-000000000000"
+    response = import_session(live, missing)
+    assert response.status_code == 404
+    assert missing in response.json()["detail"]
+
+
+def test_a_session_still_open_in_a_terminal_is_not_imported(
+    live: LiveRelay, config: Path, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "data" / "work"
+    # Through a shell, as from a terminal: the CLI is not a child of this (the relay's) process.
+    process = subprocess.Popen(
+        ["sh", "-c", '"$0" -p "[[SLOW:20]] take your time"; :', str(CLI)],
+        cwd=workspace,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (
+            list((config / "projects").glob("*/*.jsonl")) and list(config.glob("sessions/*.json"))
+        ):
+            assert time.monotonic() < deadline, "the CLI wrote no transcript"
+            time.sleep(0.1)
+        (transcript,) = (config / "projects").glob("*/*.jsonl")
+        (record,) = config.glob("sessions/*.json")
+        pid = json.loads(record.read_text())["pid"]
+        assert pid != process.pid
+        response = import_session(live, transcript.stem)
+        assert response.status_code == 409, response.text
+        assert f"still open in a terminal (process {pid})" in response.json()["detail"]
+        assert live.http.get("/api/conversations").json()["conversations"] == []
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+# Reading a transcript: malformed lines, huge ones, bounds (pure, on a real transcript) -----------
+
+
+@pytest.fixture
+def real_transcript(config: Path, tmp_path: Path) -> Path:
+    terminal(tmp_path / "work", FIRST, "--allowedTools", "Bash")
+    (path,) = (config / "projects").glob("*/*.jsonl")
+    return path
+
+
+def texts(path: Path, **bounds: Any) -> list[tuple[str, str]]:
+    return [(d.kind, d.text) for d in read_history(path, **bounds).entries]
+
+
+EXPECTED = [
+    ("user", FIRST),
+    ("agent", "I will run the command."),
+    ("activity", "echo hi"),
+    ("agent", "The tool returned: hi"),
+]
+
+
+def test_malformed_and_oversized_lines_are_skipped(real_transcript: Path) -> None:
+    assert texts(real_transcript) == EXPECTED
+    lines = real_transcript.read_bytes().splitlines(keepends=True)
+    garbage = [
+        b"not json at all\n",
+        b'{"type":"user","message":"not an object"}\n',
+        b'{"type":"assistant"}\n',
+        b"[1, 2, 3]\n",
+        b'{"type":"user","message":{"content":"' + b"x" * 5_000_000 + b'"}}\n',
+        b"\xff\xfe broken utf-8\n",
+    ]
+    mixed = lines[:3] + garbage + lines[3:] + [b'{"type":"user","message":{"content":"cut off']
+    real_transcript.write_bytes(b"".join(mixed))
+    history = read_history(real_transcript)
+    assert [(d.kind, d.text) for d in history.entries] == EXPECTED
+    assert history.skipped_lines == len(garbage) + 1
+
+
+def test_a_huge_transcript_is_read_from_its_end(real_transcript: Path) -> None:
+    full = real_transcript.read_bytes()
+    second = full.replace(b"my name is Bob", b"second prompt").replace(b"msg_fake_", b"msg_two_")
+    real_transcript.write_bytes(full + second)
+    both = texts(real_transcript)
+    assert [t for k, t in both if k == "user"] == [
+        FIRST,
+        FIRST.replace("my name is Bob", "second prompt"),
+    ]
+    # Only the last len(second) bytes: the first copy is left out, the second is whole.
+    history = read_history(real_transcript, max_bytes=len(second))
+    assert [d.text for d in history.entries if d.kind == "user"] == [
+        "second prompt [[BASH:echo hi]]"
+    ]
+    assert history.bytes_left_out == len(full)
+    # At most max_entries, the latest.
+    history = read_history(real_transcript, max_entries=2)
+    assert [d.text for d in history.entries] == ["echo hi", "The tool returned: hi"]
+    assert history.entries_left_out == len(both) - 2
+
+
+def test_a_tool_call_without_its_result_is_shown_ended(real_transcript: Path) -> None:
+    lines = real_transcript.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if b'"tool_result"' not in line]
+    real_transcript.write_bytes(b"".join(kept))
+    (tool,) = [d for d in read_history(real_transcript).entries if d.kind == "activity"]
+    assert (tool.state, tool.data["output"]) == ("done", NO_RESULT)
+
+
+def test_a_renamed_session_is_listed_by_its_name(
+    live: LiveRelay, config: Path, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "data" / "work"
+    terminal(workspace, "first prompt")
+    (transcript,) = (config / "projects").glob("*/*.jsonl")
+    with transcript.open("a") as file:  # what /rename appends in an interactive session
+        record = {
+            "type": "custom-title",
+            "customTitle": "Renamed <i>here</i>",
+            "sessionId": transcript.stem,
+        }
+        file.write(json.dumps(record) + "\n")
+    assert only_session(live, workspace)["title"] == "Renamed <i>here</i>"
+    bad = live.http.post(
+        f"/api/claude-sessions/{transcript.stem}/import", json={"permission_mode": "yolo"}
+    )
+    assert bad.status_code == 422
+    assert live.http.get("/api/conversations").json()["conversations"] == []
+    response = live.http.post(
+        f"/api/claude-sessions/{transcript.stem}/import", json={"permission_mode": "acceptEdits"}
+    )
+    assert response.status_code == 201, response.text
+    conversation = response.json()
+    assert conversation["title"] == "Renamed <i>here</i>"
+    assert conversation["permission_mode"] == "acceptEdits"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain <b>text</b>", [("user", "plain <b>text</b>")]),
+        ("<system-reminder>x</system-reminder>\nhi", [("user", "hi")]),
+        ("<system-reminder>only a reminder</system-reminder>", []),
+        ("[Request interrupted by user for tool use]", [("line", "Interrupted by the user.")]),
+        (
+            "<command-name>/model</command-name>\n<command-message>model</command-message>\n"
+            "<command-args>opus</command-args>",
+            [("user", "/model opus")],
+        ),
+        ("<bash-input>ls -l</bash-input>", [("user", "! ls -l")]),
+        ("<bash-stdout>a.txt</bash-stdout><bash-stderr></bash-stderr>", [("line", "a.txt")]),
+        ("<local-command-stdout></local-command-stdout>", []),
+    ],
+)
+def test_what_a_user_record_shows_as(text: str, expected: list[tuple[str, str]]) -> None:
+    assert [(d.kind, d.text) for d in user_drafts(text)] == expected
+
+
+def test_a_compacted_session_shows_its_compaction(
+    live: LiveRelay, config: Path, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "data" / "work"
+    terminal(workspace, "remember the word kumquat")
+    (transcript,) = (config / "projects").glob("*/*.jsonl")
+    terminal(workspace, "/compact", "--resume", transcript.stem)
+    response = import_session(live, transcript.stem)
+    assert response.status_code == 201, response.text
+    view = live.get(response.json()["id"])
+    kinds = [(e["kind"], e["text"]) for e in view["timeline"][1:]]
+    assert kinds[:2] == [
+        ("user", "remember the word kumquat"),
+        ("agent", "You said: remember the word kumquat"),
+    ]
+    (compaction,) = [e for e in view["timeline"] if e["data"].get("type") == "compaction"]
+    assert compaction["kind"] == "line"
+    assert compaction["text"].startswith("Context compacted · ")
+    assert compaction["data"]["trigger"] == "manual"
+    # The CLI's summary message is not shown as the user's; the command is.
+    assert not any("continued from a previous conversation" in t for _, t in kinds)
+    assert ("user", "/compact") in kinds
+    # Resumed after the compaction: the model gets the summary, not the whole history.
+    assert live.send(view["id"], "next").status_code == 202
+    live.wait_idle(view["id"], timeout=TIMEOUT)
+    sent = json.dumps(fake.message_bodies()[-1]["messages"])
+    assert "FAKE SUMMARY" in sent
+
+
+def test_made_up_replies_are_not_errors_but_api_errors_are(real_transcript: Path) -> None:
+    def synthetic(text: str) -> str:
+        message = {"id": text, "model": "<synthetic>", "role": "assistant", "type": "message"}
+        message["content"] = [{"type": "text", "text": text}]
+        return json.dumps({"type": "assistant", "message": message, "uuid": text}) + "\n"
+
+    with real_transcript.open("a") as file:
+        file.write(synthetic("No response requested."))
+        file.write(synthetic("API Error: 500 the fake broke"))
+    history = read_history(real_transcript)
+    assert [(d.kind, d.text) for d in history.entries] == [
+        *EXPECTED,
+        ("line", "API Error: 500 the fake broke"),
+    ]
+    assert history.entries[-1].data["level"] == "error"
