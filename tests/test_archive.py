@@ -256,3 +256,11 @@ def test_postgres_search_uses_the_gin_index(engine: Engine) -> None:
         hits = search(session, "egre", 10)
         assert [h["seq"] for h in hits] == [2, 1]  # equal ranks: the newest first
         assert search(session, "! ( <->", 10) == []  # words without letters: nothing, no error
+
+
+@pytest.mark.parametrize("query", ["!", "(", "<->", "'", "\\", ":*", "a'b", "x:*", "&|", "it's"])
+def test_search_takes_tsquery_syntax_as_plain_words(engine: Engine, query: str) -> None:
+    create(engine, "t", "it's a'b x:* here")
+    with get_session(engine) as session:
+        search(session, query, 10)  # no tsquery (or FTS5) syntax error, whatever was typed
+        assert [h["seq"] for h in search(session, "it's", 10)] == [1]
