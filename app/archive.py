@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
-from app.export import chain
 from app.models import Conversation, Entry
 from app.search import search
 
@@ -16,6 +16,7 @@ LINE_CHARS = 200  # characters of one match's line
 QUERY_CHARS = 500  # the longest query, as the search box's
 READ_LIMIT = 50  # messages one read_archive call returns, at most
 READ_CHARS = 40_000  # characters of message text one read_archive answer holds, at most
+MAX_ANCESTORS = 1_000  # how far back the chain is followed
 SPEAKERS = {"user": "User", "agent": "Agent"}
 NO_ANCESTORS = (
     "This conversation was not compacted from another one: it has no archived conversation "
@@ -23,12 +24,25 @@ NO_ANCESTORS = (
 )
 
 
-def ancestors(session: Session, conversation_id: int) -> list[Conversation]:
-    """The conversations this one was compacted from, nearest first (loops and gaps end it)."""
-    conversation = session.get(Conversation, conversation_id)
-    if conversation is None:
-        return []
-    return list(reversed(chain(session, conversation, True)[:-1]))
+# One query for the whole chain, however long (a loop ends it too, at MAX_ANCESTORS).
+_CHAIN = (
+    "WITH RECURSIVE up(id, depth) AS ("
+    " SELECT compacted_from_id, 1 FROM conversation WHERE id = :id"
+    " UNION ALL SELECT c.compacted_from_id, up.depth + 1 FROM conversation c"
+    " JOIN up ON c.id = up.id WHERE up.depth < :most)"
+    " SELECT id FROM up WHERE id IS NOT NULL ORDER BY depth"
+)
+
+
+def ancestor_ids(session: Session, conversation_id: int) -> list[int]:
+    """The ids of the conversations this one was compacted from, nearest first."""
+    found: dict[int, None] = {}
+    params = {"id": conversation_id, "most": MAX_ANCESTORS}
+    for (ancestor,) in session.connection().execute(text(_CHAIN), params):
+        if ancestor == conversation_id or ancestor in found:  # a loop: the chain ends
+            break
+        found[ancestor] = None
+    return list(found)
 
 
 def one_line(text: str, limit: int = LINE_CHARS) -> str:
@@ -52,10 +66,9 @@ def search_archive(session: Session, conversation_id: int, arguments: dict[str, 
         raise ValueError("search_archive needs `query`: the words to look for.")
     if len(query) > QUERY_CHARS:
         raise ValueError(f"The query is {len(query):,} characters; the limit is {QUERY_CHARS}.")
-    found = ancestors(session, conversation_id)
-    if not found:
+    ids = ancestor_ids(session, conversation_id)
+    if not ids:
         return NO_ANCESTORS
-    ids = [c.id or 0 for c in found]
     hits = search(session, query, SEARCH_LIMIT, conversation_ids=ids)
     if not hits:
         return (
@@ -85,14 +98,14 @@ def read_archive(session: Session, conversation_id: int, arguments: dict[str, An
     limit = _integer(arguments, "limit", READ_LIMIT)
     if not 1 <= limit <= READ_LIMIT:
         raise ValueError(f"read_archive reads 1 to {READ_LIMIT} messages at a time (`limit`).")
-    found = ancestors(session, conversation_id)
-    if not found:
+    ids = ancestor_ids(session, conversation_id)
+    if not ids:
         raise ValueError(NO_ANCESTORS)
-    archived = next((c for c in found if c.id == wanted), None)
+    archived = session.get(Conversation, wanted) if wanted in ids else None
     if archived is None:  # the same answer whether or not that conversation exists
         raise ValueError(
             f"Conversation {wanted} is not one this conversation was compacted from; "
-            f"read_archive reads only these: {_listed([c.id or 0 for c in found])}."
+            f"read_archive reads only these: {_listed(ids)}."
         )
     query = (
         select(Entry)

@@ -92,10 +92,24 @@ def test_ancestors_two_compactions_deep_nearest_first(
     engine: Engine, family: dict[str, int]
 ) -> None:
     with get_session(engine) as session:
-        found = archive.ancestors(session, family["child"])
-        assert [c.id for c in found] == [family["parent"], family["grand"]]
-        assert [c.id for c in archive.ancestors(session, family["grand"])] == []
-        assert archive.ancestors(session, 999_999) == []
+        assert archive.ancestor_ids(session, family["child"]) == [family["parent"], family["grand"]]
+        assert archive.ancestor_ids(session, family["grand"]) == []
+        assert archive.ancestor_ids(session, 999_999) == []
+
+
+def test_ancestors_end_at_a_loop_and_at_the_limit(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [create(engine, f"c{i}") for i in range(4)]
+    with engine.begin() as connection:  # 3 → 2 → 1 → 0 → 2 (a loop no relay makes)
+        for child, parent in ((3, 2), (2, 1), (1, 0), (0, 2)):
+            connection.exec_driver_sql(
+                f"UPDATE conversation SET compacted_from_id = {ids[parent]} WHERE id = {ids[child]}"
+            )
+    with get_session(engine) as session:
+        assert archive.ancestor_ids(session, ids[3]) == [ids[2], ids[1], ids[0]]
+        monkeypatch.setattr(archive, "MAX_ANCESTORS", 2)
+        assert archive.ancestor_ids(session, ids[3]) == [ids[2], ids[1]]
 
 
 def test_search_archive_lists_only_ancestors_best_first(
