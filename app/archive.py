@@ -17,6 +17,7 @@ QUERY_CHARS = 500  # the longest query, as the search box's
 READ_LIMIT = 50  # messages one read_archive call returns, at most
 READ_CHARS = 40_000  # characters of message text one read_archive answer holds, at most
 MAX_ANCESTORS = 1_000  # how far back the chain is followed
+MAX_SEQ = 2**63 - 1  # the largest seq a 64-bit column holds
 SPEAKERS = {"user": "User", "agent": "Agent"}
 NO_ANCESTORS = (
     "This conversation was not compacted from another one: it has no archived conversation "
@@ -98,6 +99,8 @@ def read_archive(session: Session, conversation_id: int, arguments: dict[str, An
     limit = _integer(arguments, "limit", READ_LIMIT)
     if not 1 <= limit <= READ_LIMIT:
         raise ValueError(f"read_archive reads 1 to {READ_LIMIT} messages at a time (`limit`).")
+    if not 1 <= from_seq <= MAX_SEQ:
+        raise ValueError("read_archive needs `from_seq` as a seq: 1 or more.")
     ids = ancestor_ids(session, conversation_id)
     if not ids:
         raise ValueError(NO_ANCESTORS)

@@ -253,10 +253,11 @@ def _search_postgres(
     every = pg_terms(query)
     if not every:
         return []
-    params: dict[str, Any] = {f"t{i}": term for i, term in enumerate(every)}
+    names = [f"t{i}" for i in range(len(every))]
+    params: dict[str, Any] = dict(zip(names, every, strict=True))
     params |= {"limit": limit, "headline": PG_HEADLINE}
-    match = _pg_query(list(params)[: len(every)])
-    rare = [f"t{i}" for i, term in enumerate(every) if _pg_found_in(session, term, cap) <= cap]
+    match = _pg_query(names)
+    rare = [name for name in names if _pg_found_in(session, params[name], cap) <= cap]
     # Only common words: the newest messages first (ranking would read every match).
     score = f"ts_rank({PG_VECTOR}, {_pg_query(rare)})" if rare else "0"
     # Ranked and cut in the inner query; ts_headline runs on the kept rows only.

@@ -194,13 +194,27 @@ def test_read_archive_refuses_a_conversation_that_is_not_an_ancestor(
         read_archive(engine, family["grand"], conversation_id=family["other"])
 
 
+GRAND = -1  # stands for the grandparent's id in parameters
+
+
 @pytest.mark.parametrize(
     "arguments",
-    [{}, {"conversation_id": "1"}, {"conversation_id": True}, {"conversation_id": 1, "limit": 51}],
+    [
+        {},
+        {"conversation_id": "1"},
+        {"conversation_id": True},
+        {"conversation_id": GRAND, "limit": 51},
+        {"conversation_id": GRAND, "limit": 0},
+        {"conversation_id": GRAND, "from_seq": 0},
+        {"conversation_id": GRAND, "from_seq": 2**63},
+        {"conversation_id": GRAND, "from_seq": 1.5},
+    ],
 )
 def test_read_archive_refuses_bad_arguments(
     engine: Engine, family: dict[str, int], arguments: dict[str, Any]
 ) -> None:
+    if arguments.get("conversation_id") == GRAND:  # an ancestor: only the other argument is bad
+        arguments = {**arguments, "conversation_id": family["grand"]}
     with pytest.raises(ValueError):
         read_archive(engine, family["child"], **arguments)
 
