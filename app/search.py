@@ -1,10 +1,15 @@
-"""Full-text search over every conversation's messages (SQLite FTS5; LIKE elsewhere)."""
+"""Full-text search over every conversation's messages.
+
+SQLite: the FTS5 table of migration 0005 (bm25, snippet()). PostgreSQL: tsvector/tsquery over
+a GIN expression index (migration 0007; ts_rank, ts_headline). Any other database: LIKE.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, bindparam, text
 from sqlmodel import Session
 
 # The FTS5 index (migration 0005): user and agent entries' text, kept in sync by triggers.
@@ -18,15 +23,15 @@ LIKE_SNIPPET_CHARS = 60
 
 
 def is_search_table(name: str | None) -> bool:
-    """True for the FTS table and its shadow tables (autogenerate must not drop them)."""
+    """True for the FTS table, its shadow tables and PostgreSQL's search index (not models)."""
     return bool(name) and str(name).startswith(FTS_TABLE)
 
 
 def include_object(
     _object: Any, name: str | None, type_: str, reflected: bool, _compare: Any
 ) -> bool:
-    """Alembic's filter: leave the search tables (not in the models) out of autogenerate."""
-    return not (type_ == "table" and reflected and is_search_table(name))
+    """Alembic's filter: leave the search tables and index (not models) out of autogenerate."""
+    return not (type_ in ("table", "index") and reflected and is_search_table(name))
 
 
 def words(query: str) -> list[str]:
@@ -125,12 +130,38 @@ def _found_in(session: Session, phrase: str, cap: int) -> int:
     return int(session.connection().execute(text(sql), {"p": phrase, "n": cap + 1}).scalar_one())
 
 
+def _scoped(sql: str, params: dict[str, Any], conversation_ids: Sequence[int] | None) -> TextClause:
+    """The statement, limited to some conversations' messages when asked (:ids in sql)."""
+    statement = text(sql)
+    if conversation_ids is None:
+        return statement
+    params["ids"] = list(conversation_ids)
+    return statement.bindparams(bindparam("ids", expanding=True))
+
+
+def _scope(conversation_ids: Sequence[int] | None) -> str:
+    return "" if conversation_ids is None else " AND e.conversation_id IN :ids"
+
+
 def search(
-    session: Session, query: str, limit: int, *, ranked_word_limit: int = RANKED_WORD_LIMIT
+    session: Session,
+    query: str,
+    limit: int,
+    *,
+    ranked_word_limit: int = RANKED_WORD_LIMIT,
+    conversation_ids: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Messages matching every word of the query, best first (bm25), with snippets."""
-    if session.get_bind().dialect.name != "sqlite":
-        return _search_like(session, query, limit)
+    """Messages matching every word of the query, best first, with snippets.
+
+    conversation_ids limits the search to those conversations' messages (None: every one).
+    """
+    if conversation_ids is not None and not conversation_ids:
+        return []
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return _search_postgres(session, query, limit, ranked_word_limit, conversation_ids)
+    if dialect != "sqlite":
+        return _search_like(session, query, limit, conversation_ids)
     every = phrases(query)
     if not every:
         return []
@@ -144,19 +175,20 @@ def search(
         "ranked": " ".join(rare),
         "limit": limit,
     }
+    scope = _scope(conversation_ids)
     if len(rare) == len(every):  # every word ranks
         sql = (
             _COLUMNS.format(table=FTS_TABLE)
             + f" FROM {FTS_TABLE}"
             + _JOIN.format(alias=FTS_TABLE)
-            + f" WHERE {FTS_TABLE} MATCH :match ORDER BY rank, e.id DESC LIMIT :limit"
+            + f" WHERE {FTS_TABLE} MATCH :match{scope} ORDER BY rank, e.id DESC LIMIT :limit"
         )
     elif rare:  # the rare words rank; all of them must match (and the snippet shows all)
         sql = (
             _COLUMNS.format(table="f.entry_fts")
             + f" FROM {FTS_TABLE} AS r JOIN {FTS_TABLE} AS f ON f.rowid = r.rowid"
             + _JOIN.format(alias="r")
-            + f" WHERE r.{FTS_TABLE} MATCH :ranked AND f.{FTS_TABLE} MATCH :match"
+            + f" WHERE r.{FTS_TABLE} MATCH :ranked AND f.{FTS_TABLE} MATCH :match{scope}"
             " ORDER BY r.rank, e.id DESC LIMIT :limit"
         )
     else:  # only common words: the newest messages first
@@ -164,14 +196,88 @@ def search(
             _COLUMNS.format(table=FTS_TABLE)
             + f" FROM {FTS_TABLE}"
             + _JOIN.format(alias=FTS_TABLE)
-            + f" WHERE {FTS_TABLE} MATCH :match ORDER BY {FTS_TABLE}.rowid DESC LIMIT :limit"
+            + f" WHERE {FTS_TABLE} MATCH :match{scope}"
+            f" ORDER BY {FTS_TABLE}.rowid DESC LIMIT :limit"
         )
-    rows = session.connection().execute(text(sql), params)
+    rows = session.connection().execute(_scoped(sql, params, conversation_ids), params)
     return [_hit(row, snippet_spans(row.snippet or "")) for row in rows]
 
 
-def _search_like(session: Session, query: str, limit: int) -> list[dict[str, Any]]:
-    """Without FTS5 (PostgreSQL for now): every word as a substring, newest first."""
+# PostgreSQL: the 'simple' configuration (lower case, no stemming, no stop words) as SQLite's
+# unicode61 tokenizer, for text in any language. PG_VECTOR and PG_KINDS are the expression and
+# the predicate of the GIN index of migration 0007: the planner uses it only for these.
+PG_VECTOR = "to_tsvector('simple'::regconfig, e.text)"
+PG_KINDS = "e.kind IN ('user', 'agent')"
+PG_HEADLINE = f'StartSel="{MARK_START}", StopSel="{MARK_END}", MaxWords=20, MinWords=8, ShortWord=0'
+
+
+def pg_terms(query: str) -> list[str]:
+    """The query's words as to_tsquery input: quoted (operators become text), the last a prefix."""
+    terms = ["'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in words(query)]
+    if terms:
+        terms[-1] += ":*"  # results as you type, as on SQLite
+    return terms
+
+
+def _pg_query(names: list[str]) -> str:
+    """A tsquery expression: every named term must match."""
+    return "(" + " && ".join(f"to_tsquery('simple', :{name})" for name in names) + ")"
+
+
+def _pg_found_in(session: Session, term: str, cap: int) -> int:
+    """In how many messages a term is found, counting up to cap + 1 at most (the GIN index)."""
+    sql = (
+        f"SELECT count(*) FROM (SELECT 1 FROM entry e WHERE {PG_KINDS}"
+        f" AND {PG_VECTOR} @@ to_tsquery('simple', :t) LIMIT :n) AS found"
+    )
+    return int(session.connection().execute(text(sql), {"t": term, "n": cap + 1}).scalar_one())
+
+
+def pg_snippet(body: str, headline: str) -> list[dict[str, Any]]:
+    """ts_headline's marked excerpt as spans, with … where it leaves text out."""
+    plain = headline.replace(MARK_START, "").replace(MARK_END, "")
+    at = body.find(plain)
+    before = "…" if at > 0 else ""
+    after = "…" if at >= 0 and at + len(plain) < len(body) else ""
+    return snippet_spans(before + headline + after)
+
+
+def _search_postgres(
+    session: Session,
+    query: str,
+    limit: int,
+    cap: int,
+    conversation_ids: Sequence[int] | None,
+) -> list[dict[str, Any]]:
+    """PostgreSQL full text: the same rules as FTS5 (every word, rare words rank, prefix)."""
+    every = pg_terms(query)
+    if not every:
+        return []
+    names = [f"t{i}" for i in range(len(every))]
+    params: dict[str, Any] = dict(zip(names, every, strict=True))
+    params |= {"limit": limit, "headline": PG_HEADLINE}
+    match = _pg_query(names)
+    rare = [name for name in names if _pg_found_in(session, params[name], cap) <= cap]
+    # Only common words: the newest messages first (ranking would read every match).
+    score = f"ts_rank({PG_VECTOR}, {_pg_query(rare)})" if rare else "0"
+    # Ranked and cut in the inner query; ts_headline runs on the kept rows only.
+    sql = (
+        "SELECT e.id AS entry_id, e.seq, e.kind, e.conversation_id, c.title, c.status, e.text,"
+        f" ts_headline('simple', e.text, {match}, :headline) AS snippet"
+        f" FROM (SELECT e.id, {score} AS score FROM entry e"
+        f" WHERE {PG_KINDS} AND {PG_VECTOR} @@ {match}{_scope(conversation_ids)}"
+        " ORDER BY score DESC, e.id DESC LIMIT :limit) AS found"
+        " JOIN entry e ON e.id = found.id JOIN conversation c ON c.id = e.conversation_id"
+        " ORDER BY found.score DESC, e.id DESC"
+    )
+    rows = session.connection().execute(_scoped(sql, params, conversation_ids), params)
+    return [_hit(row, pg_snippet(row.text, row.snippet or "")) for row in rows]
+
+
+def _search_like(
+    session: Session, query: str, limit: int, conversation_ids: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """Without full text (another database): every word as a substring, newest first."""
     query_words = words(query)
     if not query_words:
         return []
@@ -182,15 +288,13 @@ def _search_like(session: Session, query: str, limit: int) -> list[dict[str, Any
         f"w{i}": "%" + _like_escape(word.lower()) + "%" for i, word in enumerate(query_words)
     }
     params["limit"] = limit
-    rows = session.connection().execute(
-        text(
-            "SELECT e.id AS entry_id, e.seq, e.kind, e.conversation_id, c.title, c.status, e.text"
-            " FROM entry e JOIN conversation c ON c.id = e.conversation_id"
-            f" WHERE e.kind IN ('user', 'agent') AND {conditions}"
-            " ORDER BY e.id DESC LIMIT :limit"
-        ),
-        params,
+    sql = (
+        "SELECT e.id AS entry_id, e.seq, e.kind, e.conversation_id, c.title, c.status, e.text"
+        " FROM entry e JOIN conversation c ON c.id = e.conversation_id"
+        f" WHERE e.kind IN ('user', 'agent') AND {conditions}{_scope(conversation_ids)}"
+        " ORDER BY e.id DESC LIMIT :limit"
     )
+    rows = session.connection().execute(_scoped(sql, params, conversation_ids), params)
     return [_hit(row, like_snippet(row.text, query_words)) for row in rows]
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
-from app import store
+from app import archive, store
 from app.agent_memory import Live, largest, to_stop, tree_rss
 from app.agents.base import (
     Activity,
@@ -928,6 +928,16 @@ class Supervisor:
         self.save_handoff(conversation, handoff, source="agent")
         return ToolResult(saved_text(handoff))
 
+    async def _tool_archive(
+        self,
+        tool: Callable[[Session, int, dict[str, Any]], str],
+        conversation_id: int,
+        arguments: dict[str, Any],
+    ) -> ToolResult:
+        """search_archive or read_archive for this conversation (ValueError: a tool error)."""
+        with self.session() as session:
+            return ToolResult(tool(session, conversation_id, arguments))
+
     def _end_turn(self, runner: Runner) -> None:
         runner.state = "running"  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
@@ -1019,7 +1029,13 @@ class Supervisor:
             tools=relay_tools(
                 save_handoff=lambda arguments: self._tool_save_handoff(
                     conversation.id or 0, arguments
-                )
+                ),
+                search_archive=lambda arguments: self._tool_archive(
+                    archive.search_archive, conversation.id or 0, arguments
+                ),
+                read_archive=lambda arguments: self._tool_archive(
+                    archive.read_archive, conversation.id or 0, arguments
+                ),
             ),
         )
 

@@ -67,9 +67,57 @@ SAVE_HANDOFF_SCHEMA: dict[str, Any] = {
 }
 
 
-def relay_tools(*, save_handoff: ToolHandler) -> tuple[RelayTool, ...]:
+SEARCH_ARCHIVE = "search_archive"
+SEARCH_ARCHIVE_DESCRIPTION = (
+    "Search the archived conversations this one was compacted from (its earlier parts, before "
+    "each /compact or /clear) for messages holding every word of the query (the last word may "
+    "be a prefix). Answers up to 20 matches, best first, one line each: conversation id, seq, "
+    "who wrote it, an excerpt. Read the full messages with read_archive."
+)
+SEARCH_ARCHIVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "The words to look for."},
+    },
+    "required": ["query"],
+}
+READ_ARCHIVE = "read_archive"
+READ_ARCHIVE_DESCRIPTION = (
+    "Read the full text of messages of an archived conversation this one was compacted from "
+    "(an id that search_archive gave), in order from a seq: at most 50 messages and 40,000 "
+    "characters per call; the answer says where to continue."
+)
+READ_ARCHIVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "conversation_id": {"type": "integer", "description": "The archived conversation."},
+        "from_seq": {
+            "type": "integer",
+            "description": "The first message's seq (default 1).",
+            "minimum": 1,
+        },
+        "limit": {
+            "type": "integer",
+            "description": "How many messages, 1 to 50 (default 50).",
+            "minimum": 1,
+            "maximum": 50,
+        },
+    },
+    "required": ["conversation_id"],
+}
+
+
+def relay_tools(
+    *, save_handoff: ToolHandler, search_archive: ToolHandler, read_archive: ToolHandler
+) -> tuple[RelayTool, ...]:
     """Every relay tool, bound to one conversation's handlers."""
-    return (RelayTool(SAVE_HANDOFF, SAVE_HANDOFF_DESCRIPTION, SAVE_HANDOFF_SCHEMA, save_handoff),)
+    return (
+        RelayTool(SAVE_HANDOFF, SAVE_HANDOFF_DESCRIPTION, SAVE_HANDOFF_SCHEMA, save_handoff),
+        RelayTool(
+            SEARCH_ARCHIVE, SEARCH_ARCHIVE_DESCRIPTION, SEARCH_ARCHIVE_SCHEMA, search_archive
+        ),
+        RelayTool(READ_ARCHIVE, READ_ARCHIVE_DESCRIPTION, READ_ARCHIVE_SCHEMA, read_archive),
+    )
 
 
 def is_relay_tool(name: str) -> bool:

@@ -19,13 +19,19 @@ from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
 from app.search import _search_like, fts_query, search, snippet_spans
+from tests import postgres
 from tests.relay import LiveRelay, receive_until
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a fresh, migrated SQLite file."""
-    url = f"sqlite:///{tmp_path / 'search.db'}"
+def url(tmp_path: Path) -> str:
+    """A fresh database: SQLite, or PostgreSQL with OARLOCK_TEST_DB=postgres."""
+    return postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'search.db'}"
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[Engine]:
+    """An engine on a fresh, migrated database."""
     upgrade(url)
     engine = make_engine(url)
     try:
@@ -147,8 +153,11 @@ def test_search_follows_edits_and_deletes(engine: Engine) -> None:
         )
     assert find(engine, "draft") == []
     assert [hit["entry_id"] for hit in find(engine, "final")] == [entry.id]
-    with engine.begin() as connection:  # the index matches the table row for row
-        connection.exec_driver_sql("INSERT INTO entry_fts(entry_fts) VALUES ('integrity-check')")
+    if engine.dialect.name == "sqlite":
+        with engine.begin() as connection:  # the index matches the table row for row
+            connection.exec_driver_sql(
+                "INSERT INTO entry_fts(entry_fts) VALUES ('integrity-check')"
+            )
     with get_session(engine) as session:
         store.delete_conversation(
             session=session, conversation=session.get(Conversation, conversation.id)
@@ -157,11 +166,11 @@ def test_search_follows_edits_and_deletes(engine: Engine) -> None:
 
 
 def test_snippets_are_text_never_markup(engine: Engine) -> None:
-    conversation_with(engine, "t", ("user", "<img src=x onerror=alert(1)> payload"))
+    body = "<img src=x onerror=alert(1)> payload"
+    conversation_with(engine, "t", ("user", body))
     hit = find(engine, "payload")[0]
-    assert (
-        "".join(span["text"] for span in hit["snippet"]) == "<img src=x onerror=alert(1)> payload"
-    )
+    assert "".join(span["text"] for span in hit["snippet"]) == body
+    assert marked(hit) == ["payload"]
 
 
 def test_like_fallback_finds_every_word_with_a_snippet(engine: Engine) -> None:
@@ -173,8 +182,7 @@ def test_like_fallback_finds_every_word_with_a_snippet(engine: Engine) -> None:
         assert _search_like(session, "1_0", 10) == []  # _ and % are not wildcards
 
 
-def test_upgrade_indexes_messages_stored_before_it(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+def test_upgrade_indexes_messages_stored_before_it(url: str) -> None:
     command.upgrade(alembic_config(url), "0003")
     engine = make_engine(url)
     try:
@@ -182,7 +190,7 @@ def test_upgrade_indexes_messages_stored_before_it(tmp_path: Path) -> None:
             connection.exec_driver_sql(
                 "INSERT INTO conversation (title, provider, status, cwd, permission_mode,"
                 " turn_active, last_seq, created_at, updated_at)"
-                " VALUES ('Old', 'demo', 'archived', '/w', 'default', 0, 2,"
+                " VALUES ('Old', 'demo', 'archived', '/w', 'default', FALSE, 2,"
                 " '2026-01-01', '2026-01-01')"
             )
             connection.exec_driver_sql(
