@@ -963,6 +963,7 @@ class Supervisor:
             if runner.compaction is not None:
                 self._remove(session, conversation, runner.compaction)
                 runner.compaction = None
+            runner.compaction_began = None
             runner.tools.clear()
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         # Every tab's sidebar: not running any more, and when it was last active.
@@ -1513,8 +1514,9 @@ class Supervisor:
         while True:
             try:
                 summary = await asyncio.to_thread(agent.compaction_summary, record_id)
-            except OSError:
-                summary = None
+            except Exception:  # an unreadable file: the line stays without a summary
+                log.exception("conversation %s: could not read a compaction summary", cid)
+                return
             if summary or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(delay)
