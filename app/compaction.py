@@ -10,6 +10,8 @@ from typing import Literal
 
 from app.tokens import format_tokens
 
+SUMMARY_LIMIT = 100_000  # characters of an agent's compaction summary kept (a bound only)
+
 Style = Literal["line", "activity"]  # which one a provider uses: providers.compaction_style
 
 
@@ -49,3 +51,10 @@ def failed_text(style: Style, reason: str) -> str | None:
         return None
     short = " ".join(reason.split())[:200] or "unknown reason"
     return f"Context compaction failed: {short}"
+
+
+def clip_summary(text: str) -> str:
+    """An agent's compaction summary as kept: at most SUMMARY_LIMIT characters, marked if cut."""
+    if len(text) <= SUMMARY_LIMIT:
+        return text
+    return text[: SUMMARY_LIMIT - 1] + "…"

@@ -33,6 +33,7 @@ from app.agents.base import (
     CompactionFailed,
     CompactionFinished,
     CompactionStarted,
+    CompactionSummaries,
     MessageDone,
     Notice,
     PermissionDecision,
@@ -47,7 +48,7 @@ from app.agents.base import (
 from app.agents.lifetime import Lifetime
 from app.backup_files import Backups, Job, Outcome
 from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
-from app.compaction import failed_text, finished_text, started_text
+from app.compaction import clip_summary, failed_text, finished_text, started_text
 from app.config import Settings
 from app.db import get_session, wait_until_writable, write_lock_free
 from app.edits import edit_change
@@ -92,6 +93,7 @@ REDELIVERED_LINE = (
 MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
 RECEIPT_WAIT = 15.0  # seconds a restart waits for agent processes left running to say
 RECEIPT_POLL = 0.25
+SUMMARY_WAIT = 30.0  # seconds a compaction's summary is looked for in the agent's own files
 RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
 RETRY_MAX_SECONDS = 30.0
 
@@ -147,6 +149,7 @@ class Runner:
     streaming: dict[str, Streaming] = field(default_factory=dict)
     tools: dict[str, Entry] = field(default_factory=dict)
     compaction: Entry | None = None
+    compaction_began: float | None = None  # time.monotonic() at the compaction's first sign
     questions: dict[int, asyncio.Future[PermissionDecision]] = field(default_factory=dict)
     last_agent_entry: Entry | None = None
     context_report: dict[str, Any] | None = None  # what the agent last said of its window
@@ -183,6 +186,7 @@ class Supervisor:
         self.backups = Backups(settings.resolved_data_dir / "backups", engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
+        self._summary_reads: set[asyncio.Task[None]] = set()
         self.lifetime = Lifetime(settings.resolved_data_dir)  # agents end with this relay
         self.agent_budget = settings.agent_budget  # bytes; read once (MemTotal by default)
 
@@ -201,6 +205,8 @@ class Supervisor:
         self._closing = True
         if self._reaper:
             self._reaper.cancel()
+        for read in self._summary_reads:
+            read.cancel()
         warming = [r.warming for r in self.runners.values() if r.warming and not r.warming.done()]
         for task in warming:  # no agent may start after the ones below are closed
             task.cancel()
@@ -967,6 +973,7 @@ class Supervisor:
             if runner.compaction is not None:
                 self._remove(session, conversation, runner.compaction)
                 runner.compaction = None
+            runner.compaction_began = None
             runner.tools.clear()
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         # Every tab's sidebar: not running any more, and when it was last active.
@@ -1372,6 +1379,7 @@ class Supervisor:
                 case CompactionStarted(trigger=trigger):
                     style = compaction_style(conversation.provider)
                     runner.state = "compacting"
+                    runner.compaction_began = time.monotonic()
                     runner.compaction = self._add(
                         session,
                         conversation,
@@ -1404,6 +1412,7 @@ class Supervisor:
                             session, conversation, "activity", failed, state="error", data=data
                         )
                     runner.compaction = None
+                    runner.compaction_began = None
                     runner.state = "running"
                     self.publish_turn(cid, session)
                 case Notice(text=text, level=level, data=data) if is_retry(event):
@@ -1471,22 +1480,35 @@ class Supervisor:
             "messages_removed": event.messages_removed,
             "tokens_removed": event.tokens_removed,
         }
+        began, runner.compaction_began = runner.compaction_began, None
+        details = {  # what the line's details show (README: "What each compaction did")
+            "duration_ms": (
+                round((time.monotonic() - began) * 1000) if began is not None else event.duration_ms
+            ),
+            "summary": store.storable(clip_summary(event.summary)) if event.summary else None,
+        }
         data = {
             "type": "compaction",
             "trigger": event.trigger,
             "level": "info",
-            **{key: value for key, value in numbers.items() if value is not None},
+            **{key: value for key, value in (numbers | details).items() if value is not None},
         }
         text = finished_text(style, **numbers)
         self.backups.submit(Job(conversation.id or 0, "reset"))  # both rails start over
         if runner.compaction is None:
-            self._add(session, conversation, style, text, data=data)
+            entry = self._add(session, conversation, style, text, data=data)
         else:
-            merged = {**runner.compaction.data, **data}
-            self._save(
-                session, conversation, runner.compaction, text=text, state="done", data=merged
-            )
+            entry = runner.compaction
+            merged = {**entry.data, **data}
+            self._save(session, conversation, entry, text=text, state="done", data=merged)
             runner.compaction = None
+        agent = runner.agent
+        if event.record_id and not event.summary and isinstance(agent, CompactionSummaries):
+            read = asyncio.create_task(
+                self._read_summary(runner.conversation_id, entry.id or 0, agent, event.record_id)
+            )
+            self._summary_reads.add(read)
+            read.add_done_callback(self._summary_reads.discard)
         if event.post_tokens is not None:
             store.update_conversation(
                 session=session, conversation=conversation, context_tokens=event.post_tokens
@@ -1495,6 +1517,40 @@ class Supervisor:
             self._backup_figure(conversation, event.post_tokens)
         runner.state = "running"
         self.publish_turn(runner.conversation_id, session)
+
+    async def _read_summary(
+        self, cid: int, entry_id: int, agent: CompactionSummaries, record_id: str
+    ) -> None:
+        """Add the agent's summary to a compaction line once its own files hold it.
+
+        Claude Code writes its transcript a moment after it reports the compaction: look a few
+        times, then give up (the details then say the agent reported none).
+        """
+        delay, deadline = 0.1, time.monotonic() + SUMMARY_WAIT
+        while True:
+            try:
+                summary = await asyncio.to_thread(agent.compaction_summary, record_id)
+            except Exception:  # an unreadable file: the line stays without a summary
+                log.exception("conversation %s: could not read a compaction summary", cid)
+                return
+            if summary or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        if not summary:
+            log.info("conversation %s: no summary found for compaction %s", cid, record_id)
+            return
+        try:
+            await wait_until_writable(self.engine)
+            with self.session() as session:
+                conversation = store.get_conversation(session=session, conversation_id=cid)
+                entry = store.get_entry(session=session, entry_id=entry_id)
+                if conversation is None or entry is None:
+                    return  # deleted meanwhile
+                data = {**entry.data, "summary": store.storable(clip_summary(summary))}
+                self._save(session, conversation, entry, data=data)
+        except Exception:  # the summary is an extra: never let it reach the turn
+            log.exception("conversation %s: could not store a compaction summary", cid)
 
     def _on_turn_done(
         self, session: Session, runner: Runner, conversation: Conversation, event: TurnDone

@@ -2,6 +2,7 @@
 // the "working" bubble, scrolling that follows new content, and the compaction pills.
 import { h, byId, fmtExact, fmtResult, isBusy } from './util.js';
 import { handoffCard, withContextNote } from './handoff.js';
+import { withDetails } from './compaction.js';
 
 const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
 
@@ -162,9 +163,12 @@ function activityEntry(entry, old, timeline) {
   if (type === 'tool') return toolEntry(entry, old);
   if (type === 'permission') return permissionEntry(entry, timeline);
   if (type === 'handoff') return handoffCard(entry);
-  // SDK compaction and anything newer: a quiet row with its text.
-  return h('div', { class: `activity note${type === 'compaction' ? ' compaction' : ''}`, testid: 'entry-activity' },
-    h('span', { class: 'note-text', dir: 'auto', text: entry.text }), backupRef(entry));
+  // SDK compaction and anything newer: a quiet row with its text (a compaction's opens its details).
+  const compaction = type === 'compaction';
+  const text = h(compaction ? 'button' : 'span', { type: compaction ? 'button' : null, class: 'note-text', dir: 'auto', text: entry.text });
+  const row = h('div', { class: `activity note${compaction ? ' compaction' : ''}`, testid: 'entry-activity' }, text, backupRef(entry));
+  if (compaction) text.dataset.testid = 'compaction-note';
+  return compaction ? withDetails(row, text, entry, old) : row;
 }
 
 /** A compaction's link to the backup written just before it (opened by backups.js). */
@@ -210,15 +214,17 @@ function resendControl(entry, timeline) {
 function lineEntry(entry, old, timeline) {
   const data = entry.data || {};
   const level = ['warning', 'error'].includes(data.level) ? data.level : 'info';
-  const text = h('span', { class: 'line-text', dir: 'auto', text: entry.text });
+  const compaction = data.type === 'compaction'; // its text is a button: it opens the details
+  const text = h(compaction ? 'button' : 'span', { type: compaction ? 'button' : null, class: 'line-text', dir: 'auto', text: entry.text });
   const line = h('div', { class: `line level-${level}`, testid: 'entry-line', role: level === 'error' ? 'alert' : null }, text);
-  if (data.type === 'compaction') {
+  if (compaction) {
     line.classList.add('compaction');
     if (entry.state === 'running') line.classList.add('running');
     text.dataset.testid = 'compaction-line';
     text.title = compactionTitle(entry);
     const ref = backupRef(entry);
     if (ref) text.after(ref);
+    return withDetails(line, text, entry, old);
   }
   if (data.type === 'cut' && data.resend && timeline) line.append(resendControl(entry, timeline));
   return line;

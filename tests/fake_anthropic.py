@@ -6,7 +6,8 @@ Replies (the model answers whatever was asked, so tests can check what reached i
   text block of the last user message, without the CLI's ``<system-reminder>`` parts;
 * a compaction request (its last user message asks for "a detailed summary of the
   conversation so far") gets ``<analysis>…</analysis><summary>FAKE SUMMARY of N
-  messages</summary>`` after ``summary_delay`` seconds, reporting ``summary_input_tokens``;
+  messages</summary>`` after ``summary_delay`` seconds, reporting ``summary_input_tokens``
+  (``summary_text``, when set, is said in the summary block instead);
 * a request whose last message carries a tool_result (and no text) gets
   ``The tool returned: <content>``;
 * markers in the last user message: ``[[BASH:cmd]]`` → a text block plus a ``Bash`` tool_use
@@ -17,7 +18,7 @@ Replies (the model answers whatever was asked, so tests can check what reached i
 Controls, as attributes or through ``POST /_admin`` with a JSON object of the same names:
 ``input_tokens``, ``output_tokens``, ``cache_read``, ``cache_creation`` (the usage every
 reply reports), ``delta_delay`` (seconds before each streamed delta), ``summary_delay``,
-``summary_input_tokens``, ``long_word_delay``; ``fail(*statuses, retry=True)`` (or
+``summary_input_tokens``, ``summary_text``, ``long_word_delay``; ``fail(*statuses, retry=True)`` (or
 ``{"errors": [429], "should_retry": false}``) queues error replies for the next requests.
 Every request is recorded in ``requests`` (path, lowercased headers, JSON body).
 ``tool_calls`` holds (name, input) pairs: each answers one next request (that carries no
@@ -55,6 +56,7 @@ CONTROLS = {
     "delta_delay": float,
     "summary_delay": float,
     "summary_input_tokens": int,
+    "summary_text": str,
     "long_word_delay": float,
 }
 
@@ -85,6 +87,7 @@ class FakeAnthropic(FakeServer):
         self.delta_delay = 0.0
         self.summary_delay = 0.0
         self.summary_input_tokens = 5000
+        self.summary_text = ""
         self.long_word_delay = 0.05
         self.requests: list[Request] = []
         self.tool_calls: deque[tuple[str, dict[str, Any]]] = deque()
@@ -147,7 +150,7 @@ class FakeAnthropic(FakeServer):
         text = last_user_text(body)
         reply: dict[str, Any] = {"wait": 0.0, "word_delay": self.delta_delay, "usage": None}
         if SUMMARY_MARKER in content_text(last.get("content")):
-            summary = f"FAKE SUMMARY of {len(messages) - 1} messages"
+            summary = self.summary_text or f"FAKE SUMMARY of {len(messages) - 1} messages"
             analysis = "<analysis>Fake analysis.</analysis>\n"
             reply.update(wait=self.summary_delay, usage=self._usage(self.summary_input_tokens))
             return reply | {"blocks": [("text", f"{analysis}<summary>{summary}</summary>")]}

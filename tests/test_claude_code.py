@@ -497,7 +497,9 @@ def test_map_compaction_failed_then_compacted() -> None:
     ]
     assert compacted == [
         CompactionStarted(),
-        CompactionFinished("auto", pre_tokens=70_012, post_tokens=2600),
+        CompactionFinished(
+            "auto", pre_tokens=70_012, post_tokens=2600, duration_ms=19, record_id="ec2e10ba"
+        ),
         Usage(70_000, MODEL),
         TextDelta("msg_fake_000004", "You said: turn 3"),
         MessageDone("msg_fake_000004", "You said: turn 3"),

@@ -605,8 +605,11 @@ def test_auto_compaction_line_and_queue_during_compaction(
     assert 70_000 <= pre <= 70_100
     assert post > 0
     assert line["state"] == "done"
-    # (its link to the backup written before it: tests/test_backups_relay.py)
-    assert {k: v for k, v in line["data"].items() if k != "backup"} == {
+    # (its link to the backup written before it: tests/test_backups_relay.py; its time and
+    # summary: tests/test_compaction_details.py)
+    assert {
+        k: v for k, v in line["data"].items() if k not in ("backup", "duration_ms", "summary")
+    } == {
         "level": "info",
         "type": "compaction",
         "trigger": "auto",

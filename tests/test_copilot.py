@@ -882,6 +882,7 @@ def test_mapper_waits_for_compaction_after_idle() -> None:
             post_tokens=8977,
             messages_removed=3,
             tokens_removed=24,
+            summary="FAKE SUMMARY of the conversation.",
         ),
         TurnDone(),
     ]

@@ -83,7 +83,12 @@ def test_demo_compaction_line_and_meter(tmp_path: Path) -> None:
             "trigger": "auto",
             "pre_tokens": 69_000,
             "post_tokens": 3_000,
+            "duration_ms": lines[0]["data"]["duration_ms"],
+            "summary": (
+                "The demo agent's summary of its first 5 turns: it quoted each message back."
+            ),
         }
+        assert lines[0]["data"]["duration_ms"] >= 0
         kinds = [e["kind"] for e in view["timeline"]]
         assert kinds[-3:] == ["user", "line", "agent"]  # above the turn's reply
         assert view["context_tokens"] == 3_000 + 12_000

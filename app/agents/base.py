@@ -70,13 +70,18 @@ class CompactionStarted:
 
 @dataclass(frozen=True)
 class CompactionFinished:
-    """The agent's compaction succeeded; token counts when it reports them."""
+    """The agent's compaction succeeded; token counts (and more) when it reports them."""
 
     trigger: str | None = None
     pre_tokens: int | None = None
     post_tokens: int | None = None
     messages_removed: int | None = None
     tokens_removed: int | None = None
+    duration_ms: int | None = None  # the agent's own figure (the relay times start to end too)
+    summary: str | None = None  # the agent's summary, when its event carries it
+    # Where the agent's own record of this compaction is (Claude Code: the boundary's uuid
+    # in its transcript), for agents that write the summary there: see CompactionSummaries.
+    record_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,14 @@ class Receipts(Protocol):
 
         None when it cannot know (e.g. an agent process of the session still runs).
         """
+
+
+@runtime_checkable
+class CompactionSummaries(Protocol):
+    """An agent that records the summary of each of its compactions where it can be read."""
+
+    def compaction_summary(self, record_id: str) -> str | None:
+        """The summary of the compaction record_id (CompactionFinished), None if not (yet) found."""
 
 
 def received(agent: Agent, session_id: str | None, prompt_id: str, since: float) -> bool | None:

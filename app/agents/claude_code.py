@@ -68,7 +68,7 @@ from app.agents.base import (
     Usage,
 )
 from app.agents.lifetime import die_with_relay
-from app.agents.transcript import prompt_received
+from app.agents.transcript import compaction_summary, prompt_received
 from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
@@ -338,6 +338,8 @@ class EventMapper:
                     trigger=meta.get("trigger"),
                     pre_tokens=meta.get("pre_tokens"),
                     post_tokens=meta.get("post_tokens"),
+                    duration_ms=meta.get("duration_ms"),
+                    record_id=data.get("uuid"),  # its summary follows it in the transcript
                 )
             ]
         return []
@@ -617,6 +619,12 @@ class ClaudeCodeAgent:
     def received(self, session_id: str | None, prompt_id: str, since: float) -> bool | None:
         """Whether the session's transcript records the prompt sent with prompt_id."""
         return prompt_received(self.spec.env, self.spec.cwd, session_id, prompt_id, since)
+
+    def compaction_summary(self, record_id: str) -> str | None:
+        """The summary the CLI wrote after its compact_boundary record_id, from the transcript."""
+        if not self.session_id:
+            return None
+        return compaction_summary(self.spec.env, self.session_id, record_id)
 
     async def turn(self, prompt: str, prompt_id: str | None = None) -> AsyncIterator[AgentEvent]:
         """Run one turn: send prompt (with the uuid prompt_id), yield events until TurnDone."""

@@ -310,7 +310,7 @@ class EventMapper:
         trigger = data.get("trigger") or self._compaction_trigger
         events: list[AgentEvent]
         if data.get("success"):
-            post = data.get("postCompactionTokens")
+            post, summary = data.get("postCompactionTokens"), data.get("summaryContent")
             if isinstance(post, int):
                 self.current_tokens = post
             events = [
@@ -320,6 +320,7 @@ class EventMapper:
                     post_tokens=post,
                     messages_removed=data.get("messagesRemoved"),
                     tokens_removed=data.get("tokensRemoved"),
+                    summary=summary if isinstance(summary, str) else None,
                 )
             ]
         else:

@@ -99,7 +99,13 @@ class DemoAgent:
             yield CompactionStarted(trigger="auto")
             await asyncio.sleep(self.delay * 10)
             before, self.context = self.context, AFTER_COMPACTION
-            yield CompactionFinished(trigger="auto", pre_tokens=before, post_tokens=self.context)
+            summary = (
+                f"The demo agent's summary of its first {self._messages} turns: "
+                "it quoted each message back."
+            )
+            yield CompactionFinished(
+                trigger="auto", pre_tokens=before, post_tokens=self.context, summary=summary
+            )
         # After /compact the prompt carries the summary: act on the new request only.
         lowered = prompt.rsplit(NEW_REQUEST, 1)[-1].lower()
         # ...and on the user's words only, not on a context-watch note after them.

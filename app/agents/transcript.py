@@ -156,3 +156,70 @@ def _skip_line(file: BinaryIO) -> int:
         if chunk.endswith(b"\n"):
             break
     return skipped
+
+
+def _message_text(message: object) -> str | None:
+    """The text of a transcript message: a string, or its text blocks joined."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        return "\n\n".join(t for t in texts if isinstance(t, str)) or None
+    return None
+
+
+def _anchor(record: dict[str, object]) -> str | None:
+    """The uuid a compact_boundary record names for the summary message (absent when none kept)."""
+    meta = record.get("compactMetadata")
+    if not isinstance(meta, dict):
+        return None
+    for key in ("preservedSegment", "preservedMessages"):
+        part = meta.get(key)
+        if isinstance(part, dict) and isinstance(part.get("anchorUuid"), str):
+            return str(part["anchorUuid"])
+    return None
+
+
+def summary_after(lines: Iterator[str], boundary_id: str) -> str | None:
+    """The summary message the CLI wrote after the compact_boundary record boundary_id.
+
+    That is the "user" record marked isCompactSummary whose uuid the boundary names as its
+    anchor or, when it names none, whose parentUuid chain leads back to the boundary. None
+    when the transcript holds no such record (yet): nothing is guessed from the text.
+    """
+    chain: set[str] | None = None  # uuids descending from the boundary, once it is found
+    anchor: str | None = None
+    for line in lines:
+        if chain is None and boundary_id not in line:
+            continue  # most lines before it: no JSON parsing
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if chain is None:
+            if record.get("subtype") == "compact_boundary" and record.get("uuid") == boundary_id:
+                chain, anchor = {boundary_id}, _anchor(record)
+            continue
+        if record.get("subtype") == "compact_boundary":
+            return None  # the next compaction: this one's summary was not written
+        uuid, parent = record.get("uuid"), record.get("parentUuid")
+        child = isinstance(parent, str) and parent in chain
+        summary = record.get("type") == "user" and record.get("isCompactSummary") is True
+        if summary and ((uuid == anchor) if anchor else child):
+            return _message_text(record.get("message")) or None
+        if isinstance(uuid, str) and child:
+            chain.add(uuid)
+    return None
+
+
+def compaction_summary(env: Mapping[str, str], session_id: str, boundary_id: str) -> str | None:
+    """The agent's summary of the compaction boundary_id, read from the session's transcript."""
+    for path in (config_dir(env) / "projects").glob(f"*/{session_id}.jsonl"):
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            found = summary_after(lines, boundary_id)
+        if found is not None:
+            return found
+    return None

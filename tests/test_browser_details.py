@@ -1,0 +1,118 @@
+"""What each compaction did, in Chromium: a compaction line opens to its details.
+
+The real Claude Code CLI compacts against the fake Messages API, whose summary looks like
+HTML: the details show it as text.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests import test_claude_relay as claude_relay
+from tests.browser import Pages, by_id, send_text
+from tests.fake_anthropic import FakeAnthropic
+from tests.relay import LiveRelay
+from tests.test_claude_relay import StartRelay
+
+# The real CLI's fixtures: the fake Messages API, a fresh HOME, relays on tmp_path.
+fake = claude_relay.fake
+home = claude_relay.home
+start = claude_relay.start
+
+PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
+HOSTILE = '<img src=x onerror="window.__pwned = 1"> <b>not bold</b> & <script>x</script>'
+
+
+def compaction_data(live: LiveRelay, cid: int, *keys: str) -> dict[str, Any]:
+    """Poll until the compaction line holds these data keys (summary and backup come later)."""
+    deadline = time.monotonic() + 60
+    while True:
+        lines = [
+            e
+            for e in live.get(cid)["timeline"]
+            if e["kind"] == "line" and e["data"].get("type") == "compaction"
+        ]
+        if lines and all(key in lines[0]["data"] for key in keys):
+            return dict(lines[0]["data"])
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the compaction line never held {keys}: {lines}")
+        time.sleep(0.1)
+
+
+def test_compaction_line_opens_to_its_details_with_the_summary_as_text(
+    pages: Pages, start: StartRelay, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "100000")
+    fake.input_tokens = 70_000
+    fake.summary_text = HOSTILE
+    live = start()
+    cid = live.create(provider="claude", title="Details")["id"]
+    for text in ("turn 1", "turn 2"):
+        live.send(cid, text)
+        live.wait_idle(cid, timeout=60)
+
+    page = pages.open(live, f"/c/{cid}")
+    fake.summary_delay = 2.0  # long enough to open the line while it runs
+    send_text(page, "turn 3")
+    line = by_id(page, "compaction-line")
+    details = by_id(page, "compaction-details")
+    expect(line).to_have_text("Compacting context…")
+    expect(details).to_be_hidden()
+    expect(line).to_have_attribute("aria-expanded", "false")
+    line.click()
+    expect(details).to_be_visible()
+    expect(line).to_have_attribute("aria-expanded", "true")
+    expect(by_id(page, "compaction-took")).to_have_text("still running…")
+
+    # It ends, the backup and the summary arrive: the open details follow, still open.
+    data = compaction_data(live, cid, "summary", "backup")
+    expect(line).to_have_text(re.compile(r"^Context compacted · 70k → "))
+    expect(details).to_be_visible()
+    expect(by_id(page, "compaction-before")).to_have_text(f"{data['pre_tokens']:,}")
+    expect(by_id(page, "compaction-after")).to_have_text(f"{data['post_tokens']:,}")
+    expect(by_id(page, "compaction-took")).to_have_text(f"{data['duration_ms'] / 1000:.1f} s")
+    assert data["duration_ms"] >= 2000
+    summary = by_id(page, "compaction-summary")
+    expect(summary).to_contain_text(f"Summary:\n{HOSTILE}\n")
+    expect(summary).to_have_text(data["summary"])
+    expect(summary.locator("img, b, script")).to_have_count(0)
+    assert page.evaluate("window.__pwned") is None
+
+    # The backup written just before it opens from the details.
+    link = by_id(page, "compaction-details-backup").get_by_role("link")
+    expect(link).to_have_text(data["backup"])
+    link.click()
+    expect(by_id(page, "backup-title")).to_have_text(data["backup"])
+    by_id(page, "backup-close").click()
+
+    # A fresh page (from the snapshot), by keyboard: Enter opens and closes the details.
+    fresh = pages.open(live, f"/c/{cid}")
+    line = by_id(fresh, "compaction-line")
+    details = by_id(fresh, "compaction-details")
+    expect(details).to_be_hidden()
+    box = line.bounding_box()
+    assert box is not None and box["height"] >= 24, box  # a real target on a desktop too
+    line.focus()
+    fresh.keyboard.press("Enter")
+    expect(details).to_be_visible()
+    expect(by_id(fresh, "compaction-summary")).to_have_text(data["summary"])
+    expect(by_id(fresh, "compaction-summary").locator("img, b, script")).to_have_count(0)
+    fresh.keyboard.press("Enter")
+    expect(details).to_be_hidden()
+    expect(line).to_have_attribute("aria-expanded", "false")
+    assert fresh.evaluate("window.__pwned") is None
+
+    # A touch target on a phone: a tap opens it.
+    phone = pages.open(live, f"/c/{cid}", **PHONE)
+    line = by_id(phone, "compaction-line")
+    box = line.bounding_box()
+    assert box is not None and box["height"] >= 24, box
+    line.tap()
+    expect(by_id(phone, "compaction-details")).to_be_visible()
+    expect(by_id(phone, "compaction-summary")).to_have_text(data["summary"])
+    pages.assert_clean()
