@@ -24,7 +24,7 @@ from app.hub import Hub
 from app.limits import BodyLimit
 from app.models import Conversation
 from app.resources import resource_dir
-from app.routes import api, backups, pages, search, ws
+from app.routes import api, backups, pages, search, steer, ws
 from app.security import (
     LOOPBACK_HOSTS,
     SECURITY_HEADERS,
@@ -124,6 +124,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api.router)
     app.include_router(search.router)
     app.include_router(backups.router)
+    app.include_router(steer.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")
