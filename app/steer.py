@@ -168,5 +168,6 @@ def apply_edit(plan: Plan, edited: str | None) -> Plan:
     text = cut_carry(edited)
     if text == plan.summary:
         return plan
-    plan.summary, plan.edited = text, True
+    # The text is the user's now: no message is listed as carried (pins stay pinned).
+    plan.summary, plan.edited, plan.carried = text, True, []
     return plan

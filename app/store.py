@@ -152,8 +152,8 @@ def save_entry(
         setattr(entry, name, value)
     after = (entry.conversation_id, is_message(entry.kind, entry.state))
     if before != after:
-        _count_messages(session, before[0], -before[1])
-        _count_messages(session, after[0], after[1])
+        _count_messages(session, before[0], -int(before[1]))  # PostgreSQL adds no booleans
+        _count_messages(session, after[0], int(after[1]))
     session.add(entry)
     conversation.last_seq = max(conversation.last_seq, event_seq)
     session.add(conversation)

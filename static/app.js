@@ -7,6 +7,7 @@ import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
 import { Search } from './search.js';
 import { ConvActions, convMeta } from './keep.js';
+import { CarryRecords, CompactPreview, Pins } from './steer.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -93,7 +94,13 @@ const timeline = new Timeline({
     if (state.current === cur && data && data.id != null) timeline.upsert(data);
   },
   onLoadEarlier: () => loadEarlier(),
+  onPin: (entry, on) => pins.toggle(entry.id, on),
 });
+const pins = new Pins({
+  changed: (ids, editable) => timeline.setPins(ids, editable),
+  error: (message) => toast(message),
+});
+const carryRecords = new CarryRecords();
 
 const contextModal = new ContextModal({
   onSave: async (id, value) => {
@@ -252,7 +259,9 @@ function onConversationEvent(message) {
     case 'turn': setTurn(message.turn); break;
     case 'agent': setAgent(message.agent); break;
     case 'conversation': onConversation(message.conversation); break;
+    case 'pins': pins.set(cur.id, message.pins || []); break;
     case 'compacted':
+      if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       onConversation(message.into);
       navigate(message.into.id);
       break;
@@ -588,6 +597,9 @@ function renderChrome() {
     link.textContent = earlier && earlier.title ? `Compacted from “${earlier.title}”` : 'Compacted from an earlier conversation';
   }
 
+  if (pins.convId !== conv.id || pins.editable === archived) pins.load(conv.id, !archived);
+  carryRecords.show(conv);
+
   byId('archived-notice').hidden = !archived;
   const into = byId('compacted-into-link');
   into.hidden = conv.compacted_into_id == null;
@@ -744,8 +756,7 @@ function trySend() {
   if (!cur || !cur.loaded || sending || isArchived(cur.conv) || !text.trim()) return;
   closeMenu();
   if (text.trim() === '/compact') {
-    compactDialog.dataset.conv = String(cur.id);
-    dialogs.open(compactDialog, byId('compact-confirm'));
+    compactPreview.open(cur.id); // the preview: the exact carry-over, editable (steer.js)
     return;
   }
   if (text.trim() === '/clear') {
@@ -886,14 +897,18 @@ byId('composer').addEventListener('submit', (e) => {
 
 // ---- dialogs: /compact confirmation, new conversation ------------------------------------------
 
-const compactDialog = byId('compact-dialog');
-dialogs.register(compactDialog);
-byId('compact-cancel').addEventListener('click', () => dialogs.close(compactDialog));
-byId('compact-confirm').addEventListener('click', () => {
-  dialogs.close(compactDialog);
-  // Only for the conversation it was asked about (another tab may have moved this one on).
-  const cur = state.current;
-  if (cur && cur.loaded && String(cur.id) === compactDialog.dataset.conv) postMessage(input.value.trim());
+dialogs.register(byId('compact-dialog'));
+// Confirmed for the conversation it was asked about (another tab may have moved it on: 409).
+const compactPreview = new CompactPreview(dialogs, {
+  compacted: (convId, into) => {
+    state.drafts.delete(convId);
+    if (state.current && state.current.id === convId && input.value.trim() === '/compact') {
+      input.value = '';
+      autosize();
+    }
+    onConversation(into);
+    navigate(into.id, { focus: true });
+  },
 });
 
 // /clear (typed, or the bar's Start fresh): confirmed, for the conversation it was asked about.
