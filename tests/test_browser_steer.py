@@ -75,8 +75,9 @@ def test_preview_edit_confirm_and_the_record(pages: Pages, relay: LiveRelay) -> 
     by_id(page, "compacted-from-link").click()
     expect(page).to_have_url(f"{relay.base}/c/{cid}")
     into = by_id(page, "carry-into")
-    expect(into.get_by_test_id("carry-summary")).to_contain_text("Carried on: the edited carry-over.")
-    into.get_by_test_id("carry-summary").click()
+    summary = into.get_by_test_id("carry-summary")
+    expect(summary).to_contain_text("Carried on: the edited carry-over.")
+    summary.click()
     expect(into.get_by_test_id("record-text")).to_have_text("Keep only this: the trip is in May.")
     pages.assert_clean()
 

@@ -265,7 +265,7 @@ def test_pin_errors_store_nothing(relay: LiveRelay) -> None:
     cid = relay.create(title="A")["id"]
     other = relay.create(title="B")["id"]
     view = talk(relay, cid, "use a tool")
-    tool_only = [e for e in view["timeline"] if e["kind"] == "activity"][0]
+    tool_only = next(e for e in view["timeline"] if e["kind"] == "activity")
     base = f"/api/conversations/{cid}/pins"
     assert (
         relay.http.put(f"/api/conversations/{other}/pins/{messages(view)[0]['id']}").status_code
