@@ -760,7 +760,7 @@ function trySend() {
     return;
   }
   if (text.trim() === '/clear') {
-    clearDialog.open(cur.id);
+    openClear(cur.id);
     return;
   }
   postMessage(text);
@@ -918,6 +918,11 @@ const clearDialog = new ClearDialog(dialogs, (convId) => {
   if (input.value.trim() === '/clear') input.value = '/clear';
   postMessage('/clear');
 });
+/** Ask the /clear question, saying which pinned messages go along (SPEC §8). */
+function openClear(convId) {
+  clearDialog.open(convId);
+  pins.describe(byId('clear-pins'));
+}
 const handoffSection = new HandoffSection();
 byId('context-button').addEventListener('click', () => {
   const cur = state.current;
@@ -930,7 +935,7 @@ byId('watch-handoff').addEventListener('click', () => {
 });
 byId('watch-fresh').addEventListener('click', () => {
   const cur = state.current;
-  if (cur && cur.loaded && !isArchived(cur.conv)) clearDialog.open(cur.id);
+  if (cur && cur.loaded && !isArchived(cur.conv)) openClear(cur.id);
 });
 
 const newDialog = byId('new-dialog');

@@ -60,6 +60,13 @@ export class Pins {
     this.hooks.changed(new Set(pins.map((pin) => pin.entry_id)), this.editable);
   }
 
+  /** Say in a dialog that the pins go along (/clear); hidden when there are none. */
+  describe(el) {
+    const count = this.pins.length;
+    el.textContent = count === 1 ? 'The pinned message is carried too.' : `The ${count} pinned messages are carried too.`;
+    el.hidden = count === 0;
+  }
+
   async toggle(entryId, on) {
     const convId = this.convId;
     try {

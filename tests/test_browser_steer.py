@@ -161,3 +161,27 @@ def test_a_stale_confirm_in_the_other_tab_is_told(pages: Pages, relay: LiveRelay
     (refused,) = [p for p in pages.problems if "status of 409" in p]
     pages.problems.remove(refused)  # Chromium logs the refused confirmation; nothing else may show
     pages.assert_clean()
+
+
+def test_clear_carries_the_pins_and_says_so(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Clear pins")["id"]
+    talk(relay, cid, "keep this")
+    page = pages.open(relay, f"/c/{cid}")
+    user_bubble(page, "keep this").get_by_test_id("pin-toggle").click()
+    expect(by_id(page, "pins").get_by_test_id("pin")).to_have_count(1)
+    send_text(page, "/clear")
+    expect(by_id(page, "clear-status")).to_have_text(
+        "No handoff was saved; the new conversation starts empty."
+    )
+    expect(by_id(page, "clear-pins")).to_have_text("The pinned message is carried too.")
+    by_id(page, "clear-confirm").click()
+    new = relay.wait_for(cid, lambda v: v["compacted_into_id"] is not None)["compacted_into_id"]
+    expect(page).to_have_url(f"{relay.base}/c/{new}")
+    expect(by_id(page, "pins").get_by_test_id("pin")).to_have_text(["You: keep this Unpin"])
+    expect(by_id(page, "pending-summary-text")).to_have_js_property(
+        "textContent", "Conversation: Clear pins\nPinned:\n- keep this"
+    )
+    expect(by_id(page, "carry-from").get_by_test_id("carry-summary")).to_have_text(
+        "Carried here: 1 pinned. Left out: 1 message."
+    )
+    pages.assert_clean()
