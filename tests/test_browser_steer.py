@@ -185,3 +185,24 @@ def test_clear_carries_the_pins_and_says_so(pages: Pages, relay: LiveRelay) -> N
         "Carried here: 1 pinned. Left out: 1 message."
     )
     pages.assert_clean()
+
+
+def test_markup_in_pins_preview_and_record_stays_text(pages: Pages, relay: LiveRelay) -> None:
+    evil = '<img src=x onerror="window.__pwned=1"> **bold**'
+    cid = relay.create(title="Markup")["id"]
+    talk(relay, cid, evil)
+    page = pages.open(relay, f"/c/{cid}")
+    user_bubble(page, "onerror").get_by_test_id("pin-toggle").click()
+    pin_line = by_id(page, "pins").get_by_test_id("pin")
+    expect(pin_line).to_have_text(f"You: {evil} Unpin")
+    ask_compact(page)
+    expect(by_id(page, "compact-carry")).to_have_value(re.compile(r"\nPinned:\n- <img src=x"))
+    by_id(page, "compact-confirm").click()
+    expect(by_id(page, "compact-dialog")).to_be_hidden()
+    expect(by_id(page, "pins").get_by_test_id("pin")).to_have_text(f"You: {evil} Unpin")
+    by_id(page, "carry-from").get_by_test_id("carry-summary").click()
+    expect(by_id(page, "carry-from").get_by_test_id("record-pin")).to_have_text(f"You: {evil}")
+    for place in ("pins", "carry-from"):
+        expect(by_id(page, place).locator("img")).to_have_count(0)
+    assert page.evaluate("window.__pwned") is None
+    pages.assert_clean()
