@@ -143,6 +143,8 @@ def save_entry(
     *, session: Session, entry: Entry, conversation: Conversation, event_seq: int, **changes: Any
 ) -> Entry:
     """Change an entry; event_seq (the change's number) becomes the conversation's last."""
+    # In the session first: an entry a failed write expired reloads its stored values here.
+    session.add(entry)
     before = (entry.conversation_id, is_message(entry.kind, entry.state))
     for name, value in changes.items():
         if name == "data":
@@ -163,6 +165,7 @@ def save_entry(
 
 def delete_entry(*, session: Session, entry: Entry) -> None:
     """Remove an entry from the timeline."""
+    session.add(entry)  # as in save_entry: an expired entry reloads in the session
     if is_message(entry.kind, entry.state):
         _count_messages(session, entry.conversation_id, -1)
     session.delete(entry)

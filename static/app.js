@@ -516,6 +516,7 @@ function showConversation(data, { keepScroll }) {
   state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
   renderLists();
   showView('chat');
+  pins.load(conv.id, !isArchived(conv)); // again on a snapshot: a pins event may have been missed
   renderChrome();
   timeline.reset(entries || [], Boolean(hasMore), { keepScroll });
   setTurn(turn || IDLE);

@@ -31,9 +31,10 @@ export class Pins {
 
   /** A conversation opened: show its pins (read-only when archived). */
   async load(convId, editable) {
+    const same = this.convId === convId;
     this.convId = convId;
     this.editable = editable;
-    this.set(convId, []);
+    this.set(convId, same ? this.pins : []); // the same conversation's pins stay until the answer
     const ticket = ++this.loading;
     try {
       const { data } = await api(`/api/conversations/${convId}/pins`);
