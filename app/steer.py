@@ -29,10 +29,6 @@ CarryKind = Literal["compact", "clear", "backup"]
 STALE = "The conversation changed since this preview; check the new one and confirm again."
 
 
-class StalePreview(Exception):
-    """The carry-over a preview showed is no longer what /compact would carry."""
-
-
 def role_of(entry: Entry) -> Literal["user", "agent"]:
     """A message entry's role."""
     return "user" if entry.kind == "user" else "agent"

@@ -553,15 +553,13 @@ class Supervisor:
         carry replaces the summary: a backup's carry-over ("Start fresh from this backup").
         With handoff (/clear) the carry-over is the project's latest handoff, or nothing.
         Pins head every carry-over and move to the successor (SPEC §8); edited is the user's
-        own carry-over, revision the preview's (StalePreview when it no longer holds).
+        own carry-over, revision the preview's (refused, steer.STALE, when it no longer holds).
         Its queued messages move into the successor (same transaction); its agent process
         stops now, or once its running turn ends (a running turn is neither awaited nor
         stopped, SPEC §2).
         """
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it cannot be compacted again.")
-        if carry is None:
-            self._backup_before(conversation, PRECOMPACT_MANUAL)
         old_id = conversation.id or 0
         with self.session() as session:
             session.add(conversation)
@@ -572,7 +570,9 @@ class Supervisor:
             else:
                 plan = steer.plan_compact(session, conversation)
             if revision is not None and revision != plan.revision:
-                raise ConversationError(steer.STALE)
+                raise ConversationError(steer.STALE)  # before the backup: a refusal writes nothing
+            if carry is None:
+                self._backup_before(conversation, PRECOMPACT_MANUAL)
             plan = steer.apply_edit(plan, edited)
             try:
                 new = store.compact_conversation(
