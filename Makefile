@@ -63,12 +63,12 @@ postgresql:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "postgresql is missing" >&2; exit 1; }
 
 # Run a second time against PostgreSQL: the storage, migration, API (HTTP, WebSocket, schema
-# fuzz), supervisor, reliability, import, search and archive tests and tests/test_postgres.py, on a
+# fuzz), supervisor, reliability, import, search, archive and steer tests and tests/test_postgres.py, on a
 # server the run starts and stops itself (tests/postgres.py).
 POSTGRES_TESTS := tests/test_store.py tests/test_migrations.py tests/test_api.py tests/test_ws.py \
 	tests/test_schema_fuzz.py tests/test_supervisor.py tests/test_reliability.py \
 	tests/test_postgres.py tests/test_import.py tests/test_search.py tests/test_archive.py \
-	tests/test_archive_relay.py
+	tests/test_archive_relay.py tests/test_steer_api.py tests/test_steer_store.py
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check app tests bench alembic/env.py

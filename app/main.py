@@ -24,7 +24,7 @@ from app.hub import Hub
 from app.limits import BodyLimit
 from app.models import Conversation
 from app.resources import resource_dir
-from app.routes import api, backups, imports, pages, search, ws
+from app.routes import api, backups, imports, pages, search, steer, ws
 from app.security import (
     LOOPBACK_HOSTS,
     SECURITY_HEADERS,
@@ -125,6 +125,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(search.router)
     app.include_router(backups.router)
     app.include_router(imports.router)
+    app.include_router(steer.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")

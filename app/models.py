@@ -81,6 +81,12 @@ class Conversation(SQLModel, table=True):
     turn_active: bool = False  # a turn was running: lets a restart tell it was cut short
     # The highest sequence number stored for this conversation.
     last_seq: int = Field(default=0, sa_type=BigInt)
+    # User and agent messages that reached the agent (not queued): the /compact preview's
+    # "older ones" without counting a long conversation (kept by app/store.py, migration 0006).
+    message_count: int = Field(default=0, sa_type=BigInt)
+    # What the /compact, /clear or fresh start that made this conversation carried and left
+    # out (app/steer.py); None for a conversation that was not compacted from another.
+    carry: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -102,6 +108,26 @@ class Entry(SQLModel, table=True):
     text: str = ""
     state: str = "done"  # user: queued|sent; agent: streaming|done|interrupted; line: running|done
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Pin(SQLModel, table=True):
+    """A pinned message, held by a conversation; a compaction copies its pins to the successor.
+
+    The message's text is copied: a pin stays whole even when its conversation is deleted.
+    """
+
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "entry_id", name="uq_pin_conversation_entry"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
+    conversation_id: int = Field(foreign_key="conversation.id", sa_type=BigInt)
+    entry_id: int = Field(sa_type=BigInt)  # the pinned message (maybe of an ancestor)
+    source_id: int = Field(sa_type=BigInt)  # the conversation the message was written in
+    source_seq: int = Field(sa_type=BigInt)
+    role: str  # user | agent
+    text: str
     created_at: datetime = Field(default_factory=utcnow)
 
 

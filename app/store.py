@@ -9,10 +9,26 @@ from sqlalchemy import bindparam, delete, func, update
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
-from app.models import Conversation, Entry, Handoff, utcnow
+from app.models import Conversation, Entry, Handoff, Pin, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
+MAX_PINS = 50  # per conversation: 3,500 characters hold about 13 whole pins anyway
+
+
+def is_message(kind: str, state: str) -> bool:
+    """True for what conversation.message_count counts: a message that reached the agent."""
+    return kind in MESSAGE_KINDS and state != "queued"
+
+
+def _count_messages(session: Session, conversation_id: int, delta: int) -> None:
+    """Add delta to a conversation's message count, in SQL (no stale copy can undo another)."""
+    if delta:
+        session.connection().execute(
+            update(Conversation)
+            .where(col(Conversation.id) == conversation_id)
+            .values(message_count=col(Conversation.message_count) + delta)
+        )
 
 
 class AlreadyArchived(Exception):
@@ -112,6 +128,8 @@ def add_entry(
         data=data or {},
     )
     session.add(entry)
+    if is_message(kind, state):
+        _count_messages(session, conversation.id or 0, 1)
     conversation.last_seq = max(conversation.last_seq, seq)
     if touch:
         conversation.updated_at = utcnow()
@@ -125,12 +143,19 @@ def save_entry(
     *, session: Session, entry: Entry, conversation: Conversation, event_seq: int, **changes: Any
 ) -> Entry:
     """Change an entry; event_seq (the change's number) becomes the conversation's last."""
+    # In the session first: an entry a failed write expired reloads its stored values here.
+    session.add(entry)
+    before = (entry.conversation_id, is_message(entry.kind, entry.state))
     for name, value in changes.items():
         if name == "data":
             value = dict(value)
         elif name == "text":
             value = storable(value)
         setattr(entry, name, value)
+    after = (entry.conversation_id, is_message(entry.kind, entry.state))
+    if before != after:
+        _count_messages(session, before[0], -int(before[1]))  # PostgreSQL adds no booleans
+        _count_messages(session, after[0], int(after[1]))
     session.add(entry)
     conversation.last_seq = max(conversation.last_seq, event_seq)
     session.add(conversation)
@@ -140,6 +165,9 @@ def save_entry(
 
 def delete_entry(*, session: Session, entry: Entry) -> None:
     """Remove an entry from the timeline."""
+    session.add(entry)  # as in save_entry: an expired entry reloads in the session
+    if is_message(entry.kind, entry.state):
+        _count_messages(session, entry.conversation_id, -1)
     session.delete(entry)
     session.commit()
 
@@ -257,12 +285,18 @@ def latest_handoff(*, session: Session, cwd: str) -> Handoff | None:
 
 
 def compact_conversation(
-    *, session: Session, old: Conversation, summary: str | None, title: str
+    *,
+    session: Session,
+    old: Conversation,
+    summary: str | None,
+    title: str,
+    carry: dict[str, Any] | None = None,
 ) -> Conversation:
     """Archive old and create its successor with the pending summary, in one transaction.
 
     The old conversation's undelivered (queued) messages move into the successor, in order:
     an archived conversation never runs a turn, and the first of them carries the summary.
+    Its pins are copied to the successor; carry is the record of what was carried.
     """
     new = Conversation(
         title=title,
@@ -274,6 +308,7 @@ def compact_conversation(
         model_window=old.model_window,
         pending_summary=summary,
         compacted_from_id=old.id,
+        carry=carry,
     )
     session.add(new)
     session.flush()  # gives new its id, still inside the transaction
@@ -297,6 +332,10 @@ def compact_conversation(
         session.add(entry)
     new.last_seq = len(queued)
     session.add(new)
+    for pin in list_pins(session=session, conversation_id=old.id or 0):
+        session.add(
+            Pin(**pin.model_dump(exclude={"id", "conversation_id"}), conversation_id=new.id)
+        )
     session.commit()
     session.refresh(new)
     return new
@@ -328,8 +367,79 @@ def delete_conversation(*, session: Session, conversation: Conversation) -> None
         session.connection().execute(
             update(Conversation).where(col(link) == conversation_id).values({link.key: None})
         )
+    session.connection().execute(delete(Pin).where(col(Pin.conversation_id) == conversation_id))
     session.connection().execute(delete(Entry).where(col(Entry.conversation_id) == conversation_id))
     session.connection().execute(
         delete(Conversation).where(col(Conversation.id) == conversation_id)
     )
     session.commit()
+
+
+def count_messages(*, session: Session, conversation_id: int) -> int:
+    """The conversation's message count as stored now (one row read, never a count)."""
+    query = select(Conversation.message_count).where(Conversation.id == conversation_id)
+    return int(session.exec(query).one())
+
+
+def list_pins(*, session: Session, conversation_id: int) -> list[Pin]:
+    """A conversation's pins, oldest message first (ancestors' before its own)."""
+    query = (
+        select(Pin)
+        .where(Pin.conversation_id == conversation_id)
+        .order_by(col(Pin.source_id), col(Pin.source_seq), col(Pin.id))
+        .limit(MAX_PINS)
+    )
+    return list(session.exec(query))
+
+
+def count_pins(*, session: Session, conversation_id: int) -> int:
+    """How many pins a conversation holds."""
+    query = select(func.count()).where(Pin.conversation_id == conversation_id)
+    return int(session.exec(query).one())
+
+
+def add_pin(*, session: Session, conversation: Conversation, entry: Entry, role: str) -> Pin:
+    """Pin a message of the conversation (its text copied); pinning twice keeps one pin."""
+    query = select(Pin).where(Pin.conversation_id == conversation.id, Pin.entry_id == entry.id)
+    found = session.exec(query).first()
+    if found is not None:
+        return found
+    pin = Pin(
+        conversation_id=conversation.id or 0,
+        entry_id=entry.id or 0,
+        source_id=entry.conversation_id,
+        source_seq=entry.seq,
+        role=role,
+        text=entry.text,
+    )
+    session.add(pin)
+    session.commit()
+    session.refresh(pin)
+    return pin
+
+
+def remove_pin(*, session: Session, conversation_id: int, entry_id: int) -> bool:
+    """Unpin a message in a conversation; False when it was not pinned there."""
+    result = session.connection().execute(
+        delete(Pin).where(
+            col(Pin.conversation_id) == conversation_id, col(Pin.entry_id) == entry_id
+        )
+    )
+    session.commit()
+    return bool(result.rowcount)
+
+
+def message_lines(
+    *, session: Session, conversation_id: int, before_seq: int | None, limit: int
+) -> list[Entry]:
+    """The newest `limit` messages that reached the agent before a seq, oldest first."""
+    found: list[Entry] = []
+    for kind in MESSAGE_KINDS:
+        query = select(Entry).where(
+            Entry.conversation_id == conversation_id, Entry.kind == kind, Entry.state != "queued"
+        )
+        if before_seq is not None:
+            query = query.where(Entry.seq < before_seq)
+        found.extend(session.exec(query.order_by(col(Entry.seq).desc()).limit(limit)))
+    found.sort(key=lambda entry: entry.seq)
+    return found[-limit:]

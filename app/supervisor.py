@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
-from app import archive, store
+from app import archive, steer, store
 from app.agent_memory import Live, largest, to_stop, tree_rss
 from app.agents.base import (
     Activity,
@@ -55,10 +55,8 @@ from app.edits import edit_change
 from app.handoff import (
     HANDOFF_REQUEST,
     HandoffText,
-    carry_over,
     context_note,
     first_message,
-    handoff_text,
     is_handoff_command,
     parse_handoff,
     saved_text,
@@ -69,7 +67,6 @@ from app.limits import give_back_memory
 from app.live_render import LiveRender
 from app.models import Conversation, Entry, Handoff
 from app.providers import agent_env, compaction_style, make_agent
-from app.summary import SummaryMessage, build_summary
 from app.titles import compacted_title
 from app.tools import ToolResult, relay_tools
 from app.views import conversation_view, effective_window, entry_view
@@ -549,37 +546,47 @@ class Supervisor:
         return entry
 
     def compact(
-        self, conversation: Conversation, *, carry: str | None = None, handoff: bool = False
+        self,
+        conversation: Conversation,
+        *,
+        carry: str | None = None,
+        handoff: bool = False,
+        edited: str | None = None,
+        revision: str | None = None,
     ) -> Conversation:
         """Archive a conversation and open its successor with a carry-over summary.
 
         carry replaces the summary: a backup's carry-over ("Start fresh from this backup").
         With handoff (/clear) the carry-over is the project's latest handoff, or nothing.
+        Pins head every carry-over and move to the successor (SPEC §8); edited is the user's
+        own carry-over, revision the preview's (refused, steer.STALE, when it no longer holds).
         Its queued messages move into the successor (same transaction); its agent process
         stops now, or once its running turn ends (a running turn is neither awaited nor
         stopped, SPEC §2).
         """
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it cannot be compacted again.")
-        if carry is None:
-            self._backup_before(conversation, PRECOMPACT_MANUAL)
         old_id = conversation.id or 0
         with self.session() as session:
             session.add(conversation)
-            messages = store.recent_messages(session=session, conversation_id=old_id)
-            summary: str | None = carry or build_summary(
-                conversation.title,
-                [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
-            )
-            if handoff:  # /clear: the project's latest handoff instead, or nothing
-                latest = store.latest_handoff(session=session, cwd=conversation.cwd)
-                summary = carry_over(handoff_text(latest)) if latest is not None else None
+            if handoff or carry is not None:
+                plan = steer.plan_fresh(
+                    session, conversation, carry, "clear" if handoff else "backup"
+                )
+            else:
+                plan = steer.plan_compact(session, conversation)
+            if revision is not None and revision != plan.revision:
+                raise ConversationError(steer.STALE)  # before the backup: a refusal writes nothing
+            if carry is None:
+                self._backup_before(conversation, PRECOMPACT_MANUAL)
+            plan = steer.apply_edit(plan, edited)
             try:
                 new = store.compact_conversation(
                     session=session,
                     old=conversation,
-                    summary=summary,
+                    summary=plan.summary,
                     title=compacted_title(conversation.title),
+                    carry=plan.record(old_id),
                 )
             except store.AlreadyArchived as error:  # another relay process compacted it first
                 raise ConversationError(

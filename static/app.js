@@ -8,6 +8,7 @@ import { Backups } from './backups.js';
 import { Search } from './search.js';
 import { ConvActions, convMeta } from './keep.js';
 import { Imports, renderResume } from './import.js';
+import { CarryRecords, CompactPreview, Pins } from './steer.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -94,7 +95,13 @@ const timeline = new Timeline({
     if (state.current === cur && data && data.id != null) timeline.upsert(data);
   },
   onLoadEarlier: () => loadEarlier(),
+  onPin: (entry, on) => pins.toggle(entry.id, on),
 });
+const pins = new Pins({
+  changed: (ids, editable) => timeline.setPins(ids, editable),
+  error: (message) => toast(message),
+});
+const carryRecords = new CarryRecords();
 
 const contextModal = new ContextModal({
   onSave: async (id, value) => {
@@ -253,7 +260,9 @@ function onConversationEvent(message) {
     case 'turn': setTurn(message.turn); break;
     case 'agent': setAgent(message.agent); break;
     case 'conversation': onConversation(message.conversation); break;
+    case 'pins': pins.set(cur.id, message.pins || []); break;
     case 'compacted':
+      if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       onConversation(message.into);
       navigate(message.into.id);
       break;
@@ -508,6 +517,7 @@ function showConversation(data, { keepScroll }) {
   state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
   renderLists();
   showView('chat');
+  pins.load(conv.id, !isArchived(conv)); // again on a snapshot: a pins event may have been missed
   renderChrome();
   timeline.reset(entries || [], Boolean(hasMore), { keepScroll });
   setTurn(turn || IDLE);
@@ -588,6 +598,9 @@ function renderChrome() {
     const earlier = state.convs.get(conv.compacted_from_id);
     link.textContent = earlier && earlier.title ? `Compacted from “${earlier.title}”` : 'Compacted from an earlier conversation';
   }
+
+  if (pins.convId !== conv.id || pins.editable === archived) pins.load(conv.id, !archived);
+  carryRecords.show(conv);
 
   byId('archived-notice').hidden = !archived;
   const into = byId('compacted-into-link');
@@ -746,12 +759,11 @@ function trySend() {
   if (!cur || !cur.loaded || sending || isArchived(cur.conv) || !text.trim()) return;
   closeMenu();
   if (text.trim() === '/compact') {
-    compactDialog.dataset.conv = String(cur.id);
-    dialogs.open(compactDialog, byId('compact-confirm'));
+    compactPreview.open(cur.id); // the preview: the exact carry-over, editable (steer.js)
     return;
   }
   if (text.trim() === '/clear') {
-    clearDialog.open(cur.id);
+    openClear(cur.id);
     return;
   }
   postMessage(text);
@@ -888,14 +900,18 @@ byId('composer').addEventListener('submit', (e) => {
 
 // ---- dialogs: /compact confirmation, new conversation ------------------------------------------
 
-const compactDialog = byId('compact-dialog');
-dialogs.register(compactDialog);
-byId('compact-cancel').addEventListener('click', () => dialogs.close(compactDialog));
-byId('compact-confirm').addEventListener('click', () => {
-  dialogs.close(compactDialog);
-  // Only for the conversation it was asked about (another tab may have moved this one on).
-  const cur = state.current;
-  if (cur && cur.loaded && String(cur.id) === compactDialog.dataset.conv) postMessage(input.value.trim());
+dialogs.register(byId('compact-dialog'));
+// Confirmed for the conversation it was asked about (another tab may have moved it on: 409).
+const compactPreview = new CompactPreview(dialogs, {
+  compacted: (convId, into) => {
+    state.drafts.delete(convId);
+    if (state.current && state.current.id === convId && input.value.trim() === '/compact') {
+      input.value = '';
+      autosize();
+    }
+    onConversation(into);
+    navigate(into.id, { focus: true });
+  },
 });
 
 // /clear (typed, or the bar's Start fresh): confirmed, for the conversation it was asked about.
@@ -905,6 +921,11 @@ const clearDialog = new ClearDialog(dialogs, (convId) => {
   if (input.value.trim() === '/clear') input.value = '/clear';
   postMessage('/clear');
 });
+/** Ask the /clear question, saying which pinned messages go along (SPEC §8). */
+function openClear(convId) {
+  clearDialog.open(convId);
+  pins.describe(byId('clear-pins'));
+}
 const handoffSection = new HandoffSection();
 byId('context-button').addEventListener('click', () => {
   const cur = state.current;
@@ -917,7 +938,7 @@ byId('watch-handoff').addEventListener('click', () => {
 });
 byId('watch-fresh').addEventListener('click', () => {
   const cur = state.current;
-  if (cur && cur.loaded && !isArchived(cur.conv)) clearDialog.open(cur.id);
+  if (cur && cur.loaded && !isArchived(cur.conv)) openClear(cur.id);
 });
 
 const newDialog = byId('new-dialog');

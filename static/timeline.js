@@ -230,12 +230,29 @@ function lineEntry(entry, old, timeline) {
   return line;
 }
 
+/** A message's pin: a button in an active conversation, a mark in an archived one (SPEC §8). */
+function pinControl(entry, timeline) {
+  if (!timeline || (entry.kind !== 'user' && entry.kind !== 'agent')) return null;
+  if (isQueued(entry) || entry.state === 'streaming' || !String(entry.text || '').trim()) return null;
+  const pinned = timeline.pinned.has(entry.id);
+  // The words are drawn by CSS (::after): the message's textContent stays its text alone.
+  if (!timeline.pinEditable) {
+    return pinned ? h('span', { class: 'pin-mark', testid: 'pinned-mark', role: 'img', 'aria-label': 'Pinned' }) : null;
+  }
+  return h('button', {
+    type: 'button', class: `pin-btn${pinned ? ' pinned' : ''}`, testid: 'pin-toggle',
+    'aria-pressed': String(pinned), 'aria-label': 'Pin',
+    title: pinned ? 'Unpin: stop carrying this message into compactions' : 'Pin: carry this message into every compaction',
+    onclick: () => timeline.hooks.onPin(entry, !pinned),
+  });
+}
+
 const RENDER = { user: withContextNote(userEntry), agent: agentEntry, activity: activityEntry, line: lineEntry };
 
 // ---- the timeline ------------------------------------------------------------------------------
 
 export class Timeline {
-  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onLoadEarlier() */
+  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onLoadEarlier(), onPin(entry, on) */
   constructor(hooks) {
     this.hooks = hooks;
     this.scroller = byId('timeline');
@@ -249,6 +266,8 @@ export class Timeline {
     this.items = new Map(); // entry id → { entry, el } (el is null for entries not shown)
     this.askedFor = new Map(); // tool id → seq of its permission question
     this.turn = { state: 'idle', queued: 0 };
+    this.pinned = new Set(); // ids of the pinned messages (steer.js)
+    this.pinEditable = false;
     this.stick = true; // follow new content (the user is at the bottom)
     this.fresh = false; // new content arrived since the last frame
     this.frame = 0;
@@ -362,6 +381,18 @@ export class Timeline {
     this.changed(true);
   }
 
+  /** The pinned messages changed (or whether they can change): redraw the messages concerned. */
+  setPins(ids, editable) {
+    const all = editable !== this.pinEditable;
+    const was = this.pinned;
+    this.pinned = ids;
+    this.pinEditable = editable;
+    for (const item of this.items.values()) {
+      const { kind, id } = item.entry;
+      if ((kind === 'user' || kind === 'agent') && (all || was.has(id) !== ids.has(id))) this.draw(item);
+    }
+  }
+
   setTurn(turn) {
     const wasBusy = isBusy(this.turn);
     this.turn = turn || { state: 'idle', queued: 0 };
@@ -415,6 +446,8 @@ export class Timeline {
   build(entry, old) {
     const render = RENDER[entry.kind] || lineEntry;
     const el = render(entry, old, this);
+    const pin = pinControl(entry, this);
+    if (pin) el.append(pin);
     el.classList.add('entry');
     el.dataset.entryId = entry.id;
     el.dataset.seq = entry.seq;

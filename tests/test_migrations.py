@@ -41,6 +41,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
         "entry",
         "handoff",
         "login_session",
+        "pin",
     ]
 
 

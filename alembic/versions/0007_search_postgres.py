@@ -1,7 +1,7 @@
 """full-text search over messages on PostgreSQL (a GIN index over to_tsvector)
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-11-30 22:40:00
 
 An expression index over the user and agent entries' text, which app/search.py queries with
@@ -13,7 +13,7 @@ from alembic import op
 
 
 revision = '0007'
-down_revision = '0005'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 
