@@ -147,6 +147,9 @@ class PushSubscription(SQLModel, table=True):
     session_key: str | None = Field(
         default=None, max_length=64, foreign_key="login_session.key", ondelete="CASCADE"
     )
+    # HMAC of a fixed text keyed with the token it was made under: a new token stops its pushes
+    # (the login_session rows of an old token stay until they expire).
+    token_tag: str | None = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=utcnow)
 
 

@@ -90,6 +90,11 @@ class Notifier:
             return None
         return self.sessions.key(session_id)
 
+    @property
+    def token_tag(self) -> str | None:
+        """A value that changes with the token (None without one): marks a subscription's token."""
+        return None if self.sessions is None else self.sessions.key("push subscriptions")
+
     def presence(self, subscriber: Subscriber, session_key: str | None, visible: bool) -> None:
         """A tab says whether it is visible (document.visibilityState)."""
         if visible:
@@ -150,7 +155,7 @@ class Notifier:
     # -- Web Push --------------------------------------------------------------------------
 
     def targets(self, looking: set[str | None]) -> list[PushSubscription]:
-        """Subscriptions of live sessions (or made without a token) with no visible page."""
+        """Subscriptions of live sessions of this token (or made without one), no page visible."""
         with get_session(self.engine) as session:
             live = select(LoginSession.key).where(LoginSession.expires_at > int(time.time()))
             rows = session.exec(
@@ -163,7 +168,8 @@ class Notifier:
                 )
                 .order_by(PushSubscription.id)  # type: ignore[arg-type]
             ).all()
-        return [row for row in rows if row.session_key not in looking]
+        tag = self.token_tag
+        return [row for row in rows if row.session_key not in looking and row.token_tag == tag]
 
     async def _push(self, body: dict[str, Any], looking: set[str | None]) -> None:
         data = json.dumps(body, ensure_ascii=False).encode()

@@ -378,3 +378,38 @@ def test_static_service_worker_and_manifest(relay: LiveRelay) -> None:
     assert manifest.json()["start_url"] == "/"
     with httpx.Client(base_url=relay.base, timeout=30) as anonymous:
         assert "service-worker-allowed" not in anonymous.get("/static/app.js").headers
+
+
+def test_a_new_token_stops_pushes_to_old_subscriptions(
+    tmp_path: Path, service: tuple[PushLog, str]
+) -> None:
+    log, base = service
+    first = LiveRelay(make_settings(tmp_path / "data", push_loopback_http=True)).start()
+    try:
+        with browser_client(first) as client:
+            subscribe(client, FakeBrowser(f"{base}/push/old"))
+    finally:
+        first.stop()
+    token = "a-new-token-9876543210"
+    settings = make_settings(tmp_path / "data", push_loopback_http=True, token=token)
+    second = LiveRelay(settings).start()
+    try:
+        with httpx.Client(base_url=second.base, timeout=30) as anonymous:
+            login = anonymous.get(f"/?token={token}")
+        cookie = login.headers["set-cookie"].split(";")[0]
+        with browser_client(second, cookie) as client:
+            subscribe(client, FakeBrowser(f"{base}/push/new"))  # sent after old's, if that were
+        conversation = second.http.post(
+            "/api/conversations",
+            json={"provider": "demo"},
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        second.http.post(
+            f"/api/conversations/{conversation['id']}/messages",
+            json={"text": "hello"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        log.wait("/push/new")
+        assert log.to("/push/old") == []
+    finally:
+        second.stop()

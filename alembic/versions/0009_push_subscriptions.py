@@ -25,6 +25,7 @@ def upgrade() -> None:
     sa.Column('p256dh', sqlmodel.sql.sqltypes.AutoString(length=100), nullable=False),
     sa.Column('auth', sqlmodel.sql.sqltypes.AutoString(length=50), nullable=False),
     sa.Column('session_key', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+    sa.Column('token_tag', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
     sa.Column('created_at', sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
     sa.ForeignKeyConstraint(['session_key'], ['login_session.key'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id'),

@@ -91,6 +91,7 @@ async def subscribe(body: PushSubscriptionCreate, request: Request) -> dict[str,
                 )
             row = PushSubscription(endpoint=body.endpoint, p256dh="", auth="")
         row.p256dh, row.auth, row.session_key = body.keys.p256dh, body.keys.auth, session_key
+        row.token_tag = notifier.token_tag
         session.add(row)
         session.commit()
     return {"endpoint": body.endpoint}
