@@ -48,11 +48,10 @@ export class Notify {
     const blocked = Notification.permission === 'denied';
     button.textContent = blocked ? '🔕 Notifications blocked' : this.on ? '🔔 Notifications on' : '🔔 Notify me';
     button.setAttribute('aria-pressed', String(this.on));
-    button.title = blocked
-      ? 'Allow notifications for this site in the browser’s settings, then click again'
-      : this.on
-        ? 'Click to turn notifications off in this browser'
-        : 'Be notified when a turn ends or an agent asks permission in a conversation you are not looking at';
+    if (!window.isSecureContext) button.title = 'Browsers allow notifications only from https:// pages (or localhost)';
+    else if (blocked) button.title = 'Allow notifications for this site in the browser’s settings, then click again';
+    else if (this.on) button.title = 'Click to turn notifications off in this browser';
+    else button.title = 'Be notified when a turn ends or an agent asks permission in a conversation you are not looking at';
   }
 
   async toggle() {

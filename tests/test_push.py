@@ -413,3 +413,20 @@ def test_a_new_token_stops_pushes_to_old_subscriptions(
         assert log.to("/push/old") == []
     finally:
         second.stop()
+
+
+def test_subscriptions_are_bounded(
+    live: LiveRelay, service: tuple[PushLog, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.routes.push.MAX_SUBSCRIPTIONS", 2)  # 200 in use: the same check
+    base = service[1]
+    with browser_client(live) as client:
+        subscribe(client, FakeBrowser(f"{base}/push/1"))
+        subscribe(client, FakeBrowser(f"{base}/push/2"))
+        response = client.post(
+            "/api/push/subscriptions", json=FakeBrowser(f"{base}/push/3").subscription()
+        )
+        assert response.status_code == 409
+        assert "push subscriptions already" in response.json()["detail"]
+        subscribe(client, FakeBrowser(f"{base}/push/2"))  # an existing one is still updated
+    assert stored(live) == [f"{base}/push/1", f"{base}/push/2"]
