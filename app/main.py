@@ -93,6 +93,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            app.state.notifier.mute()
             await supervisor.stop()
             await app.state.notifier.close()
             engine.dispose()

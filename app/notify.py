@@ -80,6 +80,7 @@ class Notifier:
         self._visible: dict[Subscriber, str | None] = {}  # visible tabs: their session's key
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
+        self._muted = False  # the relay is shutting down: the turns it cuts did not "finish"
         hub.watchers.append(self.on_event)
 
     # -- what the pages say ----------------------------------------------------------------
@@ -142,6 +143,8 @@ class Notifier:
 
     def notify(self, kind: str, conversation_id: int, title: str) -> None:
         """Tell the open pages, and push to the browsers with no visible page."""
+        if self._muted:
+            return
         body = payload(kind, conversation_id, title)
         self.hub.broadcast({"type": "notify", **body})
         looking = set(self._visible.values())  # decided now, when it happened
@@ -200,6 +203,10 @@ class Notifier:
         with get_session(self.engine) as session:
             session.exec(delete(PushSubscription).where(PushSubscription.endpoint == endpoint))  # type: ignore[call-overload]
             session.commit()
+
+    def mute(self) -> None:
+        """Notify of nothing from now on (the relay is stopping its turns)."""
+        self._muted = True
 
     async def close(self) -> None:
         """Let pushes under way finish (briefly), then close the HTTP client."""

@@ -430,3 +430,19 @@ def test_subscriptions_are_bounded(
         assert "push subscriptions already" in response.json()["detail"]
         subscribe(client, FakeBrowser(f"{base}/push/2"))  # an existing one is still updated
     assert stored(live) == [f"{base}/push/1", f"{base}/push/2"]
+
+
+def test_shutdown_cutting_a_turn_pushes_nothing(
+    tmp_path: Path, service: tuple[PushLog, str]
+) -> None:
+    log, base = service
+    relay = LiveRelay(make_settings(tmp_path / "data", push_loopback_http=True)).start()
+    try:
+        with browser_client(relay) as client:
+            subscribe(client, FakeBrowser(f"{base}/push/a"))
+        conversation = relay.create()
+        relay.send(conversation["id"], "slow please")
+        relay.wait_for(conversation["id"], lambda view: view["turn"]["state"] == "running")
+    finally:
+        relay.stop()  # interrupts the turn, and waits for the pushes under way
+    assert log.to("/push/a") == []
