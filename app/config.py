@@ -56,11 +56,21 @@ class Settings(BaseSettings):
     # to finish and save one; the 🧠 button turns amber, then red.
     context_soft: int = Field(default=300_000, ge=1)
     context_hard: int = Field(default=500_000, ge=1)
+    # Web Push (app/push.py): extra push service names allowed as endpoints (https), http to
+    # loopback endpoints (tests, a push server on this machine), the contact VAPID sends.
+    push_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    push_loopback_http: bool = False
+    push_contact: str = "mailto:oarlock@localhost"
     demo_delay: float = 0.04  # seconds between the demo agent's streamed pieces
     log_level: str = "info"
 
     @field_validator(
-        "allowed_hosts", "allowed_origins", "trusted_proxies", "workspace_roots", mode="before"
+        "allowed_hosts",
+        "allowed_origins",
+        "trusted_proxies",
+        "workspace_roots",
+        "push_services",
+        mode="before",
     )
     @classmethod
     def _split_list(cls, value: object) -> object:

@@ -150,6 +150,9 @@ class Hub:
         self._published: dict[int, int] = {}  # events published per conversation, ever
         self._waking: dict[int, asyncio.Task[None]] = {}  # conversations holding a wake-up
         self._touched: dict[int, float] = {}  # when each conversation's state was last used
+        # Called with (conversation_id, event) for each published event and (None, event) for
+        # each broadcast one, after the tabs got it (app/notify.py). They must not raise.
+        self.watchers: list[Callable[[int | None, Event], None]] = []
 
     def next_seq(self, conversation_id: int) -> int:
         """Take the next sequence number of a conversation."""
@@ -186,6 +189,8 @@ class Hub:
             for subscriber in followers:
                 subscriber.offer(text, wake=False)
             self._wake_soon(conversation_id)
+        for watch in self.watchers:
+            watch(conversation_id, event)
         return event
 
     def emit(self, conversation_id: int, event: Event) -> Event:
@@ -198,6 +203,8 @@ class Hub:
         text = encode(event)
         for subscriber in self._everyone:
             subscriber.offer(text)
+        for watch in self.watchers:
+            watch(None, event)
 
     def connect(self) -> Subscriber:
         """Register a new tab."""

@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,8 +24,9 @@ from app.db import ensure_private_dir, get_session, make_engine
 from app.hub import Hub
 from app.limits import BodyLimit
 from app.models import Conversation
+from app.notify import Notifier
 from app.resources import resource_dir
-from app.routes import api, backups, imports, pages, search, steer, ws
+from app.routes import api, backups, imports, pages, push, search, steer, ws
 from app.security import (
     LOOPBACK_HOSTS,
     SECURITY_HEADERS,
@@ -46,6 +48,8 @@ class StaticAssets(StaticFiles):
         """Serve a file with Cache-Control: no-cache."""
         response = super().file_response(*args, **kwargs)
         response.headers["cache-control"] = "no-cache"
+        if Path(args[0]).name == "sw.js":  # the service worker serves the whole app, not /static/
+            response.headers["service-worker-allowed"] = "/"
         return response
 
 
@@ -89,7 +93,9 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            app.state.notifier.mute()
             await supervisor.stop()
+            await app.state.notifier.close()
             engine.dispose()
 
     # No Swagger UI or ReDoc: they load scripts from a CDN that the CSP blocks (/docs is ours).
@@ -108,6 +114,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.token = token
     app.state.limiter = FailureLimiter()
     app.state.sessions = None if token is None else Sessions(engine, token)
+    app.state.notifier = Notifier(settings, engine, hub, app.state.sessions)
     app.add_middleware(
         Guard,
         token=token,
@@ -126,6 +133,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(backups.router)
     app.include_router(imports.router)
     app.include_router(steer.router)
+    app.include_router(push.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")

@@ -159,6 +159,26 @@ class Handoff(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+class PushSubscription(SQLModel, table=True):
+    """A browser's Web Push subscription; it ends with the login session it was made in."""
+
+    __tablename__ = "push_subscription"
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
+    endpoint: str = Field(unique=True, max_length=2048)  # the push service's URL for it
+    p256dh: str = Field(max_length=100)  # the browser's public key (base64url)
+    auth: str = Field(max_length=50)  # the browser's auth secret (base64url)
+    # The login session's key (None when the relay runs without a token): logging out, or the
+    # session expiring, deletes the subscription with it.
+    session_key: str | None = Field(
+        default=None, max_length=64, foreign_key="login_session.key", ondelete="CASCADE"
+    )
+    # HMAC of a fixed text keyed with the token it was made under: a new token stops its pushes
+    # (the login_session rows of an old token stay until they expire).
+    token_tag: str | None = Field(default=None, max_length=64)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class HandoffWrite(SQLModel):
     """A handoff the user writes or edits in the 🧠 modal."""
 

@@ -9,6 +9,7 @@ import { Search } from './search.js';
 import { ConvActions, convMeta } from './keep.js';
 import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
+import { Notify } from './notify.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -136,6 +137,12 @@ const convActions = new ConvActions({
   dialogs,
 });
 
+const notify = new Notify({
+  send: (message) => send(message),
+  current: () => (state.current ? state.current.id : null),
+  open: (id) => navigate(id),
+});
+
 // ---- socket ------------------------------------------------------------------------------------
 
 const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false };
@@ -190,6 +197,7 @@ function onSocketMessage(message) {
       socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
       if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
       subscribe(true);
+      notify.sendPresence();
       if (warmPending != null && state.current && state.current.id === warmPending) warmAgent();
       warmPending = null;
       return;
@@ -200,7 +208,11 @@ function onSocketMessage(message) {
     case 'resync':
       subscribe(false);
       return;
+    case 'notify':
+      notify.onNotify(message);
+      return;
     case 'pong':
+    case 'presence':
     case 'warm': // the answer to a warm-up; the agent events that follow say the rest
       return;
     case 'error':
@@ -1082,6 +1094,7 @@ function wire() {
 
 async function boot() {
   wire();
+  notify.start();
   connect();
   loadProviders().catch(() => {});
   try {

@@ -42,6 +42,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
         "handoff",
         "login_session",
         "pin",
+        "push_subscription",
     ]
 
 
@@ -49,7 +50,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0007", "0007")
+    assert (current, head) == ("0008", "0008")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -72,7 +73,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0007"
+        assert MigrationContext.configure(connection).get_current_revision() == "0008"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

@@ -16,6 +16,8 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from app import store
 from app.hub import Event, Subscriber
 from app.limits import fit_snapshot
+from app.notify import Notifier
+from app.security import COOKIE
 from app.supervisor import ConversationError, Supervisor
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
@@ -31,13 +33,15 @@ async def websocket(socket: WebSocket) -> None:
     supervisor: Supervisor = socket.app.state.supervisor
     await socket.accept()
     subscriber = supervisor.hub.connect()
+    notifier: Notifier = socket.app.state.notifier
+    session_key = notifier.session_key(socket.cookies.get(COOKIE))
     try:
         await socket.send_json({"type": "hello", "epoch": supervisor.hub.epoch})
         async with anyio.create_task_group() as group:
 
             async def receive() -> None:
                 with contextlib.suppress(WebSocketDisconnect):
-                    await _receive(socket, supervisor, subscriber)
+                    await _receive(socket, supervisor, subscriber, session_key)
                 group.cancel_scope.cancel()
 
             async def send() -> None:
@@ -49,6 +53,7 @@ async def websocket(socket: WebSocket) -> None:
             group.start_soon(send)
     finally:
         supervisor.hub.disconnect(subscriber)
+        notifier.forget(subscriber)
 
 
 async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
@@ -63,7 +68,9 @@ async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
             return  # a tab that stopped reading is dropped; it reconnects and resyncs
 
 
-async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscriber) -> None:
+async def _receive(
+    socket: WebSocket, supervisor: Supervisor, subscriber: Subscriber, session_key: str | None
+) -> None:
     while True:
         # Read nothing more while this tab has not read what it asked for: a flood of
         # subscribes costs the relay one queue's budget, not a snapshot per frame.
@@ -86,6 +93,11 @@ async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscr
             continue
         if not isinstance(request, dict):
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
+            continue
+        if request.get("type") == "presence":
+            visible = request.get("visible") is True
+            socket.app.state.notifier.presence(subscriber, session_key, visible)
+            subscriber.offer({"type": "presence", "visible": visible})
             continue
         subscriber.offer(_answer(supervisor, subscriber, request))
 
