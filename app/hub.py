@@ -31,13 +31,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from json.encoder import c_make_encoder  # type: ignore[attr-defined]
+from typing import Any, NamedTuple
 
 Event = dict[str, Any]
 
 REPLAY_EVENTS = 2048  # events kept per conversation for reconnecting tabs
 REPLAY_CHARS = 1024 * 1024  # characters of JSON kept per conversation for reconnecting tabs
-SUBSCRIBER_QUEUE = 4096  # events a tab may fall behind before it is dropped
+# Events a tab may fall behind before it is dropped. A queued event costs a tab one pointer
+# (every tab queues the same text), so this bounds time behind more than memory: 16,384
+# deltas are seconds of a fast stream (SOCKET_BUDGET bounds the characters).
+SUBSCRIBER_QUEUE = 16384
 SOCKET_BUDGET = 8 * 1024 * 1024  # characters of JSON one tab's queue may hold
 FRAME_CHARS = 256 * 1024  # a frame takes queued texts up to this many characters (one at least)
 HOLD = 0.0003  # seconds a burst may gather before its tabs are woken (more with many tabs)
@@ -48,13 +52,29 @@ RESYNC = '{"type":"resync","reason":"fell behind"}'
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
+def _unserializable(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# JSONEncoder.encode builds its C encoder again at every call, half the cost of a small
+# event: this one is built once (the same output; events are trees, never circular).
+_C_ENCODE = (
+    c_make_encoder(
+        None, _unserializable, json.encoder.encode_basestring, None, ":", ",", False, False, True
+    )
+    if c_make_encoder is not None
+    else None
+)
+
+
 def encode(event: Event) -> str:
     """An event as the compact JSON text a socket sends."""
-    return _ENCODER.encode(event)
+    if _C_ENCODE is None:  # an interpreter without json's C speedups
+        return _ENCODER.encode(event)
+    return "".join(_C_ENCODE(event, 0))
 
 
-@dataclass(frozen=True, slots=True)
-class Published:
+class Published(NamedTuple):
     """A published event as kept for replay: its seq and its JSON text (not the dict)."""
 
     seq: int
@@ -79,7 +99,7 @@ class Replay:
             self.chars -= len(events.popleft().text)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Subscriber:
     """One tab's view: a bounded queue of JSON texts the socket's sender drains."""
 
@@ -92,28 +112,36 @@ class Subscriber:
 
     def offer(self, message: Event | str, *, wake: bool = True) -> None:
         """Queue an event (or its JSON text) without waiting; a full queue means fallen behind."""
+        self.put(message if isinstance(message, str) else encode(message))
+        if wake and not self.overflowed:
+            self.ready.set()
+
+    def put(self, text: str) -> None:
+        """Queue an event's JSON text without waking the sender (the hub wakes it per burst)."""
+        # The fan-out's hot path: once per event per tab, so attributes are read once.
         if self.overflowed:
             return
-        text = message if isinstance(message, str) else encode(message)
-        if not self.queue:
-            self.chars = 0
-        if len(self.queue) >= SUBSCRIBER_QUEUE or (
-            self.queue and self.chars + len(text) > SOCKET_BUDGET
-        ):
-            self.overflowed = True
-            # Drop what is queued for the one message that tells the tab to reload.
-            self.queue.clear()
-            self.queue.append(RESYNC)
-            self.chars = len(RESYNC)
-            self.room.set()
-            self.ready.set()
-            return
-        self.queue.append(text)
-        self.chars += len(text)
-        if self.chars > SOCKET_BUDGET // 2:
+        queue = self.queue
+        if queue:
+            chars = self.chars + len(text)
+            if chars > SOCKET_BUDGET or len(queue) >= SUBSCRIBER_QUEUE:
+                self._overflow()
+                return
+        else:
+            chars = len(text)
+        queue.append(text)
+        self.chars = chars
+        if chars > SOCKET_BUDGET // 2:
             self.room.clear()
-        if wake:
-            self.ready.set()
+
+    def _overflow(self) -> None:
+        self.overflowed = True
+        # Drop what is queued for the one message that tells the tab to reload.
+        self.queue.clear()
+        self.queue.append(RESYNC)
+        self.chars = len(RESYNC)
+        self.room.set()
+        self.ready.set()
 
     async def take(self, limit: int, chars: int = FRAME_CHARS) -> list[str]:
         """Wait until woken; take texts, oldest first, up to limit of them and chars of text."""
@@ -121,6 +149,13 @@ class Subscriber:
             self.ready.clear()
             await self.ready.wait()
         queue = self.queue
+        if len(queue) <= limit and self.chars <= chars:
+            # All of it (the usual case: a burst of a tab that keeps up), at C speed.
+            taken = list(queue)
+            queue.clear()
+            self.chars = 0
+            self.room.set()
+            return taken
         taken = [queue.popleft()]
         size = len(taken[0])
         while queue and len(taken) < limit and size + len(queue[0]) <= chars:
@@ -187,7 +222,7 @@ class Hub:
         followers = self._by_conversation.get(conversation_id)
         if followers:
             for subscriber in followers:
-                subscriber.offer(text, wake=False)
+                subscriber.put(text)
             self._wake_soon(conversation_id)
         for watch in self.watchers:
             watch(conversation_id, event)

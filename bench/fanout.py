@@ -61,6 +61,7 @@ BATCH = 256  # events in one frame at most, as app/routes/ws.py's MAX_BATCH
 TIMEOUT = 600.0
 DELTA_TEXT = re.compile(rb'"text":"(\d+\.\d+)"')  # only deltas carry a bare number as text
 DELTA = b'"type":"delta"'
+RENDERED = b'"text":"","html":'  # a delta carrying the rendering (html) of the text so far, no text
 RESYNC = b'"type":"resync"'
 
 
@@ -92,7 +93,8 @@ async def _collect(ws: ClientConnection, count: int) -> Frames:
     while seen < count:
         raw = await ws.recv(decode=False)
         frames.append((time.perf_counter(), raw))
-        seen += raw.count(DELTA)
+        # The relay's rendering deltas (html, empty text) are not among the `count`.
+        seen += raw.count(DELTA) - raw.count(RENDERED)
         if RESYNC in raw:
             raise FellBehind(raw.decode())
     return frames

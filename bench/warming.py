@@ -3,17 +3,26 @@
     python -m bench warming
 
 One relay (child process) with the real Claude Code CLI against the fake Messages API,
-OARLOCK_AGENT_IDLE_TIMEOUT=2, one conversation followed by one WebSocket as a tab. The time
+OARLOCK_AGENT_IDLE_TIMEOUT=5, one conversation followed by one WebSocket as a tab. The time
 is from the POST of a message to the first `delta` of its reply (the first reply text a
 browser shows). Three cases take turns, each after one untimed turn so the session exists:
 
-- warm: the agent has just finished a turn (its CLI is live; 0.5 s later, so that the
-  relay's one context report per new CLI is over);
+- warm: the agent has just finished a turn (its CLI is live; REPORT s later: after a new
+  CLI's first turn the relay asks it for its context report once, ~26 `count_tokens`
+  requests that took 1.3-2.3 s here, and a turn sent meanwhile waits behind them: until
+  issue 18 this wait was 0.5 s, and "warm" turns measured 370-730 ms instead of ~60 ms);
 - warming: the agent went to sleep (the tab saw `"agent": "asleep"`), then the tab sends
   `{"type": "warm"}` as the UI does on the first keystroke, and the POST comes 1 s later;
 - cold (a figure, no target): asleep, no warm-up: the CLI starts after the POST.
 
 The row is the median warming time ÷ the median warm time.
+
+Beside it, as figures (issue 18 asked where the time goes), the same CLI without the relay:
+ClaudeSDKClient resumes the session in a fresh CLI (spawn and initialize, timed), waits
+TYPING, then sends two queries; each is timed from query() to its first text delta. The
+CLI's first query after its start is slower than the next ones in the CLI itself (it sends
+no API request in between: the work is its own), which no warm-up that sends nothing to
+the model can take away.
 """
 
 from __future__ import annotations
@@ -25,12 +34,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from claude_agent_sdk import ClaudeSDKClient, ResultMessage
+from claude_agent_sdk.types import StreamEvent
+
 from bench.common import Fake, Relay, Row, Tab, at_most, claude_env, median, ms
+from bench.overhead import DirectClaude
 
 COMMAND = "python -m bench warming"
 ROUNDS = 5
 TYPING = 1.0  # seconds from the first keystroke (warm) to Enter (POST)
-IDLE_TIMEOUT = 2.0
+IDLE_TIMEOUT = 5.0  # longer than REPORT: the warm case's agent must not fall asleep first
+REPORT = 3.5  # seconds after a new CLI's first turn: its context report is over
 IDLE = {"state": "idle", "queued": 0}
 
 
@@ -59,6 +73,41 @@ class Typist(Tab):
             await self.ws.close()
 
 
+async def first_delta(client: ClaudeSDKClient, text: str) -> tuple[float, str | None]:
+    """Seconds from query() to the first text delta; and the session id of the result."""
+    start, elapsed, session = time.perf_counter(), 0.0, None
+    await client.query(text)
+    async for message in client.receive_response():
+        kind = message.event.get("type") if isinstance(message, StreamEvent) else None
+        if not elapsed and kind == "content_block_delta":
+            elapsed = time.perf_counter() - start
+        if isinstance(message, ResultMessage):
+            session = message.session_id
+    return elapsed, session
+
+
+async def direct(fake: Fake, root: Path, rounds: int) -> dict[str, list[float]]:
+    """The CLI alone: its start (resuming), then its first and second query's first delta."""
+    times: dict[str, list[float]] = {"start": [], "first": [], "second": []}
+    env = claude_env(root / "home-direct", fake)
+    cli = DirectClaude(env, root / "direct")
+    await cli.open()
+    _, session = await first_delta(cli.client, "Start the session.")
+    await cli.close()
+    for n in range(rounds):
+        cli = DirectClaude(env, root / "direct")
+        cli.client.options.resume = session  # as the relay's adapter resumes a conversation
+        start = time.perf_counter()
+        await cli.open()
+        times["start"].append(time.perf_counter() - start)
+        await asyncio.sleep(TYPING)
+        for name in ("first", "second"):
+            elapsed, session = await first_delta(cli.client, f"Direct {name} {n}.")
+            times[name].append(elapsed)
+        await cli.close()
+    return times
+
+
 async def measure(rounds: int) -> dict[str, list[float]]:
     """Warm, warming and cold first replies, taking turns."""
     times: dict[str, list[float]] = {"warm": [], "warming": [], "cold": []}
@@ -76,7 +125,7 @@ async def measure(rounds: int) -> dict[str, list[float]]:
                     for n in range(rounds):
                         # The relay asks a new CLI for its context report after its first
                         # turn: let it end, so that it does not slow the warm turn.
-                        await asyncio.sleep(0.5)
+                        await asyncio.sleep(REPORT)
                         times["warm"].append(await tab.first_reply(f"Warm {n}."))
                         await tab.asleep()
                         await tab.warm()
@@ -86,6 +135,9 @@ async def measure(rounds: int) -> dict[str, list[float]]:
                         times["cold"].append(await tab.first_reply(f"Cold {n}."))
                 finally:
                     await tab.close()
+            times |= {
+                f"CLI {name}": found for name, found in (await direct(fake, root, rounds)).items()
+            }
     finally:
         fake.stop()
     for name, found in times.items():
@@ -98,6 +150,7 @@ def run(rounds: int = ROUNDS) -> list[Row]:
     """Measure and return the table's row."""
     times = asyncio.run(measure(rounds))
     warm, warming, cold = (median(times[name]) for name in ("warm", "warming", "cold"))
+    start, first, second = (median(times[f"CLI {name}"]) for name in ("start", "first", "second"))
     return [
         at_most(
             f"First reply after the agent went to sleep, warmed while typing ({TYPING:g} s "
@@ -105,7 +158,9 @@ def run(rounds: int = ROUNDS) -> list[Row]:
             warming / warm,
             1.5,
             f"warming {ms(warming)}, warm {ms(warm)}; without warming (cold) {ms(cold)} "
-            "(POST → first delta)",
+            f"(POST → first delta). The CLI alone (ClaudeSDKClient, query → first delta): "
+            f"start and resume {ms(start)}, then its first query {ms(first)}, "
+            f"its second {ms(second)}",
             COMMAND,
         )
     ]

@@ -894,10 +894,13 @@ input.addEventListener('keydown', (e) => {
     trySend();
   }
 });
-// A click or a keystroke in the composer warms; the focus given by opening a conversation
-// does not (browsing conversations would start every agent).
+// A click or a keystroke in the composer warms, and so does reaching it with the Tab key;
+// the focus given by opening a conversation does not (browsing would start every agent).
 input.addEventListener('pointerdown', warmAgent);
 input.addEventListener('keydown', warmAgent);
+let tabbedAt = 0; // when the Tab key last moved the focus
+document.addEventListener('keydown', (e) => { if (e.key === 'Tab') tabbedAt = Date.now(); }, true);
+input.addEventListener('focus', () => { if (Date.now() - tabbedAt < 1000) warmAgent(); });
 input.addEventListener('input', () => {
   autosize();
   hideComposerError();
