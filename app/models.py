@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import JSON, BigInteger, Column, Index, Integer, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from app.unicode_text import has_visible_character, is_valid_unicode
@@ -131,6 +131,21 @@ class Handoff(SQLModel, table=True):
     source: str = "agent"  # agent (the save_handoff tool) | user (written in the 🧠 modal)
     conversation_id: int | None = Field(default=None, foreign_key="conversation.id", sa_type=BigInt)
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class Lease(SQLModel, table=True):
+    """Which relay node runs a conversation's agent, and until when (several nodes only).
+
+    Taken and renewed with the database's clock (now()), so the nodes' clocks do not matter.
+    """
+
+    __table_args__ = (Index("ix_lease_node", "node"),)
+
+    conversation_id: int = Field(
+        sa_type=BigInt, primary_key=True, sa_column_kwargs={"autoincrement": False}
+    )
+    node: str
+    expires_at: datetime = Field(sa_type=DateTime(timezone=True))  # type: ignore[call-overload]
 
 
 class HandoffWrite(SQLModel):

@@ -40,6 +40,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
         "conversation",
         "entry",
         "handoff",
+        "lease",
         "login_session",
     ]
 
@@ -48,7 +49,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0005", "0005")
+    assert (current, head) == ("0006_cluster", "0006_cluster")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -70,7 +71,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0005"
+        assert MigrationContext.configure(connection).get_current_revision() == "0006_cluster"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

@@ -87,6 +87,9 @@ async def _receive(socket: WebSocket, supervisor: Supervisor, subscriber: Subscr
         if not isinstance(request, dict):
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
             continue
+        if request.get("type") == "subscribe" and _is_id(request.get("conversation_id")):
+            # A cluster node reads the conversation's stream first (nothing in one process).
+            await supervisor.hub.prepare(request["conversation_id"])
         subscriber.offer(_answer(supervisor, subscriber, request))
 
 
