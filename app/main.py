@@ -18,6 +18,7 @@ from sqlmodel import select
 from starlette.responses import Response
 
 from app import __version__
+from app.cluster import install as install_cluster
 from app.cluster import make_hub, setting_error
 from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine
@@ -141,6 +142,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")
+
+    if node is not None:
+        install_cluster(app)  # a Redis failure: 503
 
     @app.exception_handler(OperationalError)
     async def database_unavailable(_request: Request, error: OperationalError) -> JSONResponse:

@@ -5,12 +5,17 @@ Nothing here runs unless OARLOCK_REDIS_URL is set; one process on SQLite stays t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from sqlalchemy.engine.url import make_url
 
 from app.config import Settings
 from app.hub import Hub
+
+log = logging.getLogger(__name__)
 
 
 def setting_error(settings: Settings) -> str | None:
@@ -27,6 +32,20 @@ def setting_error(settings: Settings) -> str | None:
             "file), or unset OARLOCK_REDIS_URL to run one relay."
         )
     return None
+
+
+ENGINE_DOWN = "The event engine (Redis) cannot be reached right now. Nothing was stored."
+
+
+def install(app: FastAPI) -> None:
+    """Answer 503 when Redis fails a request before anything was stored (a number not taken)."""
+    import redis
+
+    async def engine_unavailable(_request: Request, error: Exception) -> JSONResponse:
+        log.error("redis error: %s", error)
+        return JSONResponse({"detail": ENGINE_DOWN}, status_code=503)
+
+    app.add_exception_handler(redis.RedisError, engine_unavailable)
 
 
 def make_hub(settings: Settings, load_seq: Callable[[int], int], node: str) -> Hub:

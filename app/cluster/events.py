@@ -129,6 +129,15 @@ class ClusterHub(Hub):
         self._touched[conversation_id] = time.monotonic()
         return value
 
+    def emit(self, conversation_id: int, event: Event) -> Event:
+        """Number and publish an ephemeral event; without Redis it is dropped (tabs resync)."""
+        try:
+            event["seq"] = self.next_seq(conversation_id)
+        except (redis.RedisError, OSError) as error:  # what was stored before it stays stored
+            log.warning("event of conversation %s not sent: %s", conversation_id, error)
+            return event
+        return self.publish(conversation_id, event)
+
     def rewind(self, conversation_id: int, seq: int) -> None:
         """A number taken but not used: another node may hold the next, so fill the hole."""
         self.publish(conversation_id, {"type": "skip", "seq": seq})
