@@ -35,7 +35,9 @@ class RedisServer:
         """Start the server and wait until it answers PING."""
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed: `make test` installs it (make redis)")
+            raise RuntimeError(
+                "redis-server is not installed: `make test` installs it (make redis)"
+            )
         command = [
             binary,
             "--port",
