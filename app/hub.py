@@ -283,6 +283,10 @@ class Hub:
         self._published.pop(conversation_id, None)
         self._touched.pop(conversation_id, None)
 
+    def live_text(self, conversation_id: int) -> dict[int, str]:
+        """Streaming entries' text as this hub delivered it (cluster; the runner has it here)."""
+        return {}
+
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: drop what is kept of it beyond this process (cluster)."""
 

@@ -405,7 +405,7 @@ class Supervisor:
         live = {
             s.entry_id: s.text
             for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
-        }
+        } or self.hub.live_text(conversation_id)  # another node streams it (cluster)
         # Queued messages are shown at the end, whichever page is asked for.
         queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued"

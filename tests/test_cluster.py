@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from app.cluster.node import MOVED_LINE
 from tests.cluster import Nodes, cluster
-from tests.crash import ROOT, TIMEOUT, RelayProcess, of_kind
+from tests.crash import ROOT, TIMEOUT, RelayProcess, entry, of_kind
 from tests.relay import TOKEN, receive, receive_until
 
 
@@ -179,3 +181,55 @@ def _log_owner(nodes: Nodes, cid: int) -> str:
         if f"runs conversation {cid}\n" in node.log.read_text(errors="replace"):
             return node.data_dir.name
     return ""
+
+
+def test_a_session_this_node_cannot_reach_starts_anew_with_the_carry_over_summary(
+    tmp_path: Path,
+) -> None:
+    """Claude Code's session files are not here: a new session, the summary, one line."""
+    with cluster(tmp_path) as running:
+        config = tmp_path / "claude-config"  # empty: no session of any conversation
+        config.mkdir()
+        (node,) = running.start(
+            1,
+            OARLOCK_CLAUDE_CLI="/bin/false",  # the turn itself fails: the prompt is what counts
+            CLAUDE_CONFIG_DIR=str(config),
+            ANTHROPIC_API_KEY="not-used",
+        )
+        cid = node.create(provider="claude", title="Moved here")
+        with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
+            db.execute("UPDATE conversation SET session_id = 'elsewhere' WHERE id = %s", (cid,))
+        sent = node.send(cid, "carry on please")
+        view = node.wait_for(cid, lambda v: entry(v, sent["id"])["state"] != "queued")
+        with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
+            row = db.execute("SELECT session_id FROM conversation WHERE id = %s", (cid,))
+            assert row.fetchone() == (None,)  # the lost session is not resumed
+    lines = [e["text"] for e in of_kind(view, "line")]
+    assert lines.count(MOVED_LINE) == 1
+    message = entry(view, sent["id"])
+    assert message["data"]["summary"].startswith("Conversation: Moved here")
+
+
+def test_a_tab_opening_mid_stream_on_another_node_gets_the_streamed_text_once(
+    nodes: Nodes,
+) -> None:
+    """The snapshot's streaming text and the deltas after its seq join without a gap or a copy."""
+    first, second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Mid-stream")
+    with open_socket(second) as watch:
+        follow(watch, cid)
+        third.send(cid, "slow words please")
+        receive_until(watch, lambda e: e["type"] == "delta" and e.get("text"), timeout=TIMEOUT)
+        # Past a checkpoint of the partial text (once a second): the database lags the stream.
+        receive_until(watch, lambda e: e["type"] == "delta" and "word30 " in e["text"])
+    view = first.get(cid)  # node 1 has not followed this conversation before
+    (live,) = [e for e in of_kind(view, "agent") if e["state"] == "streaming"]
+    text = live["text"]
+    with open_socket(first) as ws:
+        event = follow(ws, cid, epoch=view["epoch"], seq=view["seq"])
+        while not (event["type"] == "entry" and event["entry"]["id"] == live["id"]):
+            if event["type"] == "delta" and event.get("entry_id") == live["id"]:
+                text += event["text"]
+            event = receive(ws, timeout=TIMEOUT)
+    assert event["entry"]["state"] == "done"
+    assert text == event["entry"]["text"]

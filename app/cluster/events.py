@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -76,6 +77,7 @@ class ClusterHub(Hub):
         self._next = self.sync.register_script(_NEXT)
         self._order: dict[int, Orderer] = {}  # the conversations this node reads, in order
         self._last_id: dict[int, bytes | str] = {}  # the last stream id read, per conversation
+        self._live: dict[int, dict[int, list[str]]] = {}  # streaming entries' text, delivered
         self._outbox: deque[tuple[str, Any]] = deque()  # ("x", (cid, seq, text)) | ("b", text)
         self._ready = asyncio.Event()  # set: the outbox has something
         self._drained = asyncio.Event()  # set: the outbox is empty
@@ -248,6 +250,27 @@ class ClusterHub(Hub):
             self._fan_out(conversation_id, ready_seq, ready_text)
         self._seq[conversation_id] = order.delivered
 
+    def _fan_out(self, conversation_id: int, seq: int, text: str) -> None:
+        """Hand an event on to this node's tabs, keeping streaming text as the owner has it."""
+        if text.startswith(('{"type":"delta"', '{"type":"entry"')):
+            self._follow_text(conversation_id, json.loads(text))
+        super()._fan_out(conversation_id, seq, text)
+
+    def _follow_text(self, conversation_id: int, event: Event) -> None:
+        live = self._live.setdefault(conversation_id, {})
+        if event["type"] == "entry":
+            entry = event.get("entry") or {}
+            if entry.get("state") == "streaming":
+                live[entry["id"]] = [entry.get("text") or ""]
+            else:
+                live.pop(entry.get("id"), None)
+        elif event.get("text") and event.get("entry_id") in live:
+            live[event["entry_id"]].append(event["text"])
+
+    def live_text(self, conversation_id: int) -> dict[int, str]:
+        """The text streamed so far of the conversation's streaming entries, as delivered here."""
+        return {eid: "".join(parts) for eid, parts in self._live.get(conversation_id, {}).items()}
+
     async def _read(self) -> None:
         """XREAD every followed stream (and this node's nudge stream) from where it was left."""
         assert self._reader_aio is not None
@@ -314,6 +337,7 @@ class ClusterHub(Hub):
         super().release(conversation_id)
         self._order.pop(conversation_id, None)
         self._last_id.pop(conversation_id, None)
+        self._live.pop(conversation_id, None)
 
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: its stream and counter go too (ids are never reused)."""
