@@ -287,6 +287,10 @@ class Hub:
         """Streaming entries' text as this hub delivered it (cluster; the runner has it here)."""
         return {}
 
+    def state(self, conversation_id: int, kind: str) -> Any:
+        """The last "agent" or "turn" value another node published (cluster; None here)."""
+        return None
+
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: drop what is kept of it beyond this process (cluster)."""
 

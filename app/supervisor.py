@@ -380,10 +380,13 @@ class Supervisor:
         state = runner.state if runner else "idle"
         queued = store.count_queued(session=session, conversation_id=conversation_id)
         if self.cluster is not None and not self.cluster.holds(conversation_id):
-            # Another node runs it: the database says whether a turn is on or waits.
+            # Another node runs it: its last turn event, else the database's word.
+            told = self.hub.state(conversation_id, "turn")
             conversation = store.get_conversation(session=session, conversation_id=conversation_id)
             busy = queued or (conversation is not None and conversation.turn_active)
-            state = "running" if busy else "idle"
+            state = "idle"
+            if busy:  # compacting, when the owner last said so
+                state = "compacting" if told and told.get("state") == "compacting" else "running"
         return {"state": state, "queued": queued}
 
     def snapshot(
@@ -500,6 +503,8 @@ class Supervisor:
     def agent_state(self, conversation_id: int) -> str:
         """asleep (no agent), starting, or ready: what the header shows."""
         runner = self.runners.get(conversation_id)
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            return self.hub.state(conversation_id, "agent") or "asleep"  # the owner's last word
         if runner is None or (runner.agent is None and not runner.starting):
             return "asleep"
         return "starting" if runner.starting else "ready"
@@ -547,6 +552,8 @@ class Supervisor:
         """Store a user message (queued), then hand it to the conversation's runner."""
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
+        if self.cluster is not None:  # this node runs it if nobody does
+            self.cluster.claim_here(conversation.id or 0, conversation.cwd)
         with self.session() as session:
             session.add(conversation)
             entry = self._add(session, conversation, "user", text, state="queued")

@@ -22,12 +22,13 @@ LEASE_SECONDS = 3  # a dead node's conversations move after at most this (plus a
 class Nodes:
     """Relay processes sharing a database and a Redis."""
 
-    def __init__(self, root: Path, database_url: str, redis_url: str) -> None:
+    def __init__(self, root: Path, database_url: str, redis: RedisServer) -> None:
         self.root = root
+        self.redis = redis
         self.workspace = root / "shared"
         (self.workspace / "work").mkdir(parents=True, exist_ok=True)
         self.database_url = database_url
-        self.redis_url = redis_url
+        self.redis_url = redis.url
         self.nodes: list[RelayProcess] = []
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -67,7 +68,7 @@ def cluster(root: Path) -> Iterator[Nodes]:
     url = postgres.start().create_database()
     upgrade(url)
     server = RedisServer().start()
-    nodes = Nodes(root, url, server.url)
+    nodes = Nodes(root, url, server)
     try:
         yield nodes
     finally:

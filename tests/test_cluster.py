@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from app.cluster import ENGINE_DOWN
 from app.cluster.node import MOVED_LINE
 from tests.cluster import Nodes, cluster
 from tests.crash import ROOT, TIMEOUT, RelayProcess, entry, of_kind
@@ -233,3 +234,17 @@ def test_a_tab_opening_mid_stream_on_another_node_gets_the_streamed_text_once(
             event = receive(ws, timeout=TIMEOUT)
     assert event["entry"]["state"] == "done"
     assert text == event["entry"]["text"]
+
+
+def test_without_redis_a_message_is_refused_and_nothing_is_stored(tmp_path: Path) -> None:
+    """No event number can be taken: 503 with a reason, and the message is not in the database."""
+    with cluster(tmp_path) as running:
+        (node,) = running.start(1)
+        cid = node.create(provider="demo", title="No engine")
+        running.redis.stop()
+        response = node.client.post(f"/api/conversations/{cid}/messages", json={"text": "lost?"})
+        assert response.status_code == 503
+        assert response.json() == {"detail": ENGINE_DOWN}
+        with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
+            count = db.execute("SELECT count(*) FROM entry WHERE conversation_id = %s", (cid,))
+            assert count.fetchone() == (0,)

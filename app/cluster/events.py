@@ -78,6 +78,7 @@ class ClusterHub(Hub):
         self._order: dict[int, Orderer] = {}  # the conversations this node reads, in order
         self._last_id: dict[int, bytes | str] = {}  # the last stream id read, per conversation
         self._live: dict[int, dict[int, list[str]]] = {}  # streaming entries' text, delivered
+        self._states: dict[int, dict[str, Any]] = {}  # the last agent and turn events delivered
         self._outbox: deque[tuple[str, Any]] = deque()  # ("x", (cid, seq, text)) | ("b", text)
         self._ready = asyncio.Event()  # set: the outbox has something
         self._drained = asyncio.Event()  # set: the outbox is empty
@@ -254,7 +255,14 @@ class ClusterHub(Hub):
         """Hand an event on to this node's tabs, keeping streaming text as the owner has it."""
         if text.startswith(('{"type":"delta"', '{"type":"entry"')):
             self._follow_text(conversation_id, json.loads(text))
+        elif text.startswith(('{"type":"agent"', '{"type":"turn"')):
+            event = json.loads(text)
+            self._states.setdefault(conversation_id, {})[event["type"]] = event[event["type"]]
         super()._fan_out(conversation_id, seq, text)
+
+    def state(self, conversation_id: int, kind: str) -> Any:
+        """The last "agent" or "turn" value delivered here for a conversation (or None)."""
+        return self._states.get(conversation_id, {}).get(kind)
 
     def _follow_text(self, conversation_id: int, event: Event) -> None:
         live = self._live.setdefault(conversation_id, {})
@@ -338,6 +346,7 @@ class ClusterHub(Hub):
         self._order.pop(conversation_id, None)
         self._last_id.pop(conversation_id, None)
         self._live.pop(conversation_id, None)
+        self._states.pop(conversation_id, None)
 
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: its stream and counter go too (ids are never reused)."""

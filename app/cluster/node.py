@@ -170,6 +170,26 @@ class ClusterNode:
         finally:
             self._claiming.discard(conversation_id)
 
+    def claim_here(self, conversation_id: int, cwd: str) -> None:
+        """Before a message is stored here: take the conversation's lease if it is free.
+
+        Taken first, so that no other node's scan sees the queued message without a lease
+        and takes it meanwhile: the node a message reaches runs it when it can.
+        """
+        if conversation_id in self.held or conversation_id in self._claiming:
+            return
+        if not can_run(cwd, self.settings.roots, len(self.held), self.settings.max_agents):
+            return
+        try:
+            if not leases.acquire(self.engine, conversation_id, self.node, self.seconds):
+                return
+        except Exception:  # the message is stored all the same; the owner is found later
+            log.exception("claiming conversation %s failed", conversation_id)
+            return
+        self.held.add(conversation_id)
+        log.info("node %s runs conversation %s", self.node, conversation_id)
+        self._take_over(conversation_id)
+
     def _take_over(self, conversation_id: int) -> None:
         """Close what an earlier owner left open, move to a new session if need be, deliver."""
         supervisor = self.supervisor
@@ -257,7 +277,7 @@ class ClusterNode:
         kept = await asyncio.to_thread(leases.renew, self.engine, self.node, self.seconds)
         for cid in self.held - kept:  # expired under us (a stall longer than the lease)
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
-            self.held.discard(cid)
+            self.held.discard(cid)  # first: its runner starts no other turn
             runner = self.supervisor.runners.get(cid)
             if runner is not None:
                 await self.supervisor._interrupt_agent(runner)
