@@ -726,7 +726,7 @@ class Supervisor:
             raise ConversationError("This conversation is archived; its agent is not started.")
         conversation_id = conversation.id or 0
         if self.cluster is not None and not self.cluster.holds(conversation_id):
-            self.cluster.send("warm", conversation_id)  # its owner (or a node that takes it)
+            self.cluster.warm(conversation_id)  # here if it is free, else on its owner
             return self.agent_state(conversation_id)
         runner = self.runner(conversation_id)
         runner.last_used = time.monotonic()  # about to be used: the last to be stopped

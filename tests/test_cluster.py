@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import redis
 from websockets.sync.client import ClientConnection, connect
 
 from app.cluster import ENGINE_DOWN
@@ -248,3 +249,38 @@ def test_without_redis_a_message_is_refused_and_nothing_is_stored(tmp_path: Path
         with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
             count = db.execute("SELECT count(*) FROM entry WHERE conversation_id = %s", (cid,))
             assert count.fetchone() == (0,)
+
+
+def test_redis_losing_its_data_gives_tabs_a_new_epoch_and_a_snapshot(tmp_path: Path) -> None:
+    """FLUSHALL (a restart without persistence): tabs are told, resubscribe, follow on."""
+    with cluster(tmp_path) as running:
+        (node,) = running.start(1)
+        cid = node.create(provider="demo", title="Flushed")
+        node.send(cid, "before the flush")
+        node.wait_idle(cid)
+        with open_socket(node) as ws:
+            answer = follow(ws, cid)
+            old_epoch, seq = answer["conversation"]["epoch"], answer["conversation"]["seq"]
+            client = redis.Redis.from_url(running.redis_url)
+            client.flushall()
+            client.close()
+            hello = receive_until(ws, lambda e: e["type"] == "hello", timeout=TIMEOUT)[-1]
+            assert hello["epoch"] != old_epoch
+            ws.send(
+                json.dumps(
+                    {"type": "subscribe", "conversation_id": cid, "epoch": old_epoch, "seq": seq}
+                )
+            )
+            snapshot = receive_until(ws, lambda e: e["type"] == "snapshot", timeout=TIMEOUT)[-1]
+            assert snapshot["conversation"]["epoch"] == hello["epoch"]
+            start = snapshot["conversation"]["seq"]
+            node.send(cid, "after the flush")
+            seen = receive_until(
+                ws,
+                lambda e: e["type"] == "turn" and e["turn"] == {"state": "idle", "queued": 0},
+                timeout=TIMEOUT,
+            )
+    events = [e for e in seen if "seq" in e]
+    assert [e["seq"] for e in events] == list(range(start + 1, start + 1 + len(events)))
+    entries = [e["entry"] for e in events if e["type"] == "entry"]
+    assert answered({"timeline": entries}, "after the flush")

@@ -307,11 +307,38 @@ class ClusterHub(Hub):
                 for _stream_id, fields in entries:
                     self._arrive(cid, fields, now)
                 self._last_id[cid] = entries[-1][0]
+            await self._check_epoch()
             now = time.monotonic()
             for cid, order in self._order.items():
                 for seq, text in order.expire(now):
                     self._fan_out(cid, seq, text)
                 self._seq[cid] = order.delivered
+
+    async def _check_epoch(self) -> None:
+        """Redis lost its data (restart without persistence): a new epoch, tabs get snapshots.
+
+        The counters start again from the database, so numbers this node handed on before
+        may come again: the tabs are told the new epoch and resubscribe (a snapshot each).
+        """
+        assert self._reader_aio is not None
+        try:
+            await self._reader_aio.set(EPOCH_KEY, secrets.token_hex(6), nx=True)
+            value = await self._reader_aio.get(EPOCH_KEY)
+        except (redis.RedisError, OSError):
+            return
+        epoch = value.decode() if isinstance(value, bytes) else str(value)
+        if epoch == self.epoch:
+            return
+        log.warning("new cluster epoch %s (Redis lost its data): tabs get snapshots", epoch)
+        self.epoch = epoch
+        for cid in list(self._order):
+            self._recent.pop(cid, None)
+            self._order.pop(cid, None)
+            self._last_id.pop(cid, None)
+            self._live.pop(cid, None)
+            self._states.pop(cid, None)
+            self._seq.pop(cid, None)
+        self._broadcast_text(encode({"type": "hello", "epoch": epoch}))
 
     async def _listen(self) -> None:
         """Pass the conversation-list events of every node to this node's tabs."""

@@ -44,6 +44,14 @@ _ORPHANS = text(
     LIMIT :limit
     """
 )
+# Conversations a node holds that have messages waiting (a wake-up may have been lost).
+_WAITING = text(
+    """
+    SELECT DISTINCT e.conversation_id FROM entry e
+    JOIN lease l ON l.conversation_id = e.conversation_id
+    WHERE l.node = :node AND e.state = 'queued'
+    """
+)
 _OWNER = text("SELECT node FROM lease WHERE conversation_id = :cid AND expires_at >= now()")
 
 
@@ -80,6 +88,13 @@ def orphans(engine: Engine, limit: int = 100) -> list[tuple[int, str]]:
     with engine.begin() as connection:
         rows = connection.execute(_ORPHANS, {"limit": limit}).all()
     return [(int(row[0]), str(row[1])) for row in rows]
+
+
+def waiting(engine: Engine, node: str) -> set[int]:
+    """The conversations a node holds whose messages wait."""
+    with engine.begin() as connection:
+        rows = connection.execute(_WAITING, {"node": node}).all()
+    return {int(row[0]) for row in rows}
 
 
 def owner(engine: Engine, conversation_id: int) -> str | None:

@@ -118,6 +118,19 @@ class ClusterNode:
         """Queued work for a conversation this node does not hold: take it, or wake its owner."""
         asyncio.get_running_loop().create_task(self._claim_or_send("wake", conversation_id))
 
+    def warm(self, conversation_id: int) -> None:
+        """Someone types in a conversation this node does not hold: warm it here or there."""
+        asyncio.get_running_loop().create_task(self._warm(conversation_id))
+
+    async def _warm(self, conversation_id: int) -> None:
+        if not await self.claim(conversation_id):
+            await self._publish("warm", conversation_id)
+            return
+        with self.supervisor.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+        if conversation is not None and conversation.status == "active":
+            self.supervisor.warm(conversation)
+
     def send(self, op: str, conversation_id: int, **fields: Any) -> None:
         """Pass a command (interrupt, answer, warm) to the conversation's owner."""
         asyncio.get_running_loop().create_task(self._publish(op, conversation_id, **fields))
@@ -288,6 +301,11 @@ class ClusterNode:
                 await asyncio.to_thread(leases.release, self.engine, cid, self.node)
         for cid, cwd in await asyncio.to_thread(leases.orphans, self.engine):
             await self.claim(cid, cwd)
+        # Pub/sub delivers at most once: a wake-up lost on the way is made up for here.
+        for cid in await asyncio.to_thread(leases.waiting, self.engine, self.node):
+            runner = self.supervisor.runners.get(cid)
+            if cid in self.held and (runner is None or runner.task is None or runner.task.done()):
+                self.supervisor._wake(cid)
 
     def _idle(self, conversation_id: int) -> bool:
         """Nothing of the conversation is live here: its lease can go back."""
