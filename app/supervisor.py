@@ -64,9 +64,6 @@ from app.handoff import (
     with_note,
 )
 from app.hub import Hub
-
-if TYPE_CHECKING:
-    from app.cluster.node import ClusterNode
 from app.limits import give_back_memory
 from app.live_render import LiveRender
 from app.models import Conversation, Entry, Handoff
@@ -76,6 +73,9 @@ from app.titles import compacted_title
 from app.tools import ToolResult, relay_tools
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
+
+if TYPE_CHECKING:
+    from app.cluster.node import ClusterNode
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +408,9 @@ class Supervisor:
         live = {
             s.entry_id: s.text
             for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
-        } or self.hub.live_text(conversation_id)  # another node streams it (cluster)
+        }
+        if self.cluster is not None:  # the text as delivered here up to seq, owner or not
+            live = self.hub.live_text(conversation_id)
         # Queued messages are shown at the end, whichever page is asked for.
         queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued"

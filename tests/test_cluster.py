@@ -212,10 +212,11 @@ def test_a_session_this_node_cannot_reach_starts_anew_with_the_carry_over_summar
     assert message["data"]["summary"].startswith("Conversation: Moved here")
 
 
-def test_a_tab_opening_mid_stream_on_another_node_gets_the_streamed_text_once(
+def test_a_tab_opening_mid_stream_gets_the_streamed_text_once_on_any_node(
     nodes: Nodes,
 ) -> None:
-    """The snapshot's streaming text and the deltas after its seq join without a gap or a copy."""
+    """The snapshot's streaming text and the deltas after its seq join without a gap or a copy,
+    on a node that does not run the conversation and on the one that does."""
     first, second, third = nodes.nodes
     cid = third.create(provider="demo", title="Mid-stream")
     with open_socket(second) as watch:
@@ -224,17 +225,18 @@ def test_a_tab_opening_mid_stream_on_another_node_gets_the_streamed_text_once(
         receive_until(watch, lambda e: e["type"] == "delta" and e.get("text"), timeout=TIMEOUT)
         # Past a checkpoint of the partial text (once a second): the database lags the stream.
         receive_until(watch, lambda e: e["type"] == "delta" and "word30 " in e["text"])
-    view = first.get(cid)  # node 1 has not followed this conversation before
-    (live,) = [e for e in of_kind(view, "agent") if e["state"] == "streaming"]
-    text = live["text"]
-    with open_socket(first) as ws:
-        event = follow(ws, cid, epoch=view["epoch"], seq=view["seq"])
-        while not (event["type"] == "entry" and event["entry"]["id"] == live["id"]):
-            if event["type"] == "delta" and event.get("entry_id") == live["id"]:
-                text += event["text"]
-            event = receive(ws, timeout=TIMEOUT)
-    assert event["entry"]["state"] == "done"
-    assert text == event["entry"]["text"]
+    views = [first.get(cid), third.get(cid)]  # node 1 never followed it; node 3 runs it
+    with open_socket(first) as one, open_socket(third) as three:
+        for ws, view in zip((one, three), views, strict=True):
+            (live,) = [e for e in of_kind(view, "agent") if e["state"] == "streaming"]
+            text = live["text"]
+            event = follow(ws, cid, epoch=view["epoch"], seq=view["seq"])
+            while not (event["type"] == "entry" and event["entry"]["id"] == live["id"]):
+                if event["type"] == "delta" and event.get("entry_id") == live["id"]:
+                    text += event["text"]
+                event = receive(ws, timeout=TIMEOUT)
+            assert event["entry"]["state"] == "done"
+            assert text == event["entry"]["text"]
 
 
 def test_without_redis_a_message_is_refused_and_nothing_is_stored(tmp_path: Path) -> None:
