@@ -143,8 +143,14 @@ class ClusterNode:
             log.warning("cannot send %s for conversation %s: %s", op, conversation_id, error)
 
     async def _claim_or_send(self, op: str, conversation_id: int) -> None:
-        if not await self.claim(conversation_id):
-            await self._publish(op, conversation_id)
+        if await self.claim(conversation_id):
+            return
+        try:  # named, so that only the owner acts (or, with no owner, whoever can take it)
+            owner = await asyncio.to_thread(leases.owner, self.engine, conversation_id)
+        except Exception:  # the heartbeats' scans find the work all the same
+            log.exception("no owner known for conversation %s", conversation_id)
+            return
+        await self._publish(op, conversation_id, owner=owner)
 
     async def claim(self, conversation_id: int, cwd: str | None = None) -> bool:
         """Take a conversation's lease when this node can run it; True once it runs here."""
@@ -259,7 +265,7 @@ class ClusterNode:
         if op == "wake":
             if cid in self.held:
                 supervisor._wake(cid)
-            else:
+            elif message.get("owner") is None:
                 await self.claim(cid)  # nobody runs it (yet): whoever gets the lease does
         elif op == "warm" and await self.claim(cid):
             with supervisor.session() as session:
