@@ -11,7 +11,7 @@ DATA ?= ./data
 
 include tools.mk
 
-.PHONY: serve migrate test lint format bench reliability load clean chromium postgresql
+.PHONY: serve migrate test lint format bench reliability load clean chromium postgresql redis
 
 N ?= 100
 PROVIDER ?= demo
@@ -62,6 +62,18 @@ postgresql:
 			done; }; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "postgresql is missing" >&2; exit 1; }
 
+# Debian's Redis server binary for the cluster tests' throwaway server (tests/redis.py): no
+# system service. Where the package started one (a machine with systemd), it is stopped and
+# disabled: the tests start their own on a loopback port.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends redis-server >/dev/null && \
+		{ $(SUDO) systemctl disable --now redis-server >/dev/null 2>&1 || \
+			$(SUDO) service redis-server stop >/dev/null 2>&1 || true; }; }
+	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server is missing" >&2; exit 1; }
+
 # Run a second time against PostgreSQL: the storage, migration, API (HTTP, WebSocket, schema
 # fuzz), supervisor, reliability, import, search, archive and steer tests and tests/test_postgres.py, on a
 # server the run starts and stops itself (tests/postgres.py).
@@ -80,7 +92,7 @@ format: $(VENV)/.installed-test
 
 # Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
 # running that the asyncio tests after it could not start theirs in.
-test: $(VENV)/.installed-test chromium postgresql copilot-cli lint
+test: $(VENV)/.installed-test chromium postgresql redis copilot-cli lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob="tests/test_browser*.py"
 	OARLOCK_TEST_DB=postgres $(VENV)/bin/pytest -q -p no:cacheprovider $(POSTGRES_TESTS)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser*.py

@@ -60,6 +60,7 @@ def main(context: click.Context) -> None:
 )
 def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     """Migrate the database and run the relay."""
+    from app.cluster import setting_error
     from app.db import ensure_private_dir
     from app.main import create_app
     from app.migrate import upgrade
@@ -75,6 +76,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
             f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"
             "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1."
         )
+    if (error := setting_error(settings)) is not None:
+        sys.exit(error)
     ensure_private_dir(settings.resolved_data_dir)
     upgrade(settings.db_url)
     app = create_app(settings)

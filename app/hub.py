@@ -213,20 +213,27 @@ class Hub:
     def publish(self, conversation_id: int, event: Event) -> Event:
         """Send an event (which must carry its seq) to the conversation's tabs."""
         event["conversation_id"] = conversation_id
-        text = encode(event)  # once, however many tabs follow
+        self._fan_out(conversation_id, event["seq"], encode(event))  # once, however many tabs
+        self._watch(conversation_id, event)
+        return event
+
+    def _watch(self, conversation_id: int | None, event: Event) -> None:
+        """Show the watchers an event this node published (once, on the node that made it)."""
+        for watch in self.watchers:
+            watch(conversation_id, event)
+
+    def _fan_out(self, conversation_id: int, seq: int, text: str) -> None:
+        """Keep an encoded event for replay and queue it for the conversation's tabs."""
         recent = self._recent.get(conversation_id)
         if recent is None:
             recent = self._recent[conversation_id] = Replay()
-        recent.append(Published(event["seq"], text))
+        recent.append(Published(seq, text))
         self._published[conversation_id] = self._published.get(conversation_id, 0) + 1
         followers = self._by_conversation.get(conversation_id)
         if followers:
             for subscriber in followers:
                 subscriber.put(text)
             self._wake_soon(conversation_id)
-        for watch in self.watchers:
-            watch(conversation_id, event)
-        return event
 
     def emit(self, conversation_id: int, event: Event) -> Event:
         """Number an ephemeral event (not stored) and publish it."""
@@ -235,11 +242,12 @@ class Hub:
 
     def broadcast(self, event: Event) -> None:
         """Send an event to every connected tab (conversation list changes)."""
-        text = encode(event)
+        self._broadcast_text(encode(event))
+        self._watch(None, event)
+
+    def _broadcast_text(self, text: str) -> None:
         for subscriber in self._everyone:
             subscriber.offer(text)
-        for watch in self.watchers:
-            watch(None, event)
 
     def connect(self) -> Subscriber:
         """Register a new tab."""
@@ -251,6 +259,15 @@ class Hub:
         """Forget a tab."""
         self._everyone.discard(subscriber)
         self._leave(subscriber)
+
+    async def start(self) -> None:
+        """Start what the hub runs beside the loop (nothing in one process)."""
+
+    async def stop(self) -> None:
+        """Stop what start started."""
+
+    async def prepare(self, conversation_id: int) -> None:
+        """Get ready to replay and follow a conversation (a cluster node reads its stream)."""
 
     def missed(
         self, conversation_id: int, epoch: str | None, seq: int | None
@@ -310,6 +327,17 @@ class Hub:
         self._recent.pop(conversation_id, None)
         self._published.pop(conversation_id, None)
         self._touched.pop(conversation_id, None)
+
+    def live_text(self, conversation_id: int) -> dict[int, str]:
+        """Streaming entries' text as this hub delivered it (cluster; the runner has it here)."""
+        return {}
+
+    def state(self, conversation_id: int, kind: str) -> Any:
+        """The last "agent" or "turn" value another node published (cluster; None here)."""
+        return None
+
+    def forget(self, conversation_id: int) -> None:
+        """A deleted conversation: drop what is kept of it beyond this process (cluster)."""
 
     def _wake_soon(self, conversation_id: int) -> None:
         """Have the conversation's tabs woken when the current burst of events ends."""

@@ -19,9 +19,10 @@ from sqlmodel import select
 from starlette.responses import Response
 
 from app import __version__
+from app.cluster import install as install_cluster
+from app.cluster import make_hub, setting_error
 from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine
-from app.hub import Hub
 from app.limits import BodyLimit
 from app.models import Conversation
 from app.notify import Notifier
@@ -84,11 +85,24 @@ def create_app(settings: Settings) -> FastAPI:
             ).first()
         return seq or 0
 
-    hub = Hub(load_seq)
+    if (error := setting_error(settings)) is not None:
+        raise ValueError(error)
+    node = None
+    if settings.redis_url is not None:  # several nodes (app/cluster/)
+        from app.cluster.node import default_node_id
+
+        node = settings.node_id or default_node_id()
+        settings = settings.model_copy(update={"node_id": node})
+    hub = make_hub(settings, load_seq, node or "")
     supervisor = Supervisor(settings, engine, hub)
+    if node is not None:
+        from app.cluster.node import ClusterNode
+
+        supervisor.cluster = ClusterNode(settings, engine, supervisor)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await hub.start()
         await supervisor.start()
         try:
             yield
@@ -96,6 +110,7 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.notifier.mute()
             await supervisor.stop()
             await app.state.notifier.close()
+            await hub.stop()
             engine.dispose()
 
     # No Swagger UI or ReDoc: they load scripts from a CDN that the CSP blocks (/docs is ours).
@@ -137,6 +152,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(ws.router)
     app.include_router(pages.router)
     app.mount("/static", StaticAssets(directory=STATIC), name="static")
+
+    if node is not None:
+        install_cluster(app)  # a Redis failure: 503
 
     @app.exception_handler(OperationalError)
     async def database_unavailable(_request: Request, error: OperationalError) -> JSONResponse:

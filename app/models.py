@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import JSON, BigInteger, Column, Index, Integer, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from app.unicode_text import has_visible_character, is_valid_unicode
@@ -177,6 +177,21 @@ class PushSubscription(SQLModel, table=True):
     # (the login_session rows of an old token stay until they expire).
     token_tag: str | None = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class Lease(SQLModel, table=True):
+    """Which relay node runs a conversation's agent, and until when (several nodes only).
+
+    Taken and renewed with the database's clock (now()), so the nodes' clocks do not matter.
+    """
+
+    __table_args__ = (Index("ix_lease_node", "node"),)
+
+    conversation_id: int = Field(
+        sa_type=BigInt, primary_key=True, sa_column_kwargs={"autoincrement": False}
+    )
+    node: str
+    expires_at: datetime = Field(sa_type=DateTime(timezone=True))  # type: ignore[call-overload]
 
 
 class HandoffWrite(SQLModel):

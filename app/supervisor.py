@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
@@ -71,6 +71,9 @@ from app.titles import compacted_title
 from app.tools import ToolResult, relay_tools
 from app.views import conversation_view, effective_window, entry_view
 from app.window import ENV_VAR, restart_line
+
+if TYPE_CHECKING:
+    from app.cluster.node import ClusterNode
 
 log = logging.getLogger(__name__)
 
@@ -186,15 +189,20 @@ class Supervisor:
         self._summary_reads: set[asyncio.Task[None]] = set()
         self.lifetime = Lifetime(settings.resolved_data_dir)  # agents end with this relay
         self.agent_budget = settings.agent_budget  # bytes; read once (MemTotal by default)
+        # Several nodes (app/cluster/): this node runs only the conversations it holds a lease of.
+        self.cluster: ClusterNode | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Recover from a previous run, deliver what was queued, start the idle reaper."""
         self.lifetime.start()  # kills the agent processes a crash left running, first
-        with self.session() as session:
-            for conversation in store.conversations_with_work(session=session):
-                self._recover(session, conversation)
+        if self.cluster is not None:  # recovery comes with each lease taken (node.py)
+            await self.cluster.start()
+        else:
+            with self.session() as session:
+                for conversation in store.conversations_with_work(session=session):
+                    self._recover(session, conversation)
         self._reaper = asyncio.create_task(self._reap_idle())
 
     async def stop(self) -> None:
@@ -224,6 +232,8 @@ class Supervisor:
             await self._close_agent(runner)
         await self.backups.drain()
         await self.lifetime.stop()  # and what they left running (tool commands)
+        if self.cluster is not None:
+            await self.cluster.stop()  # leases given back: other nodes take the queues
 
     def session(self) -> Session:
         """A database session."""
@@ -370,10 +380,17 @@ class Supervisor:
     def turn_view(self, conversation_id: int, session: Session) -> dict[str, Any]:
         """The turn state and the number of queued messages."""
         runner = self.runners.get(conversation_id)
-        return {
-            "state": runner.state if runner else "idle",
-            "queued": store.count_queued(session=session, conversation_id=conversation_id),
-        }
+        state = runner.state if runner else "idle"
+        queued = store.count_queued(session=session, conversation_id=conversation_id)
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            # Another node runs it: its last turn event, else the database's word.
+            told = self.hub.state(conversation_id, "turn")
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+            busy = queued or (conversation is not None and conversation.turn_active)
+            state = "idle"
+            if busy:  # compacting, when the owner last said so
+                state = "compacting" if told and told.get("state") == "compacting" else "running"
+        return {"state": state, "queued": queued}
 
     def snapshot(
         self,
@@ -385,6 +402,7 @@ class Supervisor:
     ) -> dict[str, Any]:
         """A conversation with its latest timeline page and turn; live text included."""
         conversation_id = conversation.id or 0
+        seq = self.hub.current_seq(conversation_id)  # first: every event up to it is stored
         entries = store.last_entries(
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
@@ -394,6 +412,8 @@ class Supervisor:
             s.entry_id: s.text
             for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
         }
+        if self.cluster is not None:  # the text as delivered here up to seq, owner or not
+            live = self.hub.live_text(conversation_id)
         # Queued messages are shown at the end, whichever page is asked for.
         queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued"
@@ -406,7 +426,7 @@ class Supervisor:
         view["has_more"] = has_more
         view["turn"] = self.turn_view(conversation_id, session)
         view["agent"] = self.agent_state(conversation_id)
-        view["seq"] = self.hub.current_seq(conversation_id)
+        view["seq"] = seq
         view["epoch"] = self.hub.epoch
         return view
 
@@ -488,6 +508,8 @@ class Supervisor:
     def agent_state(self, conversation_id: int) -> str:
         """asleep (no agent), starting, or ready: what the header shows."""
         runner = self.runners.get(conversation_id)
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            return self.hub.state(conversation_id, "agent") or "asleep"  # the owner's last word
         if runner is None or (runner.agent is None and not runner.starting):
             return "asleep"
         return "starting" if runner.starting else "ready"
@@ -535,6 +557,8 @@ class Supervisor:
         """Store a user message (queued), then hand it to the conversation's runner."""
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
+        if self.cluster is not None:  # this node runs it if nobody does
+            self.cluster.claim_here(conversation.id or 0, conversation.cwd)
         with self.session() as session:
             session.add(conversation)
             entry = self._add(session, conversation, "user", text, state="queued")
@@ -702,6 +726,7 @@ class Supervisor:
             ]
         await self.backups.forget(cid)
         self.hub.release(cid)
+        self.hub.forget(cid)
         self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
         for other in changed:
             if other is not None:
@@ -715,6 +740,9 @@ class Supervisor:
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; its agent is not started.")
         conversation_id = conversation.id or 0
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.warm(conversation_id)  # here if it is free, else on its owner
+            return self.agent_state(conversation_id)
         runner = self.runner(conversation_id)
         runner.last_used = time.monotonic()  # about to be used: the last to be stopped
         busy = runner.task is not None and not runner.task.done()
@@ -733,6 +761,10 @@ class Supervisor:
 
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.send("interrupt", conversation_id)
+            with self.session() as session:
+                return self.turn_view(conversation_id, session)["state"] != "idle"
         runner = self.runners.get(conversation_id)
         if runner is None or runner.state == "idle":
             return False
@@ -758,11 +790,17 @@ class Supervisor:
             self._save(session, conversation, entry, state=state, data=entry.data)
         if future is not None and not future.done():
             future.set_result(decision)
+        elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):
+            fields = {"entry_id": entry_id, "allow": decision.allow, "message": decision.message}
+            self.cluster.send("answer", conversation.id or 0, **fields)
         return entry
 
     # -- delivery --------------------------------------------------------------------------
 
     def _wake(self, conversation_id: int) -> None:
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.wake(conversation_id)  # taken here, or its owner is woken
+            return
         runner = self.runner(conversation_id)
         if self._closing or (runner.task and not runner.task.done()):
             return
@@ -786,6 +824,8 @@ class Supervisor:
     async def _deliver_queue(self, runner: Runner) -> None:
         delay = RETRY_SECONDS
         while not self._closing:
+            if self.cluster is not None and not self.cluster.holds(runner.conversation_id):
+                return  # the lease went to another node: it delivers the rest
             await wait_until_writable(self.engine)  # another program's lock: wait, loop running
             try:
                 prompt = self._next_turn(runner)

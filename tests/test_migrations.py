@@ -40,6 +40,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
         "conversation",
         "entry",
         "handoff",
+        "lease",
         "login_session",
         "pin",
         "push_subscription",
@@ -50,7 +51,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0008", "0008")
+    assert (current, head) == ("0009", "0009")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -73,7 +74,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0008"
+        assert MigrationContext.configure(connection).get_current_revision() == "0009"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

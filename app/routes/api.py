@@ -163,6 +163,7 @@ async def get_conversation(
     before: Cursor = None,
 ) -> dict[str, Any]:
     """A conversation with its latest timeline page and its turn."""
+    await supervisor.hub.prepare(conversation_id)  # a cluster node reads its stream first
     conversation = load_conversation(supervisor, conversation_id)
     with supervisor.session() as session:
         return supervisor.snapshot(conversation, session, limit=limit, before_seq=before)

@@ -101,6 +101,9 @@ async def _receive(
             socket.app.state.notifier.presence(subscriber, session_key, visible)
             subscriber.offer({"type": "presence", "visible": visible})
             continue
+        if request.get("type") == "subscribe" and _is_id(request.get("conversation_id")):
+            # A cluster node reads the conversation's stream first (nothing in one process).
+            await supervisor.hub.prepare(request["conversation_id"])
         subscriber.offer(_answer(supervisor, subscriber, request))
 
 

@@ -1,0 +1,383 @@
+"""The Hub of a cluster node: each conversation's events go through one Redis Stream.
+
+Numbers: one counter per conversation in Redis (INCR), taken before the database write,
+so the unique (conversation_id, seq) index and every node agree. Events: appended (XADD,
+MAXLEN ~ STREAM_EVENTS) by the node that made them, after its commit; every node reads the
+streams its tabs follow (XREAD) and fans them out locally in seq order (ordering.py). The
+epoch is shared (a Redis key), so a tab that reconnects to another node with (epoch, seq)
+gets exactly what it missed from the stream, or a snapshot once it was trimmed.
+The conversation list goes out on a pub/sub channel (no replay: a tab reloads it when it
+reconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from app.cluster.ordering import Orderer, contiguous_top
+from app.hub import Event, Hub, encode
+
+log = logging.getLogger(__name__)
+
+PREFIX = "oarlock:"
+EPOCH_KEY = PREFIX + "epoch"
+BROADCAST = PREFIX + "broadcast"
+STREAM_EVENTS = 4096  # events kept per conversation stream (approximately: MAXLEN ~)
+READ_BLOCK_MS = 1000  # an XREAD waits this long at most (holes are checked in between)
+OUTBOX_MAX = 100_000  # events waiting for Redis before the oldest are dropped (tabs resync)
+TIMEOUT = 2.0  # seconds any Redis command may take
+
+
+def stream_key(conversation_id: int) -> str:
+    """The conversation's event stream."""
+    return f"{PREFIX}events:{conversation_id}"
+
+
+def seq_key(conversation_id: int) -> str:
+    """The conversation's sequence counter."""
+    return f"{PREFIX}seq:{conversation_id}"
+
+
+def entry_time(stream_id: bytes | str) -> float:
+    """When a stream entry was appended (its id's milliseconds), in seconds."""
+    text = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+    return int(text.split("-", 1)[0]) / 1000
+
+
+# INCR only a counter that exists: a missing one (new conversation, or Redis lost its data)
+# is first set from the database's last_seq, never restarted at 1 under stored entries.
+_NEXT = (
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end return redis.call('INCR', KEYS[1])"
+)
+
+
+class ClusterHub(Hub):
+    """Hub whose numbering and event log live in Redis; fan-out to this node's tabs as before."""
+
+    def __init__(self, load_seq: Callable[[int], int], url: str, node: str) -> None:
+        super().__init__(load_seq)
+        self.url = url
+        self.node = node
+        self.sync = redis.Redis.from_url(
+            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT
+        )
+        self.aio = aioredis.Redis.from_url(url, socket_connect_timeout=TIMEOUT)
+        self.epoch = self._shared_epoch()
+        self._next = self.sync.register_script(_NEXT)
+        self._order: dict[int, Orderer] = {}  # the conversations this node reads, in order
+        self._last_id: dict[int, bytes | str] = {}  # the last stream id read, per conversation
+        self._live: dict[int, dict[int, list[str]]] = {}  # streaming entries' text, delivered
+        self._states: dict[int, dict[str, Any]] = {}  # the last agent and turn events delivered
+        self._outbox: deque[tuple[str, Any]] = deque()  # ("x", (cid, seq, text)) | ("b", text)
+        self._ready = asyncio.Event()  # set: the outbox has something
+        self._drained = asyncio.Event()  # set: the outbox is empty
+        self._drained.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._nudge = f"{PREFIX}nudge:{node}"
+        self._reader_aio: aioredis.Redis | None = None
+
+    def _shared_epoch(self) -> str:
+        """The cluster's epoch: made by the first node, read by the others."""
+        self.sync.set(EPOCH_KEY, secrets.token_hex(6), nx=True)
+        value = self.sync.get(EPOCH_KEY)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the writer, the stream reader and the broadcast listener."""
+        self._reader_aio = aioredis.Redis.from_url(self.url, socket_connect_timeout=TIMEOUT)
+        self._tasks = [
+            asyncio.create_task(self._write(), name="cluster-write"),
+            asyncio.create_task(self._read(), name="cluster-read"),
+            asyncio.create_task(self._listen(), name="cluster-listen"),
+        ]
+
+    async def stop(self) -> None:
+        """Send what is still queued (briefly), stop the tasks, close the connections."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                await self._drained.wait()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for client in (self.aio, self._reader_aio):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+        self.sync.close()
+
+    # -- numbering ---------------------------------------------------------------------------
+
+    def next_seq(self, conversation_id: int) -> int:
+        """Take the conversation's next number from its counter in Redis (every node's)."""
+        key = seq_key(conversation_id)
+        value = int(self._next(keys=[key]))
+        if value < 0:
+            self.sync.set(key, self._load_seq(conversation_id), nx=True)
+            value = int(self._next(keys=[key]))
+        self._touched[conversation_id] = time.monotonic()
+        return value
+
+    def emit(self, conversation_id: int, event: Event) -> Event:
+        """Number and publish an ephemeral event; without Redis it is dropped (tabs resync)."""
+        try:
+            event["seq"] = self.next_seq(conversation_id)
+        except (redis.RedisError, OSError) as error:  # what was stored before it stays stored
+            log.warning("event of conversation %s not sent: %s", conversation_id, error)
+            return event
+        return self.publish(conversation_id, event)
+
+    def rewind(self, conversation_id: int, seq: int) -> None:
+        """A number taken but not used: another node may hold the next, so fill the hole."""
+        self.publish(conversation_id, {"type": "skip", "seq": seq})
+
+    def current_seq(self, conversation_id: int) -> int:
+        """The seq a snapshot taken now may claim: every event up to it is stored or sent."""
+        order = self._order.get(conversation_id)
+        if order is not None:
+            return order.delivered
+        return self._stream_top(conversation_id)
+
+    def _stream_top(self, conversation_id: int) -> int:
+        tail = self.sync.xrevrange(stream_key(conversation_id), count=64)
+        top = contiguous_top(
+            [(int(fields[b"s"]), entry_time(stream_id)) for stream_id, fields in tail], time.time()
+        )
+        if top is not None:
+            return top
+        counter = self.sync.get(seq_key(conversation_id))
+        return int(counter) if counter is not None else self._load_seq(conversation_id)
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(self, conversation_id: int, event: Event) -> Event:
+        """Queue an event (which carries its seq) for the conversation's stream."""
+        event["conversation_id"] = conversation_id
+        self._send(("x", (conversation_id, event["seq"], encode(event))))
+        self._touched[conversation_id] = time.monotonic()
+        self._watch(conversation_id, event)
+        return event
+
+    def broadcast(self, event: Event) -> None:
+        """Send a conversation-list event to every node's tabs."""
+        self._send(("b", encode(event)))
+        self._watch(None, event)
+
+    def _send(self, item: tuple[str, Any]) -> None:
+        if len(self._outbox) >= OUTBOX_MAX:
+            self._outbox.popleft()  # Redis has been away long: its tabs will resync
+        self._outbox.append(item)
+        self._drained.clear()
+        self._ready.set()
+
+    async def _write(self) -> None:
+        """Append queued events in the order they were made (one pipeline per burst)."""
+        delay = 0.1
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._outbox:
+                batch = list(self._outbox)
+                try:
+                    async with self.aio.pipeline(transaction=False) as pipe:
+                        for kind, payload in batch:
+                            if kind == "x":
+                                cid, seq, text = payload
+                                pipe.xadd(
+                                    stream_key(cid),
+                                    {"s": seq, "e": text},
+                                    maxlen=STREAM_EVENTS,
+                                    approximate=True,
+                                )
+                            else:
+                                pipe.publish(BROADCAST, payload)
+                        await pipe.execute()
+                except (redis.RedisError, OSError) as error:
+                    log.warning("cannot reach Redis (%s); retrying in %.1f s", error, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.1
+                for _ in batch:
+                    if self._outbox:
+                        self._outbox.popleft()
+            self._drained.set()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def prepare(self, conversation_id: int) -> None:
+        """Read the conversation's stream so far and follow it from now on (once)."""
+        if not isinstance(conversation_id, int) or conversation_id in self._order:
+            return
+        key = stream_key(conversation_id)
+        base = await self.aio.get(seq_key(conversation_id))
+        entries = await self.aio.xrange(key)
+        if conversation_id in self._order:  # prepared meanwhile
+            return
+        if entries:
+            first = min(int(fields[b"s"]) for _, fields in entries)
+            order = Orderer(first - 1)
+        else:
+            loaded = int(base) if base is not None else self._load_seq(conversation_id)
+            order = Orderer(loaded)
+        self._order[conversation_id] = order
+        self._seq[conversation_id] = order.delivered
+        self._last_id[conversation_id] = entries[-1][0] if entries else "0-0"
+        self._touched[conversation_id] = time.monotonic()
+        now = time.monotonic()
+        for _stream_id, fields in entries:
+            self._arrive(conversation_id, fields, now)
+        with contextlib.suppress(redis.RedisError, OSError):
+            await self.aio.xadd(self._nudge, {"n": "1"}, maxlen=8, approximate=False)
+
+    def _arrive(self, conversation_id: int, fields: dict[bytes, bytes], at: float) -> None:
+        order = self._order.get(conversation_id)
+        if order is None:
+            return
+        seq, text = int(fields[b"s"]), fields[b"e"].decode()
+        for ready_seq, ready_text in order.add(seq, text, at):
+            self._fan_out(conversation_id, ready_seq, ready_text)
+        self._seq[conversation_id] = order.delivered
+
+    def _fan_out(self, conversation_id: int, seq: int, text: str) -> None:
+        """Hand an event on to this node's tabs, keeping streaming text as the owner has it."""
+        if text.startswith(('{"type":"delta"', '{"type":"entry"')):
+            self._follow_text(conversation_id, json.loads(text))
+        elif text.startswith(('{"type":"agent"', '{"type":"turn"')):
+            event = json.loads(text)
+            self._states.setdefault(conversation_id, {})[event["type"]] = event[event["type"]]
+        super()._fan_out(conversation_id, seq, text)
+
+    def state(self, conversation_id: int, kind: str) -> Any:
+        """The last "agent" or "turn" value delivered here for a conversation (or None)."""
+        return self._states.get(conversation_id, {}).get(kind)
+
+    def _follow_text(self, conversation_id: int, event: Event) -> None:
+        live = self._live.setdefault(conversation_id, {})
+        if event["type"] == "entry":
+            entry = event.get("entry") or {}
+            if entry.get("state") == "streaming":
+                live[entry["id"]] = [entry.get("text") or ""]
+            else:
+                live.pop(entry.get("id"), None)
+        elif event.get("text") and event.get("entry_id") in live:
+            live[event["entry_id"]].append(event["text"])
+
+    def live_text(self, conversation_id: int) -> dict[int, str]:
+        """The text streamed so far of the conversation's streaming entries, as delivered here."""
+        return {eid: "".join(parts) for eid, parts in self._live.get(conversation_id, {}).items()}
+
+    async def _read(self) -> None:
+        """XREAD every followed stream (and this node's nudge stream) from where it was left."""
+        assert self._reader_aio is not None
+        nudge_id: bytes | str = "$"
+        delay = 0.1
+        while True:
+            streams: dict[Any, Any] = {self._nudge: nudge_id}
+            streams |= {stream_key(cid): self._last_id[cid] for cid in self._order}
+            try:
+                answer = await self._reader_aio.xread(streams, block=READ_BLOCK_MS)
+            except (redis.RedisError, OSError) as error:
+                log.warning("cannot read the event streams (%s)", error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            for key, entries in answer or []:
+                name = key.decode() if isinstance(key, bytes) else key
+                if name == self._nudge:
+                    nudge_id = entries[-1][0]
+                    continue
+                cid = int(name.rsplit(":", 1)[1])
+                if cid not in self._order:
+                    continue
+                now = time.monotonic()
+                for _stream_id, fields in entries:
+                    self._arrive(cid, fields, now)
+                self._last_id[cid] = entries[-1][0]
+            await self._check_epoch()
+            now = time.monotonic()
+            for cid, order in self._order.items():
+                for seq, text in order.expire(now):
+                    self._fan_out(cid, seq, text)
+                self._seq[cid] = order.delivered
+
+    async def _check_epoch(self) -> None:
+        """Redis lost its data (restart without persistence): a new epoch, tabs get snapshots.
+
+        The counters start again from the database, so numbers this node handed on before
+        may come again: the tabs are told the new epoch and resubscribe (a snapshot each).
+        """
+        assert self._reader_aio is not None
+        try:
+            await self._reader_aio.set(EPOCH_KEY, secrets.token_hex(6), nx=True)
+            value = await self._reader_aio.get(EPOCH_KEY)
+        except (redis.RedisError, OSError):
+            return
+        epoch = value.decode() if isinstance(value, bytes) else str(value)
+        if epoch == self.epoch:
+            return
+        log.warning("new cluster epoch %s (Redis lost its data): tabs get snapshots", epoch)
+        self.epoch = epoch
+        for cid in list(self._order):
+            self._recent.pop(cid, None)
+            self._order.pop(cid, None)
+            self._last_id.pop(cid, None)
+            self._live.pop(cid, None)
+            self._states.pop(cid, None)
+            self._seq.pop(cid, None)
+        self._broadcast_text(encode({"type": "hello", "epoch": epoch}))
+
+    async def _listen(self) -> None:
+        """Pass the conversation-list events of every node to this node's tabs."""
+        while True:
+            try:
+                pubsub = self.aio.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(BROADCAST)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message["data"]
+                        self._broadcast_text(data.decode() if isinstance(data, bytes) else data)
+            except (redis.RedisError, OSError) as error:
+                log.warning("broadcast channel lost (%s); listening again", error)
+                await asyncio.sleep(1)
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def missed(self, conversation_id: int, epoch: str | None, seq: int | None) -> Any:
+        """Events after seq, or None when they cannot be replayed exactly (a skipped hole)."""
+        found = super().missed(conversation_id, epoch, seq)
+        if found and seq is not None:
+            expected = range(seq + 1, seq + 1 + len(found))
+            if any(p.seq != n for p, n in zip(found, expected, strict=True)):
+                return None
+        return found
+
+    def release(self, conversation_id: int) -> None:
+        """Stop reading a conversation's stream on this node and forget what was read."""
+        if conversation_id in self._waking:
+            return
+        super().release(conversation_id)
+        self._order.pop(conversation_id, None)
+        self._last_id.pop(conversation_id, None)
+        self._live.pop(conversation_id, None)
+        self._states.pop(conversation_id, None)
+
+    def forget(self, conversation_id: int) -> None:
+        """A deleted conversation: its stream and counter go too (ids are never reused)."""
+        with contextlib.suppress(redis.RedisError, OSError):
+            self.sync.delete(stream_key(conversation_id), seq_key(conversation_id))

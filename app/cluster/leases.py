@@ -1,0 +1,104 @@
+"""Conversation leases in PostgreSQL: one owner node per conversation, with the database's locks.
+
+A lease is a row (conversation_id, node, expires_at). Taking one is one INSERT … ON CONFLICT DO
+UPDATE … WHERE the row is ours or expired: PostgreSQL locks the row for the statement, so of
+two nodes racing for it exactly one gets it back. Every time is the database's now(), so the
+nodes' clocks play no part. These run in worker threads (asyncio.to_thread), off the loop.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+_ACQUIRE = text(
+    """
+    INSERT INTO lease (conversation_id, node, expires_at)
+    VALUES (:cid, :node, now() + make_interval(secs => :secs))
+    ON CONFLICT (conversation_id) DO UPDATE
+        SET node = EXCLUDED.node, expires_at = EXCLUDED.expires_at
+        WHERE lease.node = EXCLUDED.node OR lease.expires_at < now()
+    RETURNING node
+    """
+)
+_RENEW = text(
+    """
+    UPDATE lease SET expires_at = now() + make_interval(secs => :secs)
+    WHERE node = :node AND expires_at >= now()
+    RETURNING conversation_id
+    """
+)
+_RELEASE = text("DELETE FROM lease WHERE conversation_id = :cid AND node = :node")
+_RELEASE_ALL = text("DELETE FROM lease WHERE node = :node")
+# Conversations with work (a turn cut short, messages queued, text left streaming, a question
+# left open) that no live lease covers: a dead node's, or never taken.
+_ORPHANS = text(
+    """
+    SELECT c.id, c.cwd FROM conversation c
+    LEFT JOIN lease l ON l.conversation_id = c.id AND l.expires_at >= now()
+    WHERE l.conversation_id IS NULL
+      AND (c.turn_active OR EXISTS (
+          SELECT 1 FROM entry e WHERE e.conversation_id = c.id
+            AND e.state IN ('queued', 'streaming', 'pending')))
+    ORDER BY c.id
+    LIMIT :limit
+    """
+)
+# Conversations a node holds that have messages waiting (a wake-up may have been lost).
+_WAITING = text(
+    """
+    SELECT DISTINCT e.conversation_id FROM entry e
+    JOIN lease l ON l.conversation_id = e.conversation_id
+    WHERE l.node = :node AND e.state = 'queued'
+    """
+)
+_OWNER = text("SELECT node FROM lease WHERE conversation_id = :cid AND expires_at >= now()")
+
+
+def acquire(engine: Engine, conversation_id: int, node: str, seconds: float) -> bool:
+    """Take (or extend) a conversation's lease; False while another node's is live."""
+    with engine.begin() as connection:
+        row = connection.execute(
+            _ACQUIRE, {"cid": conversation_id, "node": node, "secs": seconds}
+        ).first()
+    return row is not None
+
+
+def renew(engine: Engine, node: str, seconds: float) -> set[int]:
+    """Extend every live lease of a node; the conversations it still holds."""
+    with engine.begin() as connection:
+        rows = connection.execute(_RENEW, {"node": node, "secs": seconds}).all()
+    return {int(row[0]) for row in rows}
+
+
+def release(engine: Engine, conversation_id: int, node: str) -> None:
+    """Give a lease back (another node may take the conversation at once)."""
+    with engine.begin() as connection:
+        connection.execute(_RELEASE, {"cid": conversation_id, "node": node})
+
+
+def release_all(engine: Engine, node: str) -> None:
+    """Give back every lease of a node (it is stopping)."""
+    with engine.begin() as connection:
+        connection.execute(_RELEASE_ALL, {"node": node})
+
+
+def orphans(engine: Engine, limit: int = 100) -> list[tuple[int, str]]:
+    """Conversations with work and no live lease: (id, working directory)."""
+    with engine.begin() as connection:
+        rows = connection.execute(_ORPHANS, {"limit": limit}).all()
+    return [(int(row[0]), str(row[1])) for row in rows]
+
+
+def waiting(engine: Engine, node: str) -> set[int]:
+    """The conversations a node holds whose messages wait."""
+    with engine.begin() as connection:
+        rows = connection.execute(_WAITING, {"node": node}).all()
+    return {int(row[0]) for row in rows}
+
+
+def owner(engine: Engine, conversation_id: int) -> str | None:
+    """The node holding a conversation's live lease, if any."""
+    with engine.begin() as connection:
+        row = connection.execute(_OWNER, {"cid": conversation_id}).first()
+    return str(row[0]) if row is not None else None

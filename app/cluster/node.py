@@ -1,0 +1,328 @@
+"""A relay node of a cluster: which conversations it runs, and how work reaches their owner.
+
+A message posted to any node is stored there (queued, as on one node) and that node asks for
+the conversation's lease (leases.py). It runs the conversation if it gets it; otherwise it
+sends a wake-up on the control channel (Redis pub/sub), and the owner delivers the queue from
+the database. Stop, a permission answer and a warm-up reach the owner the same way. A heartbeat
+every third of OARLOCK_LEASE_SECONDS renews this node's leases, gives back those of
+conversations with nothing live here, and takes over conversations with work whose lease
+expired (a dead node's): what it left open is closed as after a restart, the queue is
+delivered, and the agent resumes its session, or starts a new one seeded with the
+carry-over summary when the session's files are not reachable from this node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import json
+import logging
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio as aioredis
+from sqlalchemy.engine import Engine
+
+from app import store
+from app.agents.base import PermissionDecision
+from app.agents.transcript import config_dir
+from app.cluster import leases
+from app.cluster.events import PREFIX, TIMEOUT
+from app.config import Settings
+from app.providers import agent_env
+from app.summary import SummaryMessage, build_summary
+
+if TYPE_CHECKING:
+    from app.models import Conversation
+    from app.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+CONTROL = PREFIX + "control"
+MOVED_LINE = (
+    "This conversation moved to another relay node, which cannot reach the agent's session: "
+    "a new session starts with a summary of the conversation."
+)
+
+
+def default_node_id() -> str:
+    """This process's name in the cluster: host, pid and a random part (never reused)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def can_run(cwd: str, roots: list[Path], running: int, max_agents: int | None) -> bool:
+    """Whether a node may take a conversation: its directory is here and there is room."""
+    if max_agents is not None and running >= max_agents:
+        return False
+    path = Path(cwd).expanduser().resolve()
+    return path.is_dir() and any(path.is_relative_to(root) for root in roots)
+
+
+def session_reachable(provider: str, session_id: str, env: dict[str, str]) -> bool:
+    """Whether the agent's session can be resumed here (Claude Code: its transcript file)."""
+    if not provider.startswith(("claude", "deepseek")):
+        return True  # the demo keeps nothing; the SDK engine's sessions are its own business
+    projects = config_dir(env) / "projects"
+    return bool(glob.glob(str(projects / "*" / f"{glob.escape(session_id)}.jsonl")))
+
+
+class ClusterNode:
+    """This node's leases and its side of the control channel."""
+
+    def __init__(self, settings: Settings, engine: Engine, supervisor: Supervisor) -> None:
+        assert settings.redis_url is not None
+        self.settings = settings
+        self.engine = engine
+        self.supervisor = supervisor
+        self.node = settings.node_id or default_node_id()
+        self.seconds = settings.lease_seconds
+        self.held: set[int] = set()
+        self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._claiming: set[int] = set()
+
+    def holds(self, conversation_id: int) -> bool:
+        """Whether this node runs the conversation (holds its lease)."""
+        return conversation_id in self.held
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on the control channel, start the heartbeat (which takes orphans at once)."""
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="cluster-control"),
+            asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the tasks and give every lease back: other nodes take the work at once."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self.held.clear()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(leases.release_all, self.engine, self.node)
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+
+    # -- work reaching the owner -------------------------------------------------------------
+
+    def wake(self, conversation_id: int) -> None:
+        """Queued work for a conversation this node does not hold: take it, or wake its owner."""
+        asyncio.get_running_loop().create_task(self._claim_or_send("wake", conversation_id))
+
+    def warm(self, conversation_id: int) -> None:
+        """Someone types in a conversation this node does not hold: warm it here or there."""
+        asyncio.get_running_loop().create_task(self._warm(conversation_id))
+
+    async def _warm(self, conversation_id: int) -> None:
+        if not await self.claim(conversation_id):
+            await self._publish("warm", conversation_id)
+            return
+        with self.supervisor.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+        if conversation is not None and conversation.status == "active":
+            self.supervisor.warm(conversation)
+
+    def send(self, op: str, conversation_id: int, **fields: Any) -> None:
+        """Pass a command (interrupt, answer, warm) to the conversation's owner."""
+        asyncio.get_running_loop().create_task(self._publish(op, conversation_id, **fields))
+
+    async def _publish(self, op: str, conversation_id: int, **fields: Any) -> None:
+        message = json.dumps({"op": op, "cid": conversation_id, "from": self.node, **fields})
+        try:
+            await self.redis.publish(CONTROL, message)
+        except (redis.RedisError, OSError) as error:  # the heartbeat's scan is the fallback
+            log.warning("cannot send %s for conversation %s: %s", op, conversation_id, error)
+
+    async def _claim_or_send(self, op: str, conversation_id: int) -> None:
+        if await self.claim(conversation_id):
+            return
+        try:  # named, so that only the owner acts (or, with no owner, whoever can take it)
+            owner = await asyncio.to_thread(leases.owner, self.engine, conversation_id)
+        except Exception:  # the heartbeats' scans find the work all the same
+            log.exception("no owner known for conversation %s", conversation_id)
+            return
+        await self._publish(op, conversation_id, owner=owner)
+
+    async def claim(self, conversation_id: int, cwd: str | None = None) -> bool:
+        """Take a conversation's lease when this node can run it; True once it runs here."""
+        if conversation_id in self.held:
+            return True
+        if conversation_id in self._claiming:
+            return False
+        self._claiming.add(conversation_id)
+        try:
+            if cwd is None:
+                with self.supervisor.session() as session:
+                    found = store.get_conversation(session=session, conversation_id=conversation_id)
+                if found is None:
+                    return False
+                cwd = found.cwd
+            if not can_run(cwd, self.settings.roots, len(self.held), self.settings.max_agents):
+                return False
+            taken = await asyncio.to_thread(
+                leases.acquire, self.engine, conversation_id, self.node, self.seconds
+            )
+            if not taken:
+                return False
+            self.held.add(conversation_id)
+            log.info("node %s runs conversation %s", self.node, conversation_id)
+            try:
+                self._take_over(conversation_id)
+            except Exception:  # the lease goes back: another node (or a later scan) tries
+                log.exception("taking over conversation %s failed", conversation_id)
+                self.held.discard(conversation_id)
+                await asyncio.to_thread(leases.release, self.engine, conversation_id, self.node)
+                return False
+            return True
+        except Exception:  # a database that fails now: the heartbeat tries again
+            log.exception("claiming conversation %s failed", conversation_id)
+            return False
+        finally:
+            self._claiming.discard(conversation_id)
+
+    def claim_here(self, conversation_id: int, cwd: str) -> None:
+        """Before a message is stored here: take the conversation's lease if it is free.
+
+        Taken first, so that no other node's scan sees the queued message without a lease
+        and takes it meanwhile: the node a message reaches runs it when it can.
+        """
+        if conversation_id in self.held or conversation_id in self._claiming:
+            return
+        if not can_run(cwd, self.settings.roots, len(self.held), self.settings.max_agents):
+            return
+        try:
+            if not leases.acquire(self.engine, conversation_id, self.node, self.seconds):
+                return
+        except Exception:  # the message is stored all the same; the owner is found later
+            log.exception("claiming conversation %s failed", conversation_id)
+            return
+        self.held.add(conversation_id)
+        log.info("node %s runs conversation %s", self.node, conversation_id)
+        self._take_over(conversation_id)
+
+    def _take_over(self, conversation_id: int) -> None:
+        """Close what an earlier owner left open, move to a new session if need be, deliver."""
+        supervisor = self.supervisor
+        with supervisor.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+            if conversation is None:
+                return
+            if conversation.session_id is not None and not self._reachable(conversation):
+                self._new_session(session, conversation)
+            supervisor._recover(session, conversation)
+
+    def _reachable(self, conversation: Conversation) -> bool:
+        env = agent_env(conversation.provider, self.settings, conversation.auto_compact_window)
+        return session_reachable(conversation.provider, conversation.session_id or "", env)
+
+    def _new_session(self, session: Any, conversation: Conversation) -> None:
+        """Start the conversation over in a new session, carrying a summary (SPEC §2)."""
+        messages = store.recent_messages(session=session, conversation_id=conversation.id or 0)
+        summary = build_summary(
+            conversation.title,
+            [SummaryMessage("user" if m.kind == "user" else "agent", m.text) for m in messages],
+        )
+        changes: dict[str, Any] = {"session_id": None}
+        if conversation.pending_summary is None:
+            changes["pending_summary"] = summary
+        store.update_conversation(session=session, conversation=conversation, **changes)
+        self.supervisor._line(
+            session, conversation, MOVED_LINE, level="warning", data={"type": "moved"}
+        )
+
+    # -- the control channel -----------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(CONTROL)
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        await self._on_control(json.loads(message["data"]))
+                    except Exception:
+                        log.exception("control message failed: %r", message.get("data"))
+            except (redis.RedisError, OSError) as error:
+                log.warning("control channel lost (%s); listening again", error)
+                await asyncio.sleep(1)
+
+    async def _on_control(self, message: dict[str, Any]) -> None:
+        op, cid = message.get("op"), message.get("cid")
+        if not isinstance(cid, int) or message.get("from") == self.node:
+            return
+        supervisor = self.supervisor
+        if op == "wake":
+            if cid in self.held:
+                supervisor._wake(cid)
+            elif message.get("owner") is None:
+                await self.claim(cid)  # nobody runs it (yet): whoever gets the lease does
+        elif op == "warm" and await self.claim(cid):
+            with supervisor.session() as session:
+                conversation = store.get_conversation(session=session, conversation_id=cid)
+            if conversation is not None and conversation.status == "active":
+                supervisor.warm(conversation)
+        elif op == "interrupt" and cid in self.held:
+            await supervisor.interrupt(cid)
+        elif op == "answer" and cid in self.held:
+            runner = supervisor.runners.get(cid)
+            entry_id = message.get("entry_id")
+            future = runner.questions.pop(entry_id, None) if runner and entry_id else None
+            if future is not None and not future.done():
+                allow = bool(message.get("allow"))
+                future.set_result(PermissionDecision(allow, str(message.get("message") or "")))
+
+    # -- the heartbeat -----------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                await self._beat()
+            except Exception:  # the database or Redis failed: the next beat tries again
+                log.exception("cluster heartbeat failed")
+            await asyncio.sleep(self.seconds / 3)
+
+    async def _beat(self) -> None:
+        kept = await asyncio.to_thread(leases.renew, self.engine, self.node, self.seconds)
+        for cid in self.held - kept:  # expired under us (a stall longer than the lease)
+            log.warning("node %s lost the lease of conversation %s", self.node, cid)
+            self.held.discard(cid)  # first: its runner starts no other turn
+            runner = self.supervisor.runners.get(cid)
+            if runner is not None:
+                await self.supervisor._interrupt_agent(runner)
+                await self.supervisor._close_agent(runner)
+        for cid in list(self.held):
+            if self._idle(cid):
+                self.held.discard(cid)
+                await asyncio.to_thread(leases.release, self.engine, cid, self.node)
+        for cid, cwd in await asyncio.to_thread(leases.orphans, self.engine):
+            await self.claim(cid, cwd)
+        # Pub/sub delivers at most once: a wake-up lost on the way is made up for here.
+        for cid in await asyncio.to_thread(leases.waiting, self.engine, self.node):
+            runner = self.supervisor.runners.get(cid)
+            if cid in self.held and (runner is None or runner.task is None or runner.task.done()):
+                self.supervisor._wake(cid)
+
+    def _idle(self, conversation_id: int) -> bool:
+        """Nothing of the conversation is live here: its lease can go back."""
+        runner = self.supervisor.runners.get(conversation_id)
+        if runner is None:
+            return True
+        return (
+            runner.agent is None
+            and runner.state == "idle"
+            and not (runner.task is not None and not runner.task.done())
+            and not (runner.warming is not None and not runner.warming.done())
+            and not runner.starting
+            and not runner.questions
+        )

@@ -1,0 +1,51 @@
+"""Several nodes in a real Chromium: two pages on two nodes follow a conversation that a third
+node runs; a kill -9 of that node mid-turn, and another node carries the conversation on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from playwright.sync_api import expect
+
+from app.supervisor import UNKNOWN_LINE
+from tests.browser import Pages, agent_reply, line, send_text, user_bubble
+from tests.cluster import cluster
+from tests.crash import RelayProcess
+
+
+def at(node: RelayProcess) -> Any:
+    """What Pages.open needs of a relay: its base URL."""
+    return SimpleNamespace(base=str(node.client.base_url).rstrip("/"))
+
+
+def streaming(page: Any) -> Any:
+    return page.locator('[data-testid="entry-agent"][data-state="streaming"]')
+
+
+def test_pages_on_two_nodes_follow_a_turn_and_its_takeover(pages: Pages, tmp_path: Path) -> None:
+    with cluster(tmp_path) as nodes:
+        first, second, third = nodes.start(3, OARLOCK_DEMO_DELAY="0.05")
+        cid = third.create(provider="demo", title="Cluster")
+        p1 = pages.open(at(first), f"/c/{cid}")
+        p2 = pages.open(at(second), f"/c/{cid}")
+        for page in (p1, p2):
+            expect(page.get_by_test_id("message-input")).to_be_editable()
+        third.send(cid, "slow story please")  # the third node receives it and runs the turn
+        for page in (p1, p2):  # both follow it live, from their own nodes
+            expect(user_bubble(page, "slow story please")).to_have_count(1)
+            expect(streaming(page)).to_have_count(1)
+        send_text(p1, "after the crash")  # posted to node 1, queued behind the running turn
+        expect(user_bubble(p2, "after the crash")).to_have_count(1)
+        nodes.kill(third)  # mid-turn
+        for page in (p1, p2):
+            # The lease runs out (3 s), then another node's scan takes it: a loaded machine
+            # may take longer than the usual wait.
+            expect(line(page, UNKNOWN_LINE)).to_be_visible(timeout=60_000)  # the cut turn
+            expect(agent_reply(page, "after the crash")).to_have_count(1)
+            expect(agent_reply(page, "slow story please")).to_have_count(0)
+            expect(user_bubble(page, "slow story please")).to_have_count(1)  # stored once
+            expect(user_bubble(page, "after the crash")).to_have_count(1)
+            expect(streaming(page)).to_have_count(0)
+        pages.assert_clean()

@@ -1,0 +1,288 @@
+"""Several relay nodes: PostgreSQL + Redis started by the test, three `oarlock serve` processes.
+
+Events of a conversation reach every node in order, a tab that reconnects to another node gets
+exactly what it missed, one node runs each conversation, and a kill -9 of that node hands the
+conversation to another: every acknowledged message stored once, answered or marked as cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import redis
+from websockets.sync.client import ClientConnection, connect
+
+from app.cluster import ENGINE_DOWN
+from app.cluster.node import MOVED_LINE
+from tests.cluster import Nodes, cluster
+from tests.crash import ROOT, TIMEOUT, RelayProcess, entry, of_kind
+from tests.relay import TOKEN, receive, receive_until
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    """A cluster of three nodes."""
+    with cluster(tmp_path) as running:
+        running.start(3)
+        yield running
+
+
+def cookie(node: RelayProcess) -> str:
+    """A logged-in browser session on a node (a login by URL)."""
+    base = str(node.client.base_url)
+    with httpx.Client(base_url=base, timeout=30) as client:
+        response = client.get(f"/?token={TOKEN}")
+    assert response.status_code == 303, response.text
+    return response.headers["set-cookie"].split(";")[0]
+
+
+def open_socket(node: RelayProcess) -> ClientConnection:
+    """A WebSocket to a node, logged in, from the node's own origin."""
+    base = str(node.client.base_url).rstrip("/")
+    headers = {"Cookie": cookie(node), "Origin": base}
+    url = base.replace("http://", "ws://") + "/ws"
+    return connect(url, additional_headers=headers, open_timeout=10)
+
+
+def follow(ws: ClientConnection, cid: int, **resume: Any) -> dict[str, Any]:
+    """Subscribe (with epoch and seq to resume); the first answer."""
+    hello = receive(ws)
+    assert hello["type"] == "hello"
+    ws.send(json.dumps({"type": "subscribe", "conversation_id": cid, **resume}))
+    return receive(ws)
+
+
+def answered(view: dict[str, Any], text: str) -> bool:
+    """Whether the demo's finished answer to text is in the timeline."""
+    return any(
+        e["state"] == "done" and f"You said: “{text}" in e["text"] for e in of_kind(view, "agent")
+    )
+
+
+def test_a_cluster_node_refuses_sqlite(tmp_path: Path) -> None:
+    """OARLOCK_REDIS_URL without a PostgreSQL database: a clear error, nothing served."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OARLOCK_TOKEN": TOKEN,
+        "OARLOCK_REDIS_URL": "redis://127.0.0.1:1/0",
+    }
+    env.pop("OARLOCK_DATABASE_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--data-dir", str(tmp_path / "data")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "OARLOCK_REDIS_URL (several relay nodes) needs a PostgreSQL database" in result.stderr
+    assert not (tmp_path / "data" / "oarlock.db").exists()  # nothing was created
+
+
+def test_events_reach_every_node_in_order_and_a_resume_elsewhere_gets_what_it_missed(
+    nodes: Nodes,
+) -> None:
+    """A tab on node 2 follows a message posted to node 3; node 1 resumes from the middle."""
+    first, second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Across nodes")
+    with open_socket(second) as ws:
+        answer = follow(ws, cid, epoch=None, seq=None)
+        assert answer["type"] == "snapshot"
+        epoch = answer["conversation"]["epoch"]
+        start = answer["conversation"]["seq"]
+        third.send(cid, "hello from node three")
+        seen = receive_until(
+            ws,
+            lambda e: e["type"] == "turn" and e["turn"] == {"state": "idle", "queued": 0},
+            timeout=TIMEOUT,
+        )
+    events = [e for e in seen if "seq" in e]  # not the conversation list's events
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(start + 1, start + 1 + len(events)))  # one order, no hole
+    texts = [e["entry"]["text"] for e in events if e["type"] == "entry"]
+    assert "hello from node three" in texts
+    assert any(e["type"] == "delta" for e in events)
+    view = first.wait_idle(cid)
+    assert answered(view, "hello from node three")
+    assert view["epoch"] == epoch  # one epoch for the whole cluster
+
+    middle = events[len(events) // 2 - 1]["seq"]
+    with open_socket(first) as ws:
+        replayed = follow(ws, cid, epoch=epoch, seq=middle)
+        got = [replayed]
+        while got[-1].get("seq", 0) < events[-1]["seq"]:
+            got.append(receive(ws))
+        got = [e for e in got if "seq" in e]
+    assert [e["seq"] for e in got] == [e["seq"] for e in events if e["seq"] > middle]
+    assert [e["type"] for e in got] == [e["type"] for e in events if e["seq"] > middle]
+
+
+def test_kill_9_of_the_owner_mid_turn_hands_the_conversation_to_another_node(
+    nodes: Nodes,
+) -> None:
+    """Owner killed while streaming: the turn is marked cut, the queued message answered."""
+    first, second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Takeover")
+    with open_socket(second) as ws:
+        follow(ws, cid)
+        slow = third.send(cid, "slow story please")
+        receive_until(ws, lambda e: e["type"] == "delta", timeout=TIMEOUT)
+        queued = first.send(cid, "after the crash")  # stored on node 1, owner is node 3
+        assert queued["state"] == "queued"
+        nodes.kill(third)
+        view = first.wait_for(
+            cid, lambda v: answered(v, "after the crash") and v["turn"]["queued"] == 0
+        )
+    users = of_kind(view, "user")
+    assert [u["text"] for u in users].count("slow story please") == 1  # stored once
+    assert [u["text"] for u in users].count("after the crash") == 1
+    cut = next(u for u in users if u["id"] == slow["id"])
+    assert cut["data"].get("cut") in ("received", "unknown", "missed")  # marked as cut
+    assert not answered(view, "slow story please")
+    assert not [e for e in view["timeline"] if e["state"] == "streaming"]
+    lines = [e["text"] for e in of_kind(view, "line")]
+    assert any("restarted while this turn was running" in line for line in lines)
+    # The other node answers the same
+    assert answered(second.get(cid), "after the crash")
+
+
+def test_a_node_takes_only_conversations_whose_directory_it_has(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    """A conversation in a directory only node 4 has runs on node 4, whichever node got it."""
+    own = tmp_path / "only-here"
+    (own / "project").mkdir(parents=True)
+    roots = f"{nodes.workspace},{own}"
+    (fourth,) = nodes.start(1, OARLOCK_WORKSPACE_ROOTS=roots)
+    first = nodes.nodes[0]
+    cid = fourth.create(provider="demo", title="Own dir", cwd=str(own / "project"))
+    first.send(cid, "only node four can run me")  # node 1 cannot: it wakes the others
+    view = first.wait_idle(cid)
+    assert answered(view, "only node four can run me")
+    deadline = time.monotonic() + TIMEOUT
+    while "node4" not in (owner := _log_owner(nodes, cid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "node4" in owner
+
+
+def _log_owner(nodes: Nodes, cid: int) -> str:
+    """The node whose log says it ran the conversation."""
+    for node in nodes.nodes:
+        if f"runs conversation {cid}\n" in node.log.read_text(errors="replace"):
+            return node.data_dir.name
+    return ""
+
+
+def test_a_session_this_node_cannot_reach_starts_anew_with_the_carry_over_summary(
+    tmp_path: Path,
+) -> None:
+    """Claude Code's session files are not here: a new session, the summary, one line."""
+    with cluster(tmp_path) as running:
+        config = tmp_path / "claude-config"  # empty: no session of any conversation
+        config.mkdir()
+        (node,) = running.start(
+            1,
+            OARLOCK_CLAUDE_CLI="/bin/false",  # the turn itself fails: the prompt is what counts
+            CLAUDE_CONFIG_DIR=str(config),
+            ANTHROPIC_API_KEY="not-used",
+        )
+        cid = node.create(provider="claude", title="Moved here")
+        with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
+            db.execute("UPDATE conversation SET session_id = 'elsewhere' WHERE id = %s", (cid,))
+        sent = node.send(cid, "carry on please")
+        view = node.wait_for(cid, lambda v: entry(v, sent["id"])["state"] != "queued")
+        with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
+            row = db.execute("SELECT session_id FROM conversation WHERE id = %s", (cid,))
+            assert row.fetchone() == (None,)  # the lost session is not resumed
+    lines = [e["text"] for e in of_kind(view, "line")]
+    assert lines.count(MOVED_LINE) == 1
+    message = entry(view, sent["id"])
+    assert message["data"]["summary"].startswith("Conversation: Moved here")
+
+
+def test_a_tab_opening_mid_stream_gets_the_streamed_text_once_on_any_node(
+    nodes: Nodes,
+) -> None:
+    """The snapshot's streaming text and the deltas after its seq join without a gap or a copy,
+    on a node that does not run the conversation and on the one that does."""
+    first, second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Mid-stream")
+    with open_socket(second) as watch:
+        follow(watch, cid)
+        third.send(cid, "slow words please")
+        receive_until(watch, lambda e: e["type"] == "delta" and e.get("text"), timeout=TIMEOUT)
+        # Past a checkpoint of the partial text (once a second): the database lags the stream.
+        receive_until(watch, lambda e: e["type"] == "delta" and "word30 " in e["text"])
+    views = [first.get(cid), third.get(cid)]  # node 1 never followed it; node 3 runs it
+    with open_socket(first) as one, open_socket(third) as three:
+        for ws, view in zip((one, three), views, strict=True):
+            (live,) = [e for e in of_kind(view, "agent") if e["state"] == "streaming"]
+            text = live["text"]
+            event = follow(ws, cid, epoch=view["epoch"], seq=view["seq"])
+            while not (event["type"] == "entry" and event["entry"]["id"] == live["id"]):
+                if event["type"] == "delta" and event.get("entry_id") == live["id"]:
+                    text += event["text"]
+                event = receive(ws, timeout=TIMEOUT)
+            assert event["entry"]["state"] == "done"
+            assert text == event["entry"]["text"]
+
+
+def test_without_redis_a_message_is_refused_and_nothing_is_stored(tmp_path: Path) -> None:
+    """No event number can be taken: 503 with a reason, and the message is not in the database."""
+    with cluster(tmp_path) as running:
+        (node,) = running.start(1)
+        cid = node.create(provider="demo", title="No engine")
+        running.redis.stop()
+        response = node.client.post(f"/api/conversations/{cid}/messages", json={"text": "lost?"})
+        assert response.status_code == 503
+        assert response.json() == {"detail": ENGINE_DOWN}
+        with psycopg.connect(running.database_url.replace("+psycopg", "")) as db:
+            count = db.execute("SELECT count(*) FROM entry WHERE conversation_id = %s", (cid,))
+            assert count.fetchone() == (0,)
+
+
+def test_redis_losing_its_data_gives_tabs_a_new_epoch_and_a_snapshot(tmp_path: Path) -> None:
+    """FLUSHALL (a restart without persistence): tabs are told, resubscribe, follow on."""
+    with cluster(tmp_path) as running:
+        (node,) = running.start(1)
+        cid = node.create(provider="demo", title="Flushed")
+        node.send(cid, "before the flush")
+        node.wait_idle(cid)
+        with open_socket(node) as ws:
+            answer = follow(ws, cid)
+            old_epoch, seq = answer["conversation"]["epoch"], answer["conversation"]["seq"]
+            client = redis.Redis.from_url(running.redis_url)
+            client.flushall()
+            client.close()
+            hello = receive_until(ws, lambda e: e["type"] == "hello", timeout=TIMEOUT)[-1]
+            assert hello["epoch"] != old_epoch
+            ws.send(
+                json.dumps(
+                    {"type": "subscribe", "conversation_id": cid, "epoch": old_epoch, "seq": seq}
+                )
+            )
+            snapshot = receive_until(ws, lambda e: e["type"] == "snapshot", timeout=TIMEOUT)[-1]
+            assert snapshot["conversation"]["epoch"] == hello["epoch"]
+            start = snapshot["conversation"]["seq"]
+            node.send(cid, "after the flush")
+            seen = receive_until(
+                ws,
+                lambda e: e["type"] == "turn" and e["turn"] == {"state": "idle", "queued": 0},
+                timeout=TIMEOUT,
+            )
+    events = [e for e in seen if "seq" in e]
+    assert [e["seq"] for e in events] == list(range(start + 1, start + 1 + len(events)))
+    entries = [e["entry"] for e in events if e["type"] == "entry"]
+    assert answered({"timeline": entries}, "after the flush")
