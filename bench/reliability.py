@@ -387,6 +387,17 @@ def check_delivery(client: httpx.Client, url: str, tally: Tally) -> None:
             tally.missed_twice += cut[entry_id] is False
         else:
             tally.unanswered += 1
+            _explain(rows, entry_id)
+
+
+def _explain(rows: list[Any], entry_id: int) -> None:
+    """Print, on stderr, the timeline around an unanswered message (to tell what happened)."""
+    conversation = next(c for i, c, *_rest in rows if i == entry_id)
+    print(f"unanswered: entry {entry_id} of conversation {conversation}:", file=sys.stderr)
+    for i, c, kind, text, state, raw in rows:
+        if c == conversation:
+            mark = ">" if i == entry_id else " "
+            print(f" {mark}{i} {kind} {state} {text[:40]!r} {_data(raw)}", file=sys.stderr)
 
 
 def run(
