@@ -108,7 +108,7 @@ load: $(VENV)/.installed-test
 # Kill the relay with SIGKILL N times under load (PROVIDER=demo|claude); prints kills=… unanswered=0 …
 # DATABASE_URL=postgresql://…: run it on an empty PostgreSQL database instead of SQLite.
 reliability: $(VENV)/.installed-test
-	$(PY) -m bench.reliability --kills $(N) --provider $(PROVIDER) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)')
+	$(PY) -m bench.reliability --kills $(N) --provider $(PROVIDER) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)') $(if $(CLUSTER),--cluster $(CLUSTER))
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,8 +1,9 @@
 """Run the benchmarks and print one markdown table: `python -m bench [NAME ...]`.
 
 Names: fanout, overhead, size, conversations, memory, warming, writes, backups, search,
-steer (default: all, in that order). Each row is a ratio of two things measured side by side
-in the same run, with its target and the command that produced it. Progress goes to stderr,
+steer, cluster (default: all, in that order; cluster starts Debian's postgresql and
+redis-server). Each row is a ratio of two things measured side by side in the same run, with
+its target and the command that produced it. Progress goes to stderr,
 the table to stdout; the exit status is 1 when a row misses its target.
 
 Crash safety is measured apart: `python -m bench.reliability` (make reliability).
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 from bench import (
     backups,
+    cluster,
     conversations,
     fanout,
     memory,
@@ -42,6 +44,7 @@ BENCHES: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "backups": lambda _args: backups.run(),
     "search": lambda args: search.run(args.repeat or 300),
     "steer": lambda args: steer.run(args.repeat or 300),
+    "cluster": lambda args: cluster.run(args.repeat or 3),
 }
 
 

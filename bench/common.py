@@ -200,6 +200,7 @@ class Relay:
         *,
         env: dict[str, str] | None = None,
         extra_index: bool = False,
+        workspace: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
@@ -209,6 +210,8 @@ class Relay:
         command += ["--port", str(self.port), "--agent", agent]
         if extra_index:
             command.append("--extra-index")
+        if workspace is not None:
+            command += ["--workspace", str(workspace)]
         self.process = subprocess.Popen(command, cwd=ROOT, env=env)
         try:
             self._wait_ready()

@@ -13,6 +13,11 @@ or left with neither an answer nor a cut line.
     python -m bench.reliability --kills 100 --seed 1
     python -m bench.reliability --kills 10 --provider claude
     python -m bench.reliability --database-url postgresql+psycopg://me@127.0.0.1/scratch
+    python -m bench.reliability --kills 20 --cluster 3
+
+With --cluster N, N nodes share a throwaway PostgreSQL and Redis (the tests' servers); each
+sender's requests go to a node picked at random, a random node is killed and restarted each
+round while the others keep taking messages, and the same checks run across the cluster.
 
 With --provider claude the conversations run the real Claude Code CLI against
 tests/fake_anthropic.py; its transcript lets the relay deliver again a message
@@ -119,13 +124,14 @@ class Relay:
         provider: str = "demo",
         env: dict[str, str] | None = None,
         database_url: str | None = None,
+        data: Path | None = None,
     ) -> None:
-        self.workdir = workdir
+        self.workdir = workdir  # the workspace root (shared by a cluster's nodes)
         self.demo_delay = demo_delay
         self.provider = provider
         self.env = env if env is not None else dict(os.environ)
         self.database_url = database_url  # an empty PostgreSQL database; default SQLite
-        self.data = workdir / "data"
+        self.data = data or workdir / "data"
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -175,15 +181,19 @@ class Relay:
 
 
 def workload(
-    client: httpx.Client,
+    client: httpx.Client | Spread,
     rng: random.Random,
     tally: Tally,
     round_: int,
     sender: int,
     stop: threading.Event,
     provider: str = "demo",
+    keep_on: bool = False,
 ) -> None:
-    """One sender: create conversations, send messages (some slow), compact now and then."""
+    """One sender: create conversations, send messages (some slow), compact now and then.
+
+    keep_on: a failed request does not end the sender (a cluster: another node answers).
+    """
     sent = 0
     while not stop.is_set():
         try:
@@ -212,7 +222,9 @@ def workload(
                     tally.acked[text] = target
                     tally.order.setdefault((target, sender), []).append(text)
         except (httpx.TransportError, ValueError, KeyError):
-            return  # the relay was killed under us
+            if not keep_on:
+                return  # the relay was killed under us
+            time.sleep(0.01)  # that node was killed under us: the next request picks another
 
 
 @contextmanager
@@ -277,13 +289,25 @@ def check_database(url: str, tally: Tally) -> None:
                 sql("SELECT id, status, compacted_from_id, compacted_into_id FROM conversation")
             )
         }
+
+        def parked(conversation_id: int, state: str) -> bool:
+            return state == "queued" and conversations[conversation_id][0] == "archived"
+
         for (conversation_id, _sender), texts in tally.order.items():
             # /compact moves queued messages into the successor: follow the chain, in order.
             chain = [conversation_id]
             while (into := conversations.get(chain[-1], ("", None, None))[2]) is not None:
                 chain.append(into)
+            # A message a node stored while another node compacted (a cluster) waits, queued,
+            # in the archived conversation until it is handed on to the end of the successor:
+            # it counts there. The final check, once everything drained, sees where it went.
             stored = sorted(
-                (chain.index(c), state == "queued", seq, text)
+                (
+                    len(chain) if parked(c, state) else chain.index(c),
+                    state == "queued",
+                    seq,
+                    text,
+                )
                 for c, text, state, seq in rows
                 if c in chain
             )
@@ -292,6 +316,11 @@ def check_database(url: str, tally: Tally) -> None:
                 text for text in texts if text in acked
             ]:
                 tally.misordered += 1
+                print(
+                    f"misordered in {chain}: acked {[t for t in texts if t in acked]}, "
+                    f"stored {[(c, q, s, t) for c, q, s, t in stored if t in acked]}",
+                    file=sys.stderr,
+                )
         for cid, (status, from_id, into_id) in conversations.items():
             if status == "archived" and (
                 into_id not in conversations or conversations[into_id][1] != cid
@@ -358,6 +387,17 @@ def check_delivery(client: httpx.Client, url: str, tally: Tally) -> None:
             tally.missed_twice += cut[entry_id] is False
         else:
             tally.unanswered += 1
+            _explain(rows, entry_id)
+
+
+def _explain(rows: list[Any], entry_id: int) -> None:
+    """Print, on stderr, the timeline around an unanswered message (to tell what happened)."""
+    conversation = next(c for i, c, *_rest in rows if i == entry_id)
+    print(f"unanswered: entry {entry_id} of conversation {conversation}:", file=sys.stderr)
+    for i, c, kind, text, state, raw in rows:
+        if c == conversation:
+            mark = ">" if i == entry_id else " "
+            print(f" {mark}{i} {kind} {state} {text[:40]!r} {_data(raw)}", file=sys.stderr)
 
 
 def run(
@@ -449,6 +489,109 @@ def _run(kills: int, seed: int, relay: Relay) -> Tally:
     return tally
 
 
+LEASE_SECONDS = 5  # cluster mode: a killed node's conversations move after at most this
+
+
+class Spread:
+    """Requests to a node picked at random among the running ones (no proxy, no stickiness)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.live: dict[int, httpx.Client] = {}
+        self.lock = threading.Lock()
+
+    def pick(self) -> httpx.Client:
+        """A running node's client."""
+        with self.lock:
+            return self.rng.choice(list(self.live.values()))
+
+    def get(self, path: str, **options: Any) -> httpx.Response:
+        """GET on a random node."""
+        return self.pick().get(path, **options)
+
+    def post(self, path: str, **options: Any) -> httpx.Response:
+        """POST on a random node."""
+        return self.pick().post(path, **options)
+
+
+def run_cluster(kills: int, seed: int, workdir: Path, count: int) -> Tally:
+    """The experiment on count nodes sharing a throwaway PostgreSQL and Redis; kill -9 at random.
+
+    The servers are the tests' (tests/postgres.py, tests/redis.py): Debian's binaries in temp
+    directories on loopback ports, stopped at the end.
+    """
+    from app.migrate import upgrade
+    from tests.postgres import Cluster
+    from tests.redis import RedisServer
+
+    postgres = Cluster().start()
+    try:
+        engine = RedisServer().start()
+        try:
+            url = postgres.create_database()
+            upgrade(url)
+            env = {
+                **os.environ,
+                "OARLOCK_REDIS_URL": engine.url,
+                "OARLOCK_LEASE_SECONDS": str(LEASE_SECONDS),
+            }
+            relays = [
+                Relay(workdir, env=env, database_url=url, data=workdir / f"node{number}")
+                for number in range(1, count + 1)
+            ]
+            return _run_cluster(kills, seed, relays, url)
+        finally:
+            engine.stop()
+    finally:
+        postgres.stop()
+
+
+def _run_cluster(kills: int, seed: int, relays: list[Relay], database: str) -> Tally:
+    rng = random.Random(seed)
+    tally = Tally()
+    clients = [relay.start() for relay in relays]
+    try:
+        for round_ in range(kills):
+            spreads = [Spread(random.Random(rng.random())) for _ in range(SENDERS)]
+            for spread in spreads:
+                spread.live = dict(enumerate(clients))
+            stop = threading.Event()
+            workers = [
+                threading.Thread(
+                    target=workload,
+                    args=(spread, random.Random(rng.random()), tally, round_, sender, stop),
+                    kwargs={"keep_on": True},
+                )
+                for sender, spread in enumerate(spreads)
+            ]
+            for worker in workers:
+                worker.start()
+            time.sleep(rng.uniform(*WORK["demo"]))
+            victim = rng.randrange(len(relays))
+            for spread in spreads:
+                with spread.lock:
+                    del spread.live[victim]
+            relays[victim].kill()
+            tally.kills += 1
+            # The other nodes keep taking messages, some for the dead node's conversations.
+            time.sleep(rng.uniform(0.2, 1.0))
+            stop.set()
+            for worker in workers:
+                worker.join()
+            clients[victim].close()
+            check_database(database, tally)
+            clients[victim] = relays[victim].start()
+        check_delivery(clients[0], database, tally)
+        check_database(database, tally)
+    finally:
+        for client, relay in zip(clients, relays, strict=True):
+            client.close()
+            if relay.process is not None and relay.process.poll() is None:
+                relay.process.terminate()
+                relay.process.wait(timeout=30)
+    return tally
+
+
 def main() -> None:
     """Command line: --kills N --seed S."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -458,9 +601,21 @@ def main() -> None:
     parser.add_argument(
         "--database-url", default=None, help="an empty PostgreSQL database (default: SQLite)"
     )
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        metavar="NODES",
+        help="NODES relay nodes on a throwaway PostgreSQL and Redis, a random one killed each time",
+    )
     args = parser.parse_args()
+    if args.cluster and (args.provider != "demo" or args.database_url):
+        parser.error("--cluster runs the demo agent on a PostgreSQL of its own")
     with tempfile.TemporaryDirectory(prefix="oarlock-reliability-") as workdir:
-        tally = run(args.kills, args.seed, Path(workdir), args.provider, args.database_url)
+        if args.cluster:
+            tally = run_cluster(args.kills, args.seed, Path(workdir), args.cluster)
+        else:
+            tally = run(args.kills, args.seed, Path(workdir), args.provider, args.database_url)
     print(tally.line())
     sys.exit(1 if tally.failures else 0)
 

@@ -134,14 +134,20 @@ def agent_factory(kind: str) -> Any:
     return factory
 
 
-def serve_relay(data_dir: Path, port: int, agent: str, extra_index: bool) -> None:
-    """Migrate, build the app, swap the agent factory, serve until SIGINT."""
-    workspace = data_dir / "work"
+def serve_relay(
+    data_dir: Path, port: int, agent: str, extra_index: bool, root: Path | None = None
+) -> None:
+    """Migrate, build the app, swap the agent factory, serve until SIGINT.
+
+    root: the workspace root (default data_dir); a cluster's nodes share one.
+    """
+    root = root or data_dir
+    workspace = root / "work"
     workspace.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         data_dir=data_dir,
         token=TOKEN,
-        workspace_roots=[data_dir],
+        workspace_roots=[root],
         default_cwd=workspace,
         port=port,
         log_level="warning",
@@ -177,10 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     relay.add_argument("--port", type=int, required=True)
     relay.add_argument("--agent", choices=["stream", "noop", "usage", "real"], default="noop")
     relay.add_argument("--extra-index", action="store_true")
+    relay.add_argument("--workspace", type=Path, default=None, help="workspace root")
     sub.add_parser("fake")
     args = parser.parse_args(argv)
     if args.server == "relay":
-        serve_relay(args.data_dir, args.port, args.agent, args.extra_index)
+        serve_relay(args.data_dir, args.port, args.agent, args.extra_index, args.workspace)
     else:
         serve_fake()
 
