@@ -153,8 +153,10 @@ async def wait_until_writable(engine: Engine, patience: float = WRITE_PATIENCE) 
 
     After `patience` seconds it returns anyway: the write then fails as any database error does.
     """
+    if engine.dialect.name != "sqlite":
+        return
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
-        if write_lock_free(engine):
+        if await asyncio.to_thread(write_lock_free, engine):  # (the check is database I/O)
             return
         await asyncio.sleep(0.05)  # polled: another process's lock sends no signal

@@ -8,12 +8,13 @@ and turns every agent event into stored entries and live events for the hub.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -68,6 +69,7 @@ from app.limits import give_back_memory
 from app.live_render import LiveRender
 from app.models import Conversation, Entry, Handoff
 from app.providers import agent_env, compaction_style, make_agent
+from app.storage import Storage
 from app.summary import SummaryMessage, build_summary
 from app.titles import compacted_title
 from app.tools import ToolResult, relay_tools
@@ -110,6 +112,18 @@ def is_compact_command(text: str) -> bool:
     return text.strip() == COMPACT_COMMAND
 
 
+def _settle(future: asyncio.Future[PermissionDecision], decision: PermissionDecision) -> None:
+    """Answer a permission question's future (on the loop) unless it has its answer."""
+    if not future.done():
+        future.set_result(decision)
+
+
+def _logged(future: asyncio.Future[Any]) -> None:
+    """Log the error of a storage job nobody awaits."""
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a database job failed", exc_info=future.exception())
+
+
 def failure_reason(error: BaseException) -> str:
     """A short reason for an error line: the driver's message, never the SQL and its data."""
     if isinstance(error, DBAPIError) and error.orig is not None:
@@ -123,6 +137,7 @@ class Streaming:
 
     entry: Entry
     parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
+    seqs: list[int] = field(default_factory=list)  # each part's event seq (snapshot_text)
     checkpoint_at: float = field(default_factory=time.monotonic)
     live: LiveRender | None = None  # renders the text so far now and then (sanitized HTML)
     entry_id: int = field(init=False)  # readable even after a failed write expired entry
@@ -134,6 +149,11 @@ class Streaming:
     def text(self) -> str:
         """The text written so far."""
         return "".join(self.parts)
+
+    def text_at(self, seq: int) -> str:
+        """The text of the deltas numbered up to seq (what tabs at that seq have)."""
+        count = bisect.bisect_right(self.seqs, seq)
+        return "".join(self.parts[:count])
 
 
 @dataclass
@@ -163,6 +183,8 @@ class Runner:
     archived: bool = False  # the conversation is archived: its agent stops after its turn
     warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
     starting: bool = False  # the agent's process is being started
+    again: bool = False  # a message was queued while the runner was looking at the queue
+    turn_conversation: Conversation | None = None  # as _begin_turn left it (read once a turn)
 
 
 class Supervisor:
@@ -180,6 +202,9 @@ class Supervisor:
         self.hub = hub
         self.agent_factory = agent_factory
         self.runners: dict[int, Runner] = {}
+        # Every database call runs in its threads; the loop only awaits (docs/architecture.md).
+        self.storage = Storage(engine)
+        hub.soon = self.storage.soon
         self.backups = Backups(settings.resolved_data_dir / "backups", engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
@@ -191,10 +216,14 @@ class Supervisor:
     async def start(self) -> None:
         """Recover from a previous run, deliver what was queued, start the idle reaper."""
         self.lifetime.start()  # kills the agent processes a crash left running, first
+        self.storage.start()
+        await self.storage.write(self._recover_all)
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    def _recover_all(self) -> None:
         with self.session() as session:
             for conversation in store.conversations_with_work(session=session):
                 self._recover(session, conversation)
-        self._reaper = asyncio.create_task(self._reap_idle())
 
     async def stop(self) -> None:
         """Interrupt running turns, keep what was streamed, stop every agent."""
@@ -221,6 +250,7 @@ class Supervisor:
             await self._close_agent(runner)
         await self.backups.drain()
         await self.lifetime.stop()  # and what they left running (tool commands)
+        await self.storage.stop()
 
     def session(self) -> Session:
         """A database session."""
@@ -231,7 +261,17 @@ class Supervisor:
         conversation = store.get_conversation(session=session, conversation_id=conversation_id)
         if conversation is None:
             raise LookupError(f"conversation {conversation_id} is gone")
+        self.hub.prime(conversation_id)  # numbered later on the loop: loaded here, in a thread
         return conversation
+
+    def _fetch(self, conversation_id: int) -> Conversation:
+        """A conversation that must exist, in a session of its own (run in a storage thread)."""
+        with self.session() as session:
+            return self._load(session, conversation_id)
+
+    async def _conversation(self, conversation_id: int) -> Conversation:
+        """A conversation that must exist, read off the loop."""
+        return await self.storage.read(self._fetch, conversation_id)
 
     def runner(self, conversation_id: int) -> Runner:
         """The runner of a conversation (created on first use)."""
@@ -270,27 +310,28 @@ class Supervisor:
             # An agent process of the crashed relay may still be taking the message.
             runner = self.runner(conversation.id or 0)
             runner.state = "running"
-            runner.task = asyncio.create_task(
-                self._recover_later(runner, cut.id or 0, agent),
-                name=f"recover-{conversation.id}",
-            )
+            self.storage.soon(self._start_recover_later, runner, cut.id or 0, agent)
             return False
         self._resolve_cut(session, conversation, cut, got)
         return True
+
+    def _start_recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+        runner.task = asyncio.create_task(
+            self._recover_later(runner, entry_id, agent), name=f"recover-{runner.conversation_id}"
+        )
 
     async def _recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
         """Ask again until the agent knows (or RECEIPT_WAIT passed), resolve, deliver the queue."""
         deadline = time.monotonic() + RECEIPT_WAIT
         got: bool | None = None
-        try:
-            while got is None and time.monotonic() < deadline:
-                await asyncio.sleep(RECEIPT_POLL)
-                if self._closing:
-                    return  # still marked active: the next start decides
-                with self.session() as session:
-                    conversation = self._load(session, runner.conversation_id)
-                    cut = store.get_entry(session=session, entry_id=entry_id)
-                    got = self._received(agent, conversation, cut) if cut else None
+
+        def ask() -> bool | None:
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                cut = store.get_entry(session=session, entry_id=entry_id)
+                return self._received(agent, conversation, cut) if cut else None
+
+        def resolve() -> None:
             with self.session() as session:
                 conversation = self._load(session, runner.conversation_id)
                 cut = store.get_entry(session=session, entry_id=entry_id)
@@ -299,6 +340,14 @@ class Supervisor:
                 store.update_conversation(
                     session=session, conversation=conversation, turn_active=False
                 )
+
+        try:
+            while got is None and time.monotonic() < deadline:
+                await asyncio.sleep(RECEIPT_POLL)
+                if self._closing:
+                    return  # still marked active: the next start decides
+                got = await self.storage.read(ask)
+            await self.storage.write(resolve)
         except Exception:  # the queue must not stall behind a failed check
             log.exception("recovering conversation %s failed", runner.conversation_id)
         await self._deliver(runner)
@@ -380,17 +429,21 @@ class Supervisor:
         limit: int = TIMELINE_PAGE,
         before_seq: int | None = None,
     ) -> dict[str, Any]:
-        """A conversation with its latest timeline page and turn; live text included."""
+        """A conversation with its latest timeline page and turn; live text included.
+
+        Its seq is the last one published, read before the database: every event up to it is
+        in what is read after, and a later one reaches a tab that follows from that seq.
+        """
         conversation_id = conversation.id or 0
+        self.hub.prime(conversation_id)
+        shown = self.hub.shown_seq(conversation_id)
+        streams = list(self.runners.get(conversation_id, Runner(0)).streaming.values())
+        live = {s.entry_id: s.text_at(shown) for s in streams}
         entries = store.last_entries(
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
         has_more = len(entries) > limit
         entries = entries[-limit:]
-        live = {
-            s.entry_id: s.text
-            for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
-        }
         # Queued messages are shown at the end, whichever page is asked for.
         queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued"
@@ -403,9 +456,21 @@ class Supervisor:
         view["has_more"] = has_more
         view["turn"] = self.turn_view(conversation_id, session)
         view["agent"] = self.agent_state(conversation_id)
-        view["seq"] = self.hub.current_seq(conversation_id)
+        view["seq"] = shown
         view["epoch"] = self.hub.epoch
         return view
+
+    async def view(
+        self, conversation_id: int, *, limit: int = TIMELINE_PAGE, before_seq: int | None = None
+    ) -> dict[str, Any]:
+        """The snapshot of a conversation, read in a storage thread (LookupError: none)."""
+
+        def read() -> dict[str, Any]:
+            with self.session() as session:
+                conversation = self._load(session, conversation_id)
+                return self.snapshot(conversation, session, limit=limit, before_seq=before_seq)
+
+        return await self.storage.read(read)
 
     # -- writing helpers (each stores, then publishes) ---------------------------------------
 
@@ -634,6 +699,9 @@ class Supervisor:
 
     def _retire(self, conversation_id: int) -> None:
         """Stop an archived conversation's agent now; a running turn's loop stops it after."""
+        self.storage.soon(self._retire_now, conversation_id)
+
+    def _retire_now(self, conversation_id: int) -> None:
         runner = self.runners.get(conversation_id)
         if runner is None or runner.agent is None or (runner.task and not runner.task.done()):
             return  # _deliver_queue closes it once the running turn has ended
@@ -672,10 +740,20 @@ class Supervisor:
         Conversations it was compacted from or into stay, without the link to it.
         """
         cid = conversation.id or 0
-        self._refuse_while_busy(conversation, "delete")
+        await self.storage.write(self._refuse_while_busy, conversation, "delete")
         runner = self.runners.pop(cid, None)
         if runner is not None:
             await self._close_agent(runner)
+        changed = await self.storage.write(self._delete_rows, conversation)
+        await self.backups.forget(cid)
+        self.hub.release(cid)
+        self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
+        for other in changed:
+            if other is not None:
+                self.publish_conversation(other)
+
+    def _delete_rows(self, conversation: Conversation) -> list[Conversation | None]:
+        """Delete the rows; the conversations that were linked to it, as they are now."""
         with self.session() as session:
             session.add(conversation)
             neighbours = [
@@ -684,15 +762,9 @@ class Supervisor:
                 if link is not None
             ]
             store.delete_conversation(session=session, conversation=conversation)
-            changed = [
-                store.get_conversation(session=session, conversation_id=n) for n in neighbours
-            ]
-        await self.backups.forget(cid)
-        self.hub.release(cid)
-        self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
-        for other in changed:
-            if other is not None:
-                self.publish_conversation(other)
+            for neighbour in neighbours:
+                self.hub.prime(neighbour)  # told below, from the loop
+            return [store.get_conversation(session=session, conversation_id=n) for n in neighbours]
 
     def warm(self, conversation: Conversation) -> str:
         """Start the agent of a conversation about to get a message; its agent state.
@@ -743,39 +815,59 @@ class Supervisor:
             state = "allowed" if decision.allow else "denied"
             session.add(conversation)
             self._save(session, conversation, entry, state=state, data=entry.data)
-        if future is not None and not future.done():
-            future.set_result(decision)
+        if future is not None:
+            self.storage.soon(_settle, future, decision)
         return entry
 
     # -- delivery --------------------------------------------------------------------------
 
     def _wake(self, conversation_id: int) -> None:
         runner = self.runner(conversation_id)
-        if self._closing or (runner.task and not runner.task.done()):
+        if not self._closing and runner.state == "idle":
+            runner.state = "running"  # from now until the queue is empty
+        self.storage.soon(self._wake_now, conversation_id)  # (tasks start on the loop)
+
+    def _wake_now(self, conversation_id: int) -> None:
+        runner = self.runner(conversation_id)
+        if self._closing:
+            return
+        if runner.task and not runner.task.done():
+            # Its last look at the queue may predate this message (it was stored in the
+            # writer thread meanwhile): it looks again before it ends.
+            runner.again = True
             return
         runner.state = "running"  # from now until the queue is empty
         runner.task = asyncio.create_task(self._deliver(runner), name=f"deliver-{conversation_id}")
 
     async def _deliver(self, runner: Runner) -> None:
         """Deliver queued messages one turn at a time until none is left."""
-        try:
-            await self._deliver_queue(runner)
-        finally:
-            runner.state = "idle"
+        while True:
+            runner.again = False
             try:
-                with self.session() as session:
-                    self.publish_turn(runner.conversation_id, session)
-            except Exception:  # the tabs learn the state on their next load
-                log.exception(
-                    "conversation %s: could not publish the idle turn", runner.conversation_id
-                )
+                await self._deliver_queue(runner)
+            finally:
+                runner.state = "idle"
+                try:
+                    await self.storage.write(self._publish_turn, runner.conversation_id)
+                except Exception:  # the tabs learn the state on their next load
+                    log.exception(
+                        "conversation %s: could not publish the idle turn", runner.conversation_id
+                    )
+            if not runner.again or self._closing:
+                return
+            runner.state = "running"
+
+    def _publish_turn(self, conversation_id: int) -> None:
+        with self.session() as session:
+            self.publish_turn(conversation_id, session)
 
     async def _deliver_queue(self, runner: Runner) -> None:
         delay = RETRY_SECONDS
         while not self._closing:
             await wait_until_writable(self.engine)  # another program's lock: wait, loop running
+            runner.again = False  # this look at the queue sees every message stored before it
             try:
-                prompt = self._next_turn(runner)
+                prompt = await self.storage.write(self._next_turn, runner)
             except Exception:  # the database failed: wait for it; the queue must not stall
                 log.exception(
                     "conversation %s: database failure before the next turn; retrying in %.0f s",
@@ -787,6 +879,8 @@ class Supervisor:
                 continue
             delay = RETRY_SECONDS
             if prompt is None:
+                if runner.again:  # a message came while the writer looked
+                    continue
                 if runner.archived:  # /compact came during its last turn (SPEC §2)
                     await self._close_agent(runner)
                 return
@@ -794,11 +888,11 @@ class Supervisor:
                 await self._run_turn(runner, prompt)
             except Exception as error:  # one failing turn must not stop the queue
                 log.exception("turn failed in conversation %s", runner.conversation_id)
-                self._error_line(runner, f"The turn failed: {failure_reason(error)}")
+                await self._error_line_soon(runner, f"The turn failed: {failure_reason(error)}")
             finally:
                 await wait_until_writable(self.engine)
                 try:
-                    self._end_turn(runner)
+                    await self.storage.write(self._end_turn, runner)
                 except Exception:  # retried by _next_turn once the database works
                     log.exception(
                         "conversation %s: could not close the turn", runner.conversation_id
@@ -890,6 +984,7 @@ class Supervisor:
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
+        runner.turn_conversation = conversation
         return prompt
 
     def _context_note(self, conversation: Conversation) -> str | None:
@@ -923,9 +1018,8 @@ class Supervisor:
     ) -> ToolResult:
         """The save_handoff tool: check the arguments (errors go back to the agent), store."""
         handoff = parse_handoff(arguments)
-        with self.session() as session:
-            conversation = self._load(session, conversation_id)
-        self.save_handoff(conversation, handoff, source="agent")
+        conversation = await self._conversation(conversation_id)
+        await self.storage.write(self.save_handoff, conversation, handoff, source="agent")
         return ToolResult(saved_text(handoff))
 
     def _end_turn(self, runner: Runner) -> None:
@@ -933,9 +1027,8 @@ class Supervisor:
         runner.stop_requested = False  # a Stop after this point is for the next turn
         runner.carried_summary = None
         runner.last_used = time.monotonic()
-        for future in runner.questions.values():
-            if not future.done():
-                future.set_result(PermissionDecision(False, "The turn ended."))
+        for future in list(runner.questions.values()):
+            self.storage.soon(_settle, future, PermissionDecision(False, "The turn ended."))
         with self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
@@ -944,7 +1037,7 @@ class Supervisor:
                 return
             for streaming in list(runner.streaming.values()):
                 if streaming.live is not None:
-                    streaming.live.close()
+                    self.storage.soon(streaming.live.close)
                 self._save(
                     session, conversation, streaming.entry, text=streaming.text, state="interrupted"
                 )
@@ -971,8 +1064,7 @@ class Supervisor:
             await asyncio.wait({warming})  # never raises its error, never cancels it
         if runner.agent is not None:
             return runner.agent
-        with self.session() as session:
-            conversation = self._load(session, runner.conversation_id)
+        conversation = await self._conversation(runner.conversation_id)
         spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         runner.starting = True
@@ -990,14 +1082,17 @@ class Supervisor:
         self.publish_agent(runner.conversation_id)
         await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
         if conversation.applied_window != conversation.auto_compact_window:
-            with self.session() as session:
-                session.add(conversation)
-                store.update_conversation(
-                    session=session,
-                    conversation=conversation,
-                    applied_window=conversation.auto_compact_window,
-                )
+            await self.storage.write(self._applied, conversation)
         return agent
+
+    def _applied(self, conversation: Conversation) -> None:
+        with self.session() as session:
+            session.add(conversation)
+            store.update_conversation(
+                session=session,
+                conversation=conversation,
+                applied_window=conversation.auto_compact_window,
+            )
 
     def _agent_spec(self, conversation: Conversation, runner: Runner | None) -> AgentSpec:
         """What the conversation's agent starts with; without a runner it asks nothing."""
@@ -1050,11 +1145,9 @@ class Supervisor:
         if not report:
             return
         runner.context_report = report
-        with self.session() as session:
-            conversation = store.get_conversation(
-                session=session, conversation_id=runner.conversation_id
-            )
-        if conversation is None:
+        try:
+            conversation = await self._conversation(runner.conversation_id)
+        except LookupError:
             return
         resolved = effective_window(conversation, os.environ.get(ENV_VAR))
         reported = report.get("maxTokens")
@@ -1070,21 +1163,26 @@ class Supervisor:
 
     async def _apply_window(self, runner: Runner) -> None:
         """Restart the agent once when its conversation's window setting changed."""
-        with self.session() as session:
-            conversation = self._load(session, runner.conversation_id)
-            if conversation.session_id is None:
-                return
-            old, new = conversation.applied_window, conversation.auto_compact_window
-            if old == new:
-                return
-            if runner.agent is not None and runner.agent.background_work():
-                return  # a restart would kill it: applies once the background work has ended
-            # Claude Code reads the window only at start: resume the same session with the new one.
-            await self._close_agent(runner)
-            self._line(session, conversation, restart_line(old, new), data={"type": "restart"})
-            store.update_conversation(
-                session=session, conversation=conversation, applied_window=new
-            )
+        conversation = runner.turn_conversation or await self._conversation(runner.conversation_id)
+        if conversation.session_id is None:
+            return
+        old, new = conversation.applied_window, conversation.auto_compact_window
+        if old == new:
+            return
+        if runner.agent is not None and runner.agent.background_work():
+            return  # a restart would kill it: applies once the background work has ended
+        # Claude Code reads the window only at start: resume the same session with the new one.
+        await self._close_agent(runner)
+
+        def restarted() -> None:
+            with self.session() as session:
+                session.add(conversation)
+                self._line(session, conversation, restart_line(old, new), data={"type": "restart"})
+                store.update_conversation(
+                    session=session, conversation=conversation, applied_window=new
+                )
+
+        await self.storage.write(restarted)
 
     async def _run_turn(self, runner: Runner, prompt: str) -> None:
         try:
@@ -1093,33 +1191,42 @@ class Supervisor:
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
             await wait_until_writable(self.engine)
-            self._error_line(runner, f"The agent could not start: {failure_reason(error)}")
+            await self._error_line_soon(
+                runner, f"The agent could not start: {failure_reason(error)}"
+            )
             return
+        finally:
+            runner.turn_conversation = None
         if runner.stop_requested:  # Stop came while the agent was starting: send nothing
-            self._stop_before_delivery(runner)
+            await self.storage.write(self._stop_before_delivery, runner)
             return
         try:
             if isinstance(agent, Receipts) and runner.prompt_id:
                 turn = agent.turn(prompt, prompt_id=runner.prompt_id)
             else:
                 turn = agent.turn(prompt)
-            async for event in turn:
+            # The events that arrived while the last burst was being stored are stored together,
+            # in one storage job: one read of the conversation, one fsync.
+            async for burst in bursts(turn):
                 try:
-                    if not isinstance(event, TextDelta) or event.message_id not in runner.streaming:
-                        await wait_until_writable(self.engine)  # then the event is stored at once
-                    self._handle(runner, event)
+                    if any(self._stores(runner, event) for event in burst):
+                        await wait_until_writable(self.engine)  # then the burst is stored at once
+                        await self.storage.write(self._handle_all, runner, burst)
+                    else:  # text of messages already stored: published from here
+                        for event in burst:
+                            self._handle(runner, event)
                 except Exception as error:  # the database failed: this turn cannot be recorded
                     log.exception(
                         "conversation %s: could not store an agent event", runner.conversation_id
                     )
-                    self._error_line(
+                    await self._error_line_soon(
                         runner,
                         "The relay could not store this turn "
                         f"({failure_reason(error)}); the turn was stopped.",
                     )
                     await self._close_agent(runner)
                     return
-                if isinstance(event, TurnDone):
+                if any(isinstance(event, TurnDone) for event in burst):
                     break
             if runner.reported_agent is not agent:
                 # The window is fixed for a process's life: check it once per process. (Fresh
@@ -1129,8 +1236,22 @@ class Supervisor:
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
             await wait_until_writable(self.engine)
-            self._error_line(runner, f"The agent stopped unexpectedly: {failure_reason(error)}")
+            await self._error_line_soon(
+                runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
+            )
             await self._close_agent(runner)
+
+    @staticmethod
+    def _stores(runner: Runner, event: AgentEvent) -> bool:
+        """True for an event that writes: all but more text of a message (or its checkpoint)."""
+        if not isinstance(event, TextDelta):
+            return True
+        streaming = runner.streaming.get(event.message_id)
+        return streaming is None or time.monotonic() - streaming.checkpoint_at >= CHECKPOINT_SECONDS
+
+    async def _error_line_soon(self, runner: Runner, text: str) -> None:
+        """Show an error line, written in the storage thread (see _error_line)."""
+        await self.storage.write(self._error_line, runner, text)
 
     def _error_line(self, runner: Runner, text: str) -> None:
         """Show an error line; one the database refuses is logged, then written later."""
@@ -1165,6 +1286,16 @@ class Supervisor:
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
         await wait_until_writable(self.engine)
+        future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
+        await self.storage.write(self._question, runner, request, future)
+        return await future
+
+    def _question(
+        self,
+        runner: Runner,
+        request: PermissionRequest,
+        future: asyncio.Future[PermissionDecision],
+    ) -> None:
         change = edit_change(request.tool_name, request.tool_input)
         edit = {"edit": change} if change else {}
         with self.session() as session:
@@ -1183,9 +1314,7 @@ class Supervisor:
                     **edit,  # what an edit or write would change, shown as a diff
                 },
             )
-        future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
-        runner.questions[entry.id or 0] = future
-        return await future
+        runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
 
     async def _interrupt_agent(self, runner: Runner) -> None:
         for entry_id, future in list(runner.questions.items()):
@@ -1251,7 +1380,7 @@ class Supervisor:
             except Exception:
                 log.exception("fitting the agents' memory budget failed")
             try:
-                self.release_idle(time.monotonic() - timeout)
+                await self.storage.write(self.release_idle, time.monotonic() - timeout)
             except Exception:  # memory is released on the next pass
                 log.exception("releasing idle conversations failed")
 
@@ -1291,15 +1420,32 @@ class Supervisor:
 
     # -- agent events ----------------------------------------------------------------------
 
-    def _handle(self, runner: Runner, event: AgentEvent) -> None:
+    def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
+        """Record a burst of agent events in one storage job: one session, one read of the row."""
+        with self.session() as session:
+            conversation: Conversation | None = None
+            for event in events:
+                if conversation is None and not isinstance(event, TextDelta):
+                    conversation = self._load(session, runner.conversation_id)
+                self._handle(runner, event, session, conversation)
+                if isinstance(event, TurnDone):
+                    break
+
+    def _handle(
+        self,
+        runner: Runner,
+        event: AgentEvent,
+        given: Session | None = None,
+        loaded: Conversation | None = None,
+    ) -> None:
         """Record one agent event: store what lasts, publish everything."""
         runner.last_used = time.monotonic()
         cid = runner.conversation_id
         if isinstance(event, TextDelta):
             self._on_delta(runner, event)
             return
-        with self.session() as session:
-            conversation = self._load(session, cid)
+        with contextlib.nullcontext(given) if given else self.session() as session:
+            conversation = loaded or self._load(session, cid)
             match event:
                 case SessionStarted(session_id=session_id):
                     if conversation.session_id != session_id:
@@ -1413,23 +1559,31 @@ class Supervisor:
                 conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
+        seq = self.hub.next_seq(runner.conversation_id)
         streaming.parts.append(event.text)
-        self.hub.emit(
-            runner.conversation_id,
-            {"type": "delta", "entry_id": streaming.entry_id, "text": event.text},
-        )
+        streaming.seqs.append(seq)  # a snapshot at a seq shows the text up to it (text_at)
+        delta = {"type": "delta", "entry_id": streaming.entry_id, "text": event.text, "seq": seq}
+        self.hub.publish(runner.conversation_id, delta)
         if streaming.live is None:
             streaming.live = self._live_render(runner, event.message_id, streaming)
-        streaming.live.poke()
+        self.storage.soon(streaming.live.poke)  # (its timer is the loop's)
         now = time.monotonic()
-        # Skipped while another program holds the write lock: the next delta tries again.
-        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS and write_lock_free(self.engine):
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
             # A crash-safe checkpoint of the partial text, not a write per delta.
             streaming.checkpoint_at = now
-            streaming.entry.text = streaming.text
-            with self.session() as session:
-                session.add(streaming.entry)
-                session.commit()
+            if self.storage.on_loop():
+                self.storage.submit(self._checkpoint, streaming).add_done_callback(_logged)
+            else:
+                self._checkpoint(streaming)
+
+    def _checkpoint(self, streaming: Streaming) -> None:
+        """Write the partial text; skipped while another program holds the write lock."""
+        if not write_lock_free(self.engine):
+            return  # the next delta tries again
+        streaming.entry.text = streaming.text
+        with self.session() as session:
+            session.add(streaming.entry)
+            session.commit()
 
     def _live_render(self, runner: Runner, message_id: str, streaming: Streaming) -> LiveRender:
         """Rendering of a streaming message, sent as a delta with html and no text."""
@@ -1462,7 +1616,7 @@ class Supervisor:
             **{key: value for key, value in numbers.items() if value is not None},
         }
         text = finished_text(style, **numbers)
-        self.backups.submit(Job(conversation.id or 0, "reset"))  # both rails start over
+        self.storage.soon(self.backups.submit, Job(conversation.id or 0, "reset"))  # rails anew
         if runner.compaction is None:
             self._add(session, conversation, style, text, data=data)
         else:
@@ -1514,7 +1668,7 @@ class Supervisor:
         job = Job(
             conversation.id or 0, "figure", used=used, window=window, upto_seq=conversation.last_seq
         )
-        self.backups.submit(job)
+        self.storage.soon(self.backups.submit, job)
 
     def _backup_before(
         self, conversation: Conversation, trigger: str, link: Entry | None = None
@@ -1529,10 +1683,16 @@ class Supervisor:
             upto_seq=conversation.last_seq,
             link_entry_id=link.id if link is not None else None,
         )
-        self.backups.submit(job)
+        self.storage.soon(self.backups.submit, job)
 
     def _on_backup(self, outcome: Outcome) -> None:
         """A backup job ended: link it (header, compaction line) or say why it failed."""
+        try:
+            self.storage.submit(self._record_backup, outcome).add_done_callback(_logged)
+        except RuntimeError:  # the relay is stopping: the backup's file is there all the same
+            log.info("backup of conversation %s not linked (shutdown)", outcome.conversation_id)
+
+    def _record_backup(self, outcome: Outcome) -> None:
         cid = outcome.conversation_id
         with self.session() as session:
             conversation = store.get_conversation(session=session, conversation_id=cid)
@@ -1557,3 +1717,43 @@ class Supervisor:
             view = conversation_view(conversation)
             view["backup"] = outcome.name
             self.hub.emit(cid, {"type": "conversation", "conversation": view})
+
+
+async def bursts(events: AsyncIterator[AgentEvent]) -> AsyncIterator[list[AgentEvent]]:
+    """The agent's events in bursts: each time, every event that arrived since the last burst.
+
+    A reader task drains the agent while the consumer stores the previous burst; an error of
+    the agent is raised after the events that came before it.
+    """
+    queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for event in events:
+                queue.put_nowait(event)
+                if isinstance(event, TurnDone):
+                    break
+        except Exception as error:  # noqa: BLE001 - handed to the consumer, in order
+            queue.put_nowait(error)
+        finally:
+            queue.put_nowait(None)
+
+    reader = asyncio.create_task(read(), name="agent-events")
+    try:
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            burst = [i for i in items if i is not None and not isinstance(i, BaseException)]
+            if burst:
+                yield burst
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    return
+    finally:
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader

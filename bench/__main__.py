@@ -1,9 +1,9 @@
 """Run the benchmarks and print one markdown table: `python -m bench [NAME ...]`.
 
-Names: fanout, overhead, size, conversations, memory, warming, writes, backups, search (default:
-all, in that order). Each row is a ratio of two things measured side by side in the same run, with
-its target and the command that produced it. Progress goes to stderr, the table to
-stdout; the exit status is 1 when a row misses its target.
+Names: fanout, overhead, size, conversations, memory, warming, writes, stall, backups, search
+(default: all, in that order). Each row is a ratio of two things measured side by side in the
+same run, with its target and the command that produced it. Progress goes to stderr, the table
+to stdout; the exit status is 1 when a row misses its target.
 
 Crash safety is measured apart: `python -m bench.reliability` (make reliability).
 """
@@ -17,7 +17,18 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import backups, conversations, fanout, memory, overhead, search, size, warming, writes
+from bench import (
+    backups,
+    conversations,
+    fanout,
+    memory,
+    overhead,
+    search,
+    size,
+    stall,
+    warming,
+    writes,
+)
 from bench.common import Row, load_average, table
 
 BENCHES: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
@@ -28,6 +39,7 @@ BENCHES: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "memory": lambda _args: memory.run(),
     "warming": lambda _args: warming.run(),
     "writes": lambda _args: writes.run(),
+    "stall": lambda _args: stall.run(),
     "backups": lambda _args: backups.run(),
     "search": lambda args: search.run(args.repeat or 300),
 }
