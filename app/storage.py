@@ -60,6 +60,7 @@ class Storage:
         event.listen(engine, "before_cursor_execute", self._check_thread)
         if self.wal is not None:
             event.listen(engine, "checkout", self._durability)
+            event.listen(engine, "commit", self._wrote)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -132,6 +133,7 @@ class Storage:
                     break
                 burst.append(job)
             self._local.relaxed = True  # commits of this burst: no fsync each (one below)
+            self._local.wrote = False
             try:
                 for job in burst:
                     self._local.job = job
@@ -154,7 +156,7 @@ class Storage:
 
     def _sync(self) -> None:
         """Make the burst's commits durable: fsync SQLite's write-ahead log once."""
-        if self.wal is None:
+        if self.wal is None or not self._local.wrote:
             return
         try:
             fd = os.open(self.wal, os.O_RDONLY)
@@ -191,6 +193,10 @@ class Storage:
             cursor.execute(f"PRAGMA synchronous={'NORMAL' if relaxed else 'FULL'}")
             cursor.close()
             record.info["relaxed"] = relaxed
+
+    def _wrote(self, _connection: Any) -> None:
+        """A commit (of a transaction that may have written): the burst needs its fsync."""
+        self._local.wrote = True
 
     def _check_thread(self, *_args: Any) -> None:
         if self.loop_thread is not None and threading.get_ident() == self.loop_thread:

@@ -50,7 +50,7 @@ from app.backup_files import Backups, Job, Outcome
 from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import failed_text, finished_text, started_text
 from app.config import Settings
-from app.db import get_session, wait_until_writable, write_lock_free
+from app.db import WRITE_PATIENCE, get_session, write_lock_free
 from app.edits import edit_change
 from app.handoff import (
     HANDOFF_REQUEST,
@@ -100,6 +100,10 @@ RETRY_MAX_SECONDS = 30.0
 
 class ConversationError(Exception):
     """A request the conversation's state does not allow (HTTP 409)."""
+
+
+class Locked(Exception):
+    """Another program holds SQLite's write lock: the runner's write waits, then tries again."""
 
 
 def is_retry(notice: Notice) -> bool:
@@ -185,6 +189,10 @@ class Runner:
     starting: bool = False  # the agent's process is being started
     again: bool = False  # a message was queued while the runner was looking at the queue
     turn_conversation: Conversation | None = None  # as _begin_turn left it (read once a turn)
+    ended: bool = False  # the job that stored the turn's last event also ended the turn
+    looked: bool = False  # ... and looked at the queue: its answer is `upcoming`
+    upcoming: str | None = None
+    idle_shown: bool = False  # ... and, the queue being empty, told the tabs the turn is idle
 
 
 class Supervisor:
@@ -848,11 +856,13 @@ class Supervisor:
             finally:
                 runner.state = "idle"
                 try:
-                    await self.storage.write(self._publish_turn, runner.conversation_id)
+                    if not runner.idle_shown:
+                        await self.storage.write(self._publish_turn, runner.conversation_id)
                 except Exception:  # the tabs learn the state on their next load
                     log.exception(
                         "conversation %s: could not publish the idle turn", runner.conversation_id
                     )
+            runner.idle_shown = False
             if not runner.again or self._closing:
                 return
             runner.state = "running"
@@ -864,10 +874,12 @@ class Supervisor:
     async def _deliver_queue(self, runner: Runner) -> None:
         delay = RETRY_SECONDS
         while not self._closing:
-            await wait_until_writable(self.engine)  # another program's lock: wait, loop running
-            runner.again = False  # this look at the queue sees every message stored before it
             try:
-                prompt = await self.storage.write(self._next_turn, runner)
+                if runner.looked:  # by the job that ended the last turn
+                    runner.looked, prompt = False, runner.upcoming
+                else:
+                    runner.again = False  # this look sees every message stored before it
+                    prompt = await self._patiently(self._next_turn, runner)
             except Exception:  # the database failed: wait for it; the queue must not stall
                 log.exception(
                     "conversation %s: database failure before the next turn; retrying in %.0f s",
@@ -880,6 +892,7 @@ class Supervisor:
             delay = RETRY_SECONDS
             if prompt is None:
                 if runner.again:  # a message came while the writer looked
+                    runner.idle_shown = False
                     continue
                 if runner.archived:  # /compact came during its last turn (SPEC §2)
                     await self._close_agent(runner)
@@ -890,14 +903,55 @@ class Supervisor:
                 log.exception("turn failed in conversation %s", runner.conversation_id)
                 await self._error_line_soon(runner, f"The turn failed: {failure_reason(error)}")
             finally:
-                await wait_until_writable(self.engine)
                 try:
-                    await self.storage.write(self._end_turn, runner)
+                    if runner.ended:
+                        runner.ended = False
+                    else:
+                        await self._patiently(self._end_turn, runner)
                 except Exception:  # retried by _next_turn once the database works
                     log.exception(
                         "conversation %s: could not close the turn", runner.conversation_id
                     )
                     runner.ending = True
+
+    async def _patiently(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a runner's write; while another program holds SQLite's write lock, wait for it.
+
+        The check is made in the writer thread, just before the write: no extra round trip.
+        """
+        deadline = time.monotonic() + WRITE_PATIENCE
+        while True:
+            try:
+                return await self.storage.write(self._if_writable, fn, *args)
+            except Locked:
+                if time.monotonic() >= deadline:  # then it fails as any database error does
+                    return await self.storage.write(fn, *args)
+                await asyncio.sleep(0.05)  # polled: another process's lock sends no signal
+
+    def _if_writable(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not write_lock_free(self.engine):
+            raise Locked
+        return fn(*args)
+
+    def _finish_turn(self, runner: Runner) -> None:
+        """End the turn and look at the queue, in the job that stored its last event."""
+        try:
+            self._end_turn(runner)
+        except Exception:  # retried by _next_turn once the database works
+            log.exception("conversation %s: could not close the turn", runner.conversation_id)
+            runner.ending = True
+        runner.ended = True
+        try:
+            runner.upcoming = self._next_turn(runner)
+        except Exception:  # the runner's loop looks again, and retries
+            log.exception("conversation %s: could not look at the queue", runner.conversation_id)
+            return
+        runner.looked = True
+        if runner.upcoming is None and not runner.archived:
+            runner.state = "idle"  # as _deliver sets it: said now, in this burst
+            with self.session() as session:
+                self.publish_turn(runner.conversation_id, session)
+            runner.idle_shown = True
 
     def _next_turn(self, runner: Runner) -> str | None:
         """Finish what a failed turn left, then begin the next queued message (None: none)."""
@@ -1190,7 +1244,6 @@ class Supervisor:
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
-            await wait_until_writable(self.engine)
             await self._error_line_soon(
                 runner, f"The agent could not start: {failure_reason(error)}"
             )
@@ -1210,8 +1263,9 @@ class Supervisor:
             async for burst in bursts(turn):
                 try:
                     if any(self._stores(runner, event) for event in burst):
-                        await wait_until_writable(self.engine)  # then the burst is stored at once
-                        await self.storage.write(self._handle_all, runner, burst)
+                        if any(isinstance(event, TurnDone) for event in burst):
+                            runner.again = False  # the job looks at the queue (_finish_turn)
+                        await self._patiently(self._handle_all, runner, burst)
                     else:  # text of messages already stored: published from here
                         for event in burst:
                             self._handle(runner, event)
@@ -1235,7 +1289,6 @@ class Supervisor:
                 runner.reporting = asyncio.create_task(self._report_context(runner, agent))
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
-            await wait_until_writable(self.engine)
             await self._error_line_soon(
                 runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
             )
@@ -1251,7 +1304,7 @@ class Supervisor:
 
     async def _error_line_soon(self, runner: Runner, text: str) -> None:
         """Show an error line, written in the storage thread (see _error_line)."""
-        await self.storage.write(self._error_line, runner, text)
+        await self._patiently(self._error_line, runner, text)
 
     def _error_line(self, runner: Runner, text: str) -> None:
         """Show an error line; one the database refuses is logged, then written later."""
@@ -1285,9 +1338,8 @@ class Supervisor:
 
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
-        await wait_until_writable(self.engine)
         future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
-        await self.storage.write(self._question, runner, request, future)
+        await self._patiently(self._question, runner, request, future)
         return await future
 
     def _question(
@@ -1430,6 +1482,8 @@ class Supervisor:
                 self._handle(runner, event, session, conversation)
                 if isinstance(event, TurnDone):
                     break
+        if any(isinstance(event, TurnDone) for event in events):
+            self._finish_turn(runner)  # its last event stored: end it here, one fsync for all
 
     def _handle(
         self,
