@@ -1,12 +1,14 @@
-"""Database work off the event loop: one writer thread that works in bursts, a few readers.
+"""Database work off the event loop: one writer thread, one syncer thread, a few readers.
 
 The writer runs jobs in the order they were submitted, so a conversation's writes keep
-their order. It takes every job queued when it looks as one burst: on SQLite their commits
-skip the per-commit fsync, and one fsync of the write-ahead log then makes the whole burst
-durable (what `synchronous=FULL` does per commit) before any of them is answered. What a
-job hands to the loop (`soon`: hub events, tasks, futures) runs there, in order, after that
-fsync and before the job's caller resumes: a message is stored before it is acknowledged
-or shown. Readers (pages, lists, login sessions) run beside the writer on a small pool.
+their order, and takes every job queued when it looks as one burst. On SQLite its commits
+skip the per-commit fsync (synchronous=NORMAL: a commit is in the write-ahead log, safe from
+a crash of the process); the syncer then fsyncs the log once for every burst written
+meanwhile, which is what synchronous=FULL does per commit, while the writer goes on.
+What a job hands to the loop (`soon`: hub events, tasks, futures) runs there, in order,
+as soon as the job has committed; the job's caller resumes after the fsync (`write`: a
+user's message is acknowledged only once it would survive a power cut) or at once
+(`write_early`: the agent's records). Readers (pages, lists, sessions) run beside them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ MAX_BURST = 64  # jobs one fsync covers at most
 class _Job:
     fn: Callable[[], Any]
     future: asyncio.Future[Any]
+    early: bool = False  # answered once committed, before the burst's fsync
     effects: list[tuple[Callable[..., Any], tuple[Any, ...]]] = field(default_factory=list)
     result: Any = None
     error: BaseException | None = None
@@ -54,6 +57,8 @@ class Storage:
         self.loop_io = 0  # statements run on the loop thread (must stay 0; tests check)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
+        self._syncs: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()
+        self._syncer: threading.Thread | None = None
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="oarlock-db-read")
         self._local = threading.local()  # .job: the writer's current job; .relaxed
         self.wal = _wal_file(engine)
@@ -69,15 +74,19 @@ class Storage:
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         self._writer = threading.Thread(target=self._write_loop, name="oarlock-db-writer")
-        self._writer.daemon = True
-        self._writer.start()
+        self._syncer = threading.Thread(target=self._sync_loop, name="oarlock-db-syncer")
+        for thread in (self._writer, self._syncer):
+            thread.daemon = True
+            thread.start()
 
     async def stop(self) -> None:
         """Finish the queued jobs, then stop the threads."""
         if self._writer is not None:
-            self._jobs.put(None)
+            self._jobs.put(None)  # the writer ends after the queued jobs, then the syncer
             await asyncio.to_thread(self._writer.join, 30)
-            self._writer = None
+            if self._syncer is not None:
+                await asyncio.to_thread(self._syncer.join, 30)
+            self._writer = self._syncer = None
         self._readers.shutdown(wait=False)
 
     # -- running work --------------------------------------------------------------------------
@@ -87,12 +96,24 @@ class Storage:
         result: T = await self.submit(fn, *args, **kwargs)
         return result
 
+    async def write_early(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """As write, but answered (effects included) once committed, before the fsync.
+
+        For the agent's own records: a process crash loses none of them (the commit is in
+        the log), a power cut may lose the newest; a later durable write's fsync covers them.
+        """
+        result: T = await self._queue(partial(fn, *args, **kwargs), early=True)
+        return result
+
     def submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[T]:
         """Queue fn for the writer thread; the future resolves after its burst is durable."""
+        return self._queue(partial(fn, *args, **kwargs), early=False)
+
+    def _queue(self, fn: Callable[[], T], *, early: bool) -> asyncio.Future[T]:
         if self._writer is None or self.loop is None:
             raise RuntimeError("storage is not running")
         future: asyncio.Future[T] = self.loop.create_future()
-        self._jobs.put(_Job(partial(fn, *args, **kwargs), future))
+        self._jobs.put(_Job(fn, future, early))
         return future
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -117,11 +138,12 @@ class Storage:
     # -- the writer ----------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        assert self.loop is not None
         stopping = False
         while not stopping:
             first = self._jobs.get()
             if first is None:
-                return
+                break
             burst = [first]
             while len(burst) < MAX_BURST:
                 try:
@@ -132,8 +154,9 @@ class Storage:
                     stopping = True
                     break
                 burst.append(job)
-            self._local.relaxed = True  # commits of this burst: no fsync each (one below)
+            self._local.relaxed = True  # commits of this burst: no fsync each (the syncer's)
             self._local.wrote = False
+            durable: list[_Job] = []
             try:
                 for job in burst:
                     self._local.job = job
@@ -143,21 +166,50 @@ class Storage:
                         job.error = error
                     finally:
                         self._local.job = None
+                    # Its effects now (tabs, tasks): committed, in the log, safe from a crash
+                    # of the process; its caller once the log is synced, unless early.
+                    self.loop.call_soon_threadsafe(self._effects, job)
+                    if job.early:
+                        self.loop.call_soon_threadsafe(self._answer, [job])
+                    else:
+                        durable.append(job)
             finally:
                 self._local.relaxed = False
+            if durable and self.wal is not None and self._local.wrote:
+                self._syncs.put(durable)  # synced while the next burst is written
+            elif durable:
+                self.loop.call_soon_threadsafe(self._answer, durable)
+        self._syncs.put(None)
+
+    def _sync_loop(self) -> None:
+        """Fsync the log for every burst written since the last fsync, then answer them."""
+        assert self.loop is not None
+        stopping = False
+        while not stopping:
+            first = self._syncs.get()
+            if first is None:
+                return
+            waiting = list(first)
+            while True:
+                try:
+                    more = self._syncs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stopping = True
+                    break
+                waiting += more
             try:
                 self._sync()
-            except OSError as error:  # not durable: no job of the burst may claim it is
+            except OSError as error:  # not durable: no job of these may claim it is
                 log.exception("cannot sync the database's log")
-                for job in burst:
+                for job in waiting:
                     job.error = job.error or error
-            assert self.loop is not None
-            self.loop.call_soon_threadsafe(self._finish, burst)
+            self.loop.call_soon_threadsafe(self._answer, waiting)
 
     def _sync(self) -> None:
-        """Make the burst's commits durable: fsync SQLite's write-ahead log once."""
-        if self.wal is None or not self._local.wrote:
-            return
+        """Make what was committed durable: fsync SQLite's write-ahead log (as FULL does)."""
+        assert self.wal is not None
         try:
             fd = os.open(self.wal, os.O_RDONLY)
         except FileNotFoundError:  # checkpointed away: what it held is in the synced database
@@ -168,14 +220,18 @@ class Storage:
             os.close(fd)
 
     @staticmethod
-    def _finish(burst: list[_Job]) -> None:
-        """On the loop: each job's effects, then its caller, in the order they were queued."""
-        for job in burst:
-            for fn, args in job.effects:
-                try:
-                    fn(*args)
-                except Exception:  # one failing effect must not hide the others
-                    log.exception("an effect of a database job failed")
+    def _effects(job: _Job) -> None:
+        """On the loop: what a job handed to it, in order."""
+        for fn, args in job.effects:
+            try:
+                fn(*args)
+            except Exception:  # one failing effect must not hide the others
+                log.exception("an effect of a database job failed")
+
+    @staticmethod
+    def _answer(jobs: list[_Job]) -> None:
+        """On the loop: resume each job's caller with its result or its error."""
+        for job in jobs:
             if job.future.done():  # its caller was cancelled
                 continue
             if job.error is not None:

@@ -918,11 +918,13 @@ class Supervisor:
         """Run a runner's write; while another program holds SQLite's write lock, wait for it.
 
         The check is made in the writer thread, just before the write: no extra round trip.
+        Answered once committed (Storage.write_early): the agent's records and the turn's
+        bookkeeping; user messages are acknowledged only after their fsync (Storage.write).
         """
         deadline = time.monotonic() + WRITE_PATIENCE
         while True:
             try:
-                return await self.storage.write(self._if_writable, fn, *args)
+                return await self.storage.write_early(self._if_writable, fn, *args)
             except Locked:
                 if time.monotonic() >= deadline:  # then it fails as any database error does
                     return await self.storage.write(fn, *args)
