@@ -943,6 +943,8 @@ class Supervisor:
             log.exception("conversation %s: could not close the turn", runner.conversation_id)
             runner.ending = True
         runner.ended = True
+        if self._closing:  # no new turn begins once the relay is stopping
+            return
         try:
             runner.upcoming = self._next_turn(runner)
         except Exception:  # the runner's loop looks again, and retries
