@@ -607,6 +607,7 @@ class Supervisor:
             raise ConversationError("This conversation is archived; it can be read, not written.")
         with self.session() as session:
             session.add(conversation)
+            self._still_active(session, conversation)
             entry = self._add(session, conversation, "user", text, state="queued")
             self._wake(conversation.id or 0)
             self.publish_turn(conversation.id or 0, session)
@@ -670,12 +671,20 @@ class Supervisor:
         self._retire(old_id)
         return new
 
+    @staticmethod
+    def _still_active(session: Session, conversation: Conversation) -> None:
+        """Refuse when a /compact stored since the route read the row archived it."""
+        session.refresh(conversation)  # read in the writer's turn, after every earlier job
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+
     def resend(self, conversation: Conversation, entry_id: int) -> Entry:
         """Queue a cut turn's message again as a new message; the cut one remembers it."""
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
         with self.session() as session:
             session.add(conversation)
+            self._still_active(session, conversation)
             entry = store.get_entry(session=session, entry_id=entry_id)
             if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
                 raise LookupError("No such message in this conversation.")

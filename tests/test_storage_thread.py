@@ -12,10 +12,11 @@ import httpx
 import pytest
 from sqlalchemy import event, text
 
-from app import db
-from app.db import make_engine
+from app import db, store
+from app.db import get_session, make_engine
 from app.hub import Hub
 from app.storage import Storage
+from app.supervisor import ConversationError
 from tests.relay import LiveRelay, make_settings, receive
 from tests.test_input import write_lock
 
@@ -68,6 +69,20 @@ def test_healthz_and_ping_answer_while_a_write_waits_for_a_foreign_lock(
         posting.join(30)
     assert answers == ["202"]  # then stored, once the lock was released
     assert [e["text"] for e in relay.wait_idle(cid)["timeline"]][:1] == ["while locked"]
+
+
+def test_a_message_read_before_a_compact_and_stored_after_it_is_refused(relay: LiveRelay) -> None:
+    cid = relay.create(title="old")["id"]
+    with get_session(relay.supervisor.engine) as session:
+        stale = store.get_conversation(session=session, conversation_id=cid)  # as a route read it
+    assert stale is not None and stale.status == "active"
+    assert relay.send(cid, "/compact").status_code == 201  # stored before the message's job
+    supervisor = relay.supervisor
+    job = supervisor.storage.write(supervisor.submit, stale, "late")
+    running = asyncio.run_coroutine_threadsafe(job, supervisor.storage.loop)
+    with pytest.raises(ConversationError, match="archived"):
+        running.result(30)
+    assert relay.get(cid)["timeline"] == []  # nothing stored in the archived conversation
 
 
 def test_storage_counts_database_calls_made_on_the_loop(tmp_path: Path) -> None:
