@@ -445,8 +445,10 @@ class Supervisor:
         conversation_id = conversation.id or 0
         self.hub.prime(conversation_id)
         shown = self.hub.shown_seq(conversation_id)
-        streams = list(self.runners.get(conversation_id, Runner(0)).streaming.values())
-        live = {s.entry_id: s.text_at(shown) for s in streams}
+        runner = self.runners.get(conversation_id, Runner(0))
+        # Read before the rows too: "idle" is set only after a turn's last rows are committed.
+        state = runner.state
+        live = {s.entry_id: s.text_at(shown) for s in list(runner.streaming.values())}
         entries = store.last_entries(
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
@@ -462,7 +464,7 @@ class Supervisor:
         view["backup"] = self.backups.latest(conversation_id)
         view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
         view["has_more"] = has_more
-        view["turn"] = self.turn_view(conversation_id, session)
+        view["turn"] = self.turn_view(conversation_id, session) | {"state": state}
         view["agent"] = self.agent_state(conversation_id)
         view["seq"] = shown
         view["epoch"] = self.hub.epoch
@@ -840,6 +842,8 @@ class Supervisor:
 
     def _wake(self, conversation_id: int) -> None:
         runner = self.runner(conversation_id)
+        if runner.task and not runner.task.done():
+            runner.again = True  # its last look may predate this message: it looks again
         if not self._closing and runner.state == "idle":
             runner.state = "running"  # from now until the queue is empty
         self.storage.soon(self._wake_now, conversation_id)  # (tasks start on the loop)
@@ -863,9 +867,10 @@ class Supervisor:
             try:
                 await self._deliver_queue(runner)
             finally:
-                runner.state = "idle"
+                if not runner.again:  # else a message came meanwhile: it stays running
+                    runner.state = "idle"
                 try:
-                    if not runner.idle_shown:
+                    if not runner.again and not runner.idle_shown:
                         await self.storage.write(self._publish_turn, runner.conversation_id)
                 except Exception:  # the tabs learn the state on their next load
                     log.exception(
