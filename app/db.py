@@ -47,16 +47,17 @@ def private_sqlite_files(url: str) -> None:
 
 
 # Seconds a statement waits for another writer's lock before "database is locked" (a 503):
-# every call runs on the event loop, so this is the longest a lock can freeze every socket.
+# calls run in storage threads (app/storage.py), so a user's write fails fast rather than
+# holding the writer thread (and every write queued behind it) for the lock's duration.
 BUSY_TIMEOUT = 0.25
 # How long the agent's writes wait (asynchronously, the loop keeps running) for such a lock.
 WRITE_PATIENCE = 30.0
 
 
-# PostgreSQL: seconds to reach the server before the call fails (it runs on the event loop).
+# PostgreSQL: seconds to reach the server before the call fails.
 CONNECT_TIMEOUT = 5
-# Connections the relay keeps open to a PostgreSQL server (calls run on the event loop, one at a
-# time, plus a few from threads), and the most it opens at once.
+# Connections the relay keeps open to a PostgreSQL server (the storage writer, its readers and
+# a few other threads), and the most it opens at once.
 POOL_SIZE = 5
 MAX_OVERFLOW = 10
 
@@ -153,8 +154,10 @@ async def wait_until_writable(engine: Engine, patience: float = WRITE_PATIENCE) 
 
     After `patience` seconds it returns anyway: the write then fails as any database error does.
     """
+    if engine.dialect.name != "sqlite":
+        return
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
-        if write_lock_free(engine):
+        if await asyncio.to_thread(write_lock_free, engine):  # (the check is database I/O)
             return
         await asyncio.sleep(0.05)  # polled: another process's lock sends no signal

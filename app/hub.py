@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -178,7 +179,14 @@ class Hub:
     def __init__(self, load_seq: Callable[[int], int]) -> None:
         self.epoch = secrets.token_hex(6)  # a new epoch per relay start: old seqs are void
         self._load_seq = load_seq
+        # Numbers are taken by the storage writer thread and by the loop: under this lock.
+        # Events reach tabs on the loop only (`soon` carries them there), in seq order: one
+        # numbered while an earlier number is still being stored waits for it (_held).
+        self.lock = threading.RLock()
+        self.soon: Callable[..., None] = lambda fn, *args: fn(*args)
         self._seq: dict[int, int] = {}
+        self._shown: dict[int, int] = {}  # the last seq published, all before it published
+        self._held: dict[int, dict[int, Event]] = {}
         self._recent: dict[int, Replay] = {}
         self._by_conversation: dict[int, set[Subscriber]] = {}
         self._everyone: set[Subscriber] = set()
@@ -189,33 +197,76 @@ class Hub:
         # each broadcast one, after the tabs got it (app/notify.py). They must not raise.
         self.watchers: list[Callable[[int | None, Event], None]] = []
 
+    def _known(self, conversation_id: int) -> None:
+        """Load a conversation's numbering (read outside the lock: it is database I/O)."""
+        if conversation_id not in self._seq:
+            loaded = self._load_seq(conversation_id)
+            with self.lock:
+                if conversation_id not in self._seq:
+                    self._seq[conversation_id] = loaded
+                    self._shown[conversation_id] = loaded
+                    self._touched[conversation_id] = time.monotonic()
+
     def next_seq(self, conversation_id: int) -> int:
         """Take the next sequence number of a conversation."""
-        current = self._seq.get(conversation_id)
-        if current is None:
-            current = self._load_seq(conversation_id)
-        self._seq[conversation_id] = current + 1
-        self._touched[conversation_id] = time.monotonic()
-        return current + 1
+        self._known(conversation_id)
+        with self.lock:
+            current = self._seq[conversation_id] + 1
+            self._seq[conversation_id] = current
+            self._touched[conversation_id] = time.monotonic()
+        return current
 
     def rewind(self, conversation_id: int, seq: int) -> None:
-        """Give back the last number taken when nothing was published with it."""
-        if self._seq.get(conversation_id) == seq:
-            self._seq[conversation_id] = seq - 1
+        """Give back a number nothing was published with (a later one taken: a skip event)."""
+        with self.lock:
+            if self._seq.get(conversation_id) == seq:
+                self._seq[conversation_id] = seq - 1
+                return
+        self.publish(conversation_id, {"type": "skip", "seq": seq})  # tabs see no gap
 
     def current_seq(self, conversation_id: int) -> int:
         """The last sequence number given out for a conversation."""
-        if conversation_id not in self._seq:
-            self._seq[conversation_id] = self._load_seq(conversation_id)
-            self._touched[conversation_id] = time.monotonic()
+        self._known(conversation_id)
         return self._seq[conversation_id]
 
+    def shown_seq(self, conversation_id: int) -> int:
+        """The last seq published (on the loop: every event up to it reached the tabs)."""
+        self._known(conversation_id)
+        return self._shown[conversation_id]
+
+    def prime(self, conversation_id: int) -> None:
+        """Load a conversation's numbering now (in a storage thread), not later on the loop."""
+        self._known(conversation_id)
+
     def publish(self, conversation_id: int, event: Event) -> Event:
-        """Send an event (which must carry its seq) to the conversation's tabs."""
+        """Send an event (which must carry its seq) to the conversation's tabs, in seq order."""
         event["conversation_id"] = conversation_id
+        self.soon(self._publish_in_order, conversation_id, event)
+        return event
+
+    def _publish_in_order(self, conversation_id: int, event: Event) -> None:
+        seq: int = event["seq"]
+        with self.lock:
+            shown = self._shown.get(conversation_id, seq - 1)
+            if seq > shown + 1:  # an earlier number is still being stored
+                self._held.setdefault(conversation_id, {})[seq] = event
+                return
+            ready = [event]
+            shown = max(shown, seq)
+            held = self._held.get(conversation_id)
+            while held and shown + 1 in held:
+                shown += 1
+                ready.append(held.pop(shown))
+            if held is not None and not held:
+                del self._held[conversation_id]
+            self._shown[conversation_id] = shown
+        for each in ready:
+            self._deliver(conversation_id, each)
+
+    def _deliver(self, conversation_id: int, event: Event) -> None:
+        """Fan an event out to this node's tabs, then show it to the watchers."""
         self._fan_out(conversation_id, event["seq"], encode(event))  # once, however many tabs
         self._watch(conversation_id, event)
-        return event
 
     def _watch(self, conversation_id: int | None, event: Event) -> None:
         """Show the watchers an event this node published (once, on the node that made it)."""
@@ -242,6 +293,9 @@ class Hub:
 
     def broadcast(self, event: Event) -> None:
         """Send an event to every connected tab (conversation list changes)."""
+        self.soon(self._broadcast, event)
+
+    def _broadcast(self, event: Event) -> None:
         self._broadcast_text(encode(event))
         self._watch(None, event)
 
@@ -275,7 +329,7 @@ class Hub:
         """Events after seq, or None when they cannot be replayed exactly."""
         if epoch != self.epoch or seq is None:
             return None
-        current = self.current_seq(conversation_id)
+        current = self.shown_seq(conversation_id)
         if seq == current:
             return []
         if seq > current:
@@ -298,7 +352,8 @@ class Hub:
 
     def held(self) -> set[int]:
         """The conversations whose numbering or replay the hub holds in memory."""
-        return set(self._seq) | set(self._recent)
+        with self.lock:
+            return set(self._seq) | set(self._recent)
 
     def replay_chars(self, conversation_id: int) -> int:
         """Characters of JSON kept for a conversation's reconnecting tabs."""
@@ -311,22 +366,26 @@ class Hub:
         Returns each one's last seq (what the caller stores before releasing it).
         """
         chosen = set(also)
-        return {
-            conversation_id: seq
-            for conversation_id, seq in self._seq.items()
-            if (conversation_id in chosen or self._touched.get(conversation_id, 0.0) < before)
-            and conversation_id not in self._by_conversation
-            and conversation_id not in self._waking
-        }
+        with self.lock:  # the writer thread may be numbering
+            return {
+                conversation_id: seq
+                for conversation_id, seq in self._seq.items()
+                if (conversation_id in chosen or self._touched.get(conversation_id, 0.0) < before)
+                and conversation_id not in self._by_conversation
+                and conversation_id not in self._waking
+                and conversation_id not in self._held
+            }
 
     def release(self, conversation_id: int) -> None:
         """Forget a conversation's numbering and replay; the caller stored its last seq first."""
-        if conversation_id in self._waking:
-            return  # a wake-up is pending: it reads the counters
-        self._seq.pop(conversation_id, None)
-        self._recent.pop(conversation_id, None)
-        self._published.pop(conversation_id, None)
-        self._touched.pop(conversation_id, None)
+        if conversation_id in self._waking or conversation_id in self._held:
+            return  # a wake-up is pending (it reads the counters), or events wait
+        with self.lock:
+            self._seq.pop(conversation_id, None)
+            self._shown.pop(conversation_id, None)
+            self._recent.pop(conversation_id, None)
+            self._published.pop(conversation_id, None)
+            self._touched.pop(conversation_id, None)
 
     def live_text(self, conversation_id: int) -> dict[int, str]:
         """Streaming entries' text as this hub delivered it (cluster; the runner has it here)."""

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
@@ -135,11 +136,27 @@ class Notifier:
         elif kind == "conversation_removed":
             self._running.discard(event.get("conversation_id"))
         elif conversation_id is not None and is_permission_question(event):
-            with get_session(self.engine) as session:
-                conversation = store.get_conversation(
-                    session=session, conversation_id=conversation_id
-                )
-            self.notify("permission", conversation_id, conversation.title if conversation else "")
+            self._start(self._notify_permission(conversation_id))
+
+    def _title(self, conversation_id: int) -> str:
+        """A conversation's title (in a thread: it reads the database)."""
+        with get_session(self.engine) as session:
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+        return conversation.title if conversation else ""
+
+    async def _notify_permission(self, conversation_id: int) -> None:
+        self.notify(
+            "permission", conversation_id, await asyncio.to_thread(self._title, conversation_id)
+        )
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(work)
+        except RuntimeError:  # no loop (unit tests of the hub): nothing to push
+            work.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def notify(self, kind: str, conversation_id: int, title: str) -> None:
         """Tell the open pages, and push to the browsers with no visible page."""
@@ -148,12 +165,7 @@ class Notifier:
         body = payload(kind, conversation_id, title)
         self.hub.broadcast({"type": "notify", **body})
         looking = set(self._visible.values())  # decided now, when it happened
-        try:
-            task = asyncio.get_running_loop().create_task(self._push(body, looking))
-        except RuntimeError:  # no loop (unit tests of the hub): no push
-            return
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._start(self._push(body, looking))
 
     # -- Web Push --------------------------------------------------------------------------
 
@@ -177,7 +189,7 @@ class Notifier:
     async def _push(self, body: dict[str, Any], looking: set[str | None]) -> None:
         data = json.dumps(body, ensure_ascii=False).encode()
         # One browser after the other: a user has a few, and each waits at most push.TIMEOUT.
-        for row in self.targets(looking):
+        for row in await asyncio.to_thread(self.targets, looking):
             problem = self.endpoint_problem(row.endpoint)
             if problem is not None:  # stored under other settings: never sent now
                 log.warning("push to %s skipped: %s", row.endpoint[:80], problem)
@@ -189,7 +201,7 @@ class Notifier:
                 log.warning("push to %s failed: %s", row.endpoint[:80], error)
                 continue
             if status in push.GONE:
-                self.remove(row.endpoint)
+                await asyncio.to_thread(self.remove, row.endpoint)
             elif status >= 300:
                 log.warning("push to %s answered %d", row.endpoint[:80], status)
 

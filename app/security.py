@@ -204,7 +204,7 @@ class Guard:
                     if await self.limiter.failed(_client(scope)):
                         return 429, "Too many failed attempts; wait a minute.", []
                     return _unauthorized(page)
-            elif (session_id := self._session_of(headers)) == DATABASE_DOWN:
+            elif (session_id := await self._session_of(headers)) == DATABASE_DOWN:
                 return 503, "The database cannot be used right now; try again shortly.", []
             elif session_id is not None:
                 scope[SESSION_SCOPE_KEY] = session_id
@@ -227,14 +227,18 @@ class Guard:
                 return 415, "The API accepts application/json only.", []
         return None
 
-    def _session_of(self, headers: dict[str, str]) -> str | None:
+    async def _session_of(self, headers: dict[str, str]) -> str | None:
         """The request's session id when it names a live session, else None."""
         if self.sessions is None:
             return None
         # Lenient parsing: another app's odd cookie on localhost must not hide ours.
         session_id = cookie_parser(headers.get("cookie", "")).get(COOKIE)
         try:
-            return session_id if session_id and self.sessions.valid(session_id) else None
+            if not session_id:
+                return None
+            # Database I/O: in a thread, never on the event loop.
+            valid = await anyio.to_thread.run_sync(self.sessions.valid, session_id)
+            return session_id if valid else None
         except OperationalError:  # locked or unreadable: say so (503), never a bare 500
             log.warning("cannot check a session: the database is unavailable", exc_info=True)
             return DATABASE_DOWN
@@ -254,7 +258,7 @@ class Guard:
         rest = {k: v for k, v in query.items() if k != "token"}
         location = scope["path"] + (f"?{urlencode(rest, doseq=True)}" if rest else "")
         try:
-            session_id = self.sessions.create()
+            session_id = await anyio.to_thread.run_sync(self.sessions.create)
         except OperationalError as error:  # as the app's own handler answers (main.py)
             reason = str(error.orig) if error.orig else str(error)
             return 503, f"The database cannot be used right now ({reason}). Nothing was stored.", []

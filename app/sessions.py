@@ -61,11 +61,19 @@ class Sessions:
 
     def end(self, session_id: str) -> None:
         """End a session: its cookie no longer logs anyone in, its open sockets close."""
+        self.remove(session_id)
+        self.close_sockets(session_id)
+
+    def remove(self, session_id: str) -> None:
+        """Delete a session's row (database I/O: the relay calls it in a thread)."""
         key = self.key(session_id)
         with get_session(self.engine) as db:
             db.exec(delete(LoginSession).where(LoginSession.key == key))
             db.commit()
-        for callback in list(self._watchers.pop(key, ())):
+
+    def close_sockets(self, session_id: str) -> None:
+        """Close the sockets a session opened (on the event loop)."""
+        for callback in list(self._watchers.pop(self.key(session_id), ())):
             callback()
 
     def watch(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:

@@ -8,12 +8,13 @@ and turns every agent event into stored entries and live events for the hub.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -50,7 +51,7 @@ from app.backup_files import Backups, Job, Outcome
 from app.backups import PRECOMPACT_AUTO, PRECOMPACT_MANUAL, tool_facts
 from app.compaction import clip_summary, failed_text, finished_text, started_text
 from app.config import Settings
-from app.db import get_session, wait_until_writable, write_lock_free
+from app.db import WRITE_PATIENCE, get_session, write_lock_free
 from app.edits import edit_change
 from app.handoff import (
     HANDOFF_REQUEST,
@@ -67,6 +68,7 @@ from app.limits import give_back_memory
 from app.live_render import LiveRender
 from app.models import Conversation, Entry, Handoff
 from app.providers import agent_env, compaction_style, make_agent
+from app.storage import Storage
 from app.titles import compacted_title
 from app.tools import ToolResult, relay_tools
 from app.views import conversation_view, effective_window, entry_view
@@ -102,6 +104,10 @@ class ConversationError(Exception):
     """A request the conversation's state does not allow (HTTP 409)."""
 
 
+class Locked(Exception):
+    """Another program holds SQLite's write lock: the runner's write waits, then tries again."""
+
+
 def is_retry(notice: Notice) -> bool:
     """True for a notice that the agent is retrying its API request."""
     return notice.data.get("type") in RETRY_NOTICES
@@ -110,6 +116,18 @@ def is_retry(notice: Notice) -> bool:
 def is_compact_command(text: str) -> bool:
     """True when the whole message is the /compact command."""
     return text.strip() == COMPACT_COMMAND
+
+
+def _settle(future: asyncio.Future[PermissionDecision], decision: PermissionDecision) -> None:
+    """Answer a permission question's future (on the loop) unless it has its answer."""
+    if not future.done():
+        future.set_result(decision)
+
+
+def _logged(future: asyncio.Future[Any]) -> None:
+    """Log the error of a storage job nobody awaits."""
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a database job failed", exc_info=future.exception())
 
 
 def failure_reason(error: BaseException) -> str:
@@ -125,6 +143,7 @@ class Streaming:
 
     entry: Entry
     parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
+    seqs: list[int] = field(default_factory=list)  # each part's event seq (snapshot_text)
     checkpoint_at: float = field(default_factory=time.monotonic)
     live: LiveRender | None = None  # renders the text so far now and then (sanitized HTML)
     entry_id: int = field(init=False)  # readable even after a failed write expired entry
@@ -136,6 +155,11 @@ class Streaming:
     def text(self) -> str:
         """The text written so far."""
         return "".join(self.parts)
+
+    def text_at(self, seq: int) -> str:
+        """The text of the deltas numbered up to seq (what tabs at that seq have)."""
+        count = bisect.bisect_right(self.seqs, seq)
+        return "".join(self.parts[:count])
 
 
 @dataclass
@@ -166,6 +190,12 @@ class Runner:
     archived: bool = False  # the conversation is archived: its agent stops after its turn
     warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
     starting: bool = False  # the agent's process is being started
+    again: bool = False  # a message was queued while the runner was looking at the queue
+    turn_conversation: Conversation | None = None  # as _begin_turn left it (read once a turn)
+    ended: bool = False  # the job that stored the turn's last event also ended the turn
+    looked: bool = False  # ... and looked at the queue: its answer is `upcoming`
+    upcoming: str | None = None
+    idle_shown: bool = False  # ... and, the queue being empty, told the tabs the turn is idle
 
 
 class Supervisor:
@@ -183,6 +213,9 @@ class Supervisor:
         self.hub = hub
         self.agent_factory = agent_factory
         self.runners: dict[int, Runner] = {}
+        # Every database call runs in its threads; the loop only awaits (docs/architecture.md).
+        self.storage = Storage(engine)
+        hub.soon = self.storage.soon
         self.backups = Backups(settings.resolved_data_dir / "backups", engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
@@ -197,13 +230,17 @@ class Supervisor:
     async def start(self) -> None:
         """Recover from a previous run, deliver what was queued, start the idle reaper."""
         self.lifetime.start()  # kills the agent processes a crash left running, first
+        self.storage.start()
         if self.cluster is not None:  # recovery comes with each lease taken (node.py)
             await self.cluster.start()
         else:
-            with self.session() as session:
-                for conversation in store.conversations_with_work(session=session):
-                    self._recover(session, conversation)
+            await self.storage.write(self._recover_all)
         self._reaper = asyncio.create_task(self._reap_idle())
+
+    def _recover_all(self) -> None:
+        with self.session() as session:
+            for conversation in store.conversations_with_work(session=session):
+                self._recover(session, conversation)
 
     async def stop(self) -> None:
         """Interrupt running turns, keep what was streamed, stop every agent."""
@@ -234,6 +271,7 @@ class Supervisor:
         await self.lifetime.stop()  # and what they left running (tool commands)
         if self.cluster is not None:
             await self.cluster.stop()  # leases given back: other nodes take the queues
+        await self.storage.stop()
 
     def session(self) -> Session:
         """A database session."""
@@ -244,7 +282,17 @@ class Supervisor:
         conversation = store.get_conversation(session=session, conversation_id=conversation_id)
         if conversation is None:
             raise LookupError(f"conversation {conversation_id} is gone")
+        self.hub.prime(conversation_id)  # numbered later on the loop: loaded here, in a thread
         return conversation
+
+    def _fetch(self, conversation_id: int) -> Conversation:
+        """A conversation that must exist, in a session of its own (run in a storage thread)."""
+        with self.session() as session:
+            return self._load(session, conversation_id)
+
+    async def _conversation(self, conversation_id: int) -> Conversation:
+        """A conversation that must exist, read off the loop."""
+        return await self.storage.read(self._fetch, conversation_id)
 
     def runner(self, conversation_id: int) -> Runner:
         """The runner of a conversation (created on first use)."""
@@ -283,27 +331,28 @@ class Supervisor:
             # An agent process of the crashed relay may still be taking the message.
             runner = self.runner(conversation.id or 0)
             runner.state = "running"
-            runner.task = asyncio.create_task(
-                self._recover_later(runner, cut.id or 0, agent),
-                name=f"recover-{conversation.id}",
-            )
+            self.storage.soon(self._start_recover_later, runner, cut.id or 0, agent)
             return False
         self._resolve_cut(session, conversation, cut, got)
         return True
+
+    def _start_recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+        runner.task = asyncio.create_task(
+            self._recover_later(runner, entry_id, agent), name=f"recover-{runner.conversation_id}"
+        )
 
     async def _recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
         """Ask again until the agent knows (or RECEIPT_WAIT passed), resolve, deliver the queue."""
         deadline = time.monotonic() + RECEIPT_WAIT
         got: bool | None = None
-        try:
-            while got is None and time.monotonic() < deadline:
-                await asyncio.sleep(RECEIPT_POLL)
-                if self._closing:
-                    return  # still marked active: the next start decides
-                with self.session() as session:
-                    conversation = self._load(session, runner.conversation_id)
-                    cut = store.get_entry(session=session, entry_id=entry_id)
-                    got = self._received(agent, conversation, cut) if cut else None
+
+        def ask() -> bool | None:
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                cut = store.get_entry(session=session, entry_id=entry_id)
+                return self._received(agent, conversation, cut) if cut else None
+
+        def resolve() -> None:
             with self.session() as session:
                 conversation = self._load(session, runner.conversation_id)
                 cut = store.get_entry(session=session, entry_id=entry_id)
@@ -312,6 +361,14 @@ class Supervisor:
                 store.update_conversation(
                     session=session, conversation=conversation, turn_active=False
                 )
+
+        try:
+            while got is None and time.monotonic() < deadline:
+                await asyncio.sleep(RECEIPT_POLL)
+                if self._closing:
+                    return  # still marked active: the next start decides
+                got = await self.storage.read(ask)
+            await self.storage.write(resolve)
         except Exception:  # the queue must not stall behind a failed check
             log.exception("recovering conversation %s failed", runner.conversation_id)
         await self._deliver(runner)
@@ -400,20 +457,27 @@ class Supervisor:
         limit: int = TIMELINE_PAGE,
         before_seq: int | None = None,
     ) -> dict[str, Any]:
-        """A conversation with its latest timeline page and turn; live text included."""
+        """A conversation with its latest timeline page and turn; live text included.
+
+        Its seq is the last one published, read before the database: every event up to it is
+        in what is read after, and a later one reaches a tab that follows from that seq.
+        """
         conversation_id = conversation.id or 0
-        seq = self.hub.current_seq(conversation_id)  # first: every event up to it is stored
+        self.hub.prime(conversation_id)
+        shown = self.hub.shown_seq(conversation_id)
+        runner = self.runners.get(conversation_id)
+        # Read before the rows too: "idle" is set only after a turn's last rows are committed.
+        here = self.cluster is None or self.cluster.holds(conversation_id)
+        state = runner.state if runner is not None and here else None  # else the owner's word
+        streaming = list(runner.streaming.values()) if runner is not None else []
+        live = {s.entry_id: s.text_at(shown) for s in streaming}
+        if self.cluster is not None:  # the text as delivered here up to seq, owner or not
+            live = self.hub.live_text(conversation_id)
         entries = store.last_entries(
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
         has_more = len(entries) > limit
         entries = entries[-limit:]
-        live = {
-            s.entry_id: s.text
-            for s in self.runners.get(conversation_id, Runner(0)).streaming.values()
-        }
-        if self.cluster is not None:  # the text as delivered here up to seq, owner or not
-            live = self.hub.live_text(conversation_id)
         # Queued messages are shown at the end, whichever page is asked for.
         queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued"
@@ -425,10 +489,24 @@ class Supervisor:
         view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
         view["has_more"] = has_more
         view["turn"] = self.turn_view(conversation_id, session)
+        if state is not None:  # this node runs it
+            view["turn"]["state"] = state
         view["agent"] = self.agent_state(conversation_id)
-        view["seq"] = seq
+        view["seq"] = shown
         view["epoch"] = self.hub.epoch
         return view
+
+    async def view(
+        self, conversation_id: int, *, limit: int = TIMELINE_PAGE, before_seq: int | None = None
+    ) -> dict[str, Any]:
+        """The snapshot of a conversation, read in a storage thread (LookupError: none)."""
+
+        def read() -> dict[str, Any]:
+            with self.session() as session:
+                conversation = self._load(session, conversation_id)
+                return self.snapshot(conversation, session, limit=limit, before_seq=before_seq)
+
+        return await self.storage.read(read)
 
     # -- writing helpers (each stores, then publishes) ---------------------------------------
 
@@ -561,6 +639,7 @@ class Supervisor:
             self.cluster.claim_here(conversation.id or 0, conversation.cwd)
         with self.session() as session:
             session.add(conversation)
+            self._still_active(session, conversation)
             entry = self._add(session, conversation, "user", text, state="queued")
             self._wake(conversation.id or 0)
             self.publish_turn(conversation.id or 0, session)
@@ -634,12 +713,20 @@ class Supervisor:
         self._retire(old_id)
         return new
 
+    @staticmethod
+    def _still_active(session: Session, conversation: Conversation) -> None:
+        """Refuse when a /compact stored since the route read the row archived it."""
+        session.refresh(conversation)  # read in the writer's turn, after every earlier job
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+
     def resend(self, conversation: Conversation, entry_id: int) -> Entry:
         """Queue a cut turn's message again as a new message; the cut one remembers it."""
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
         with self.session() as session:
             session.add(conversation)
+            self._still_active(session, conversation)
             entry = store.get_entry(session=session, entry_id=entry_id)
             if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
                 raise LookupError("No such message in this conversation.")
@@ -671,6 +758,9 @@ class Supervisor:
 
     def _retire(self, conversation_id: int) -> None:
         """Stop an archived conversation's agent now; a running turn's loop stops it after."""
+        self.storage.soon(self._retire_now, conversation_id)
+
+    def _retire_now(self, conversation_id: int) -> None:
         runner = self.runners.get(conversation_id)
         if runner is None or runner.agent is None or (runner.task and not runner.task.done()):
             return  # _deliver_queue closes it once the running turn has ended
@@ -709,10 +799,21 @@ class Supervisor:
         Conversations it was compacted from or into stay, without the link to it.
         """
         cid = conversation.id or 0
-        self._refuse_while_busy(conversation, "delete")
+        await self.storage.write(self._refuse_while_busy, conversation, "delete")
         runner = self.runners.pop(cid, None)
         if runner is not None:
             await self._close_agent(runner)
+        changed = await self.storage.write(self._delete_rows, conversation)
+        await self.backups.forget(cid)
+        self.hub.release(cid)
+        self.hub.forget(cid)
+        self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
+        for other in changed:
+            if other is not None:
+                self.publish_conversation(other)
+
+    def _delete_rows(self, conversation: Conversation) -> list[Conversation | None]:
+        """Delete the rows; the conversations that were linked to it, as they are now."""
         with self.session() as session:
             session.add(conversation)
             neighbours = [
@@ -721,16 +822,9 @@ class Supervisor:
                 if link is not None
             ]
             store.delete_conversation(session=session, conversation=conversation)
-            changed = [
-                store.get_conversation(session=session, conversation_id=n) for n in neighbours
-            ]
-        await self.backups.forget(cid)
-        self.hub.release(cid)
-        self.hub.forget(cid)
-        self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
-        for other in changed:
-            if other is not None:
-                self.publish_conversation(other)
+            for neighbour in neighbours:
+                self.hub.prime(neighbour)  # told below, from the loop
+            return [store.get_conversation(session=session, conversation_id=n) for n in neighbours]
 
     def warm(self, conversation: Conversation) -> str:
         """Start the agent of a conversation about to get a message; its agent state.
@@ -763,14 +857,18 @@ class Supervisor:
         """Stop the running turn, if any (queued messages stay queued)."""
         if self.cluster is not None and not self.cluster.holds(conversation_id):
             self.cluster.send("interrupt", conversation_id)
-            with self.session() as session:
-                return self.turn_view(conversation_id, session)["state"] != "idle"
+            return await self.storage.read(self._busy_elsewhere, conversation_id)
         runner = self.runners.get(conversation_id)
         if runner is None or runner.state == "idle":
             return False
         runner.stop_requested = True  # seen by _run_turn when the agent is still starting
         await self._interrupt_agent(runner)
         return True
+
+    def _busy_elsewhere(self, conversation_id: int) -> bool:
+        """Whether another node's conversation has a turn running (in a storage thread)."""
+        with self.session() as session:
+            return self.turn_view(conversation_id, session)["state"] != "idle"
 
     def answer(
         self, conversation: Conversation, entry_id: int, decision: PermissionDecision
@@ -788,8 +886,8 @@ class Supervisor:
             state = "allowed" if decision.allow else "denied"
             session.add(conversation)
             self._save(session, conversation, entry, state=state, data=entry.data)
-        if future is not None and not future.done():
-            future.set_result(decision)
+        if future is not None:
+            self.storage.soon(_settle, future, decision)
         elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):
             fields = {"entry_id": entry_id, "allow": decision.allow, "message": decision.message}
             self.cluster.send("answer", conversation.id or 0, **fields)
@@ -802,33 +900,60 @@ class Supervisor:
             self.cluster.wake(conversation_id)  # taken here, or its owner is woken
             return
         runner = self.runner(conversation_id)
-        if self._closing or (runner.task and not runner.task.done()):
+        if runner.task and not runner.task.done():
+            runner.again = True  # its last look may predate this message: it looks again
+        if not self._closing and runner.state == "idle":
+            runner.state = "running"  # from now until the queue is empty
+        self.storage.soon(self._wake_now, conversation_id)  # (tasks start on the loop)
+
+    def _wake_now(self, conversation_id: int) -> None:
+        runner = self.runner(conversation_id)
+        if self._closing:
+            return
+        if runner.task and not runner.task.done():
+            # Its last look at the queue may predate this message (it was stored in the
+            # writer thread meanwhile): it looks again before it ends.
+            runner.again = True
             return
         runner.state = "running"  # from now until the queue is empty
         runner.task = asyncio.create_task(self._deliver(runner), name=f"deliver-{conversation_id}")
 
     async def _deliver(self, runner: Runner) -> None:
         """Deliver queued messages one turn at a time until none is left."""
-        try:
-            await self._deliver_queue(runner)
-        finally:
-            runner.state = "idle"
+        while True:
+            runner.again = False
             try:
-                with self.session() as session:
-                    self.publish_turn(runner.conversation_id, session)
-            except Exception:  # the tabs learn the state on their next load
-                log.exception(
-                    "conversation %s: could not publish the idle turn", runner.conversation_id
-                )
+                await self._deliver_queue(runner)
+            finally:
+                if not runner.again:  # else a message came meanwhile: it stays running
+                    runner.state = "idle"
+                try:
+                    if not runner.again and not runner.idle_shown:
+                        await self.storage.write(self._publish_turn, runner.conversation_id)
+                except Exception:  # the tabs learn the state on their next load
+                    log.exception(
+                        "conversation %s: could not publish the idle turn", runner.conversation_id
+                    )
+            runner.idle_shown = False
+            if not runner.again or self._closing:
+                return
+            runner.state = "running"
+
+    def _publish_turn(self, conversation_id: int) -> None:
+        with self.session() as session:
+            self.publish_turn(conversation_id, session)
 
     async def _deliver_queue(self, runner: Runner) -> None:
         delay = RETRY_SECONDS
         while not self._closing:
             if self.cluster is not None and not self.cluster.holds(runner.conversation_id):
                 return  # the lease went to another node: it delivers the rest
-            await wait_until_writable(self.engine)  # another program's lock: wait, loop running
             try:
-                prompt = self._next_turn(runner)
+                if runner.looked:  # by the job that ended the last turn
+                    runner.looked, prompt = False, runner.upcoming
+                else:
+                    runner.again = False  # this look sees every message stored before it
+                    prompt = await self._patiently(self._next_turn, runner)
             except Exception:  # the database failed: wait for it; the queue must not stall
                 log.exception(
                     "conversation %s: database failure before the next turn; retrying in %.0f s",
@@ -840,6 +965,9 @@ class Supervisor:
                 continue
             delay = RETRY_SECONDS
             if prompt is None:
+                if runner.again:  # a message came while the writer looked
+                    runner.idle_shown = False
+                    continue
                 if runner.archived:  # /compact came during its last turn (SPEC §2)
                     await self._close_agent(runner)
                 return
@@ -847,16 +975,61 @@ class Supervisor:
                 await self._run_turn(runner, prompt)
             except Exception as error:  # one failing turn must not stop the queue
                 log.exception("turn failed in conversation %s", runner.conversation_id)
-                self._error_line(runner, f"The turn failed: {failure_reason(error)}")
+                await self._error_line_soon(runner, f"The turn failed: {failure_reason(error)}")
             finally:
-                await wait_until_writable(self.engine)
                 try:
-                    self._end_turn(runner)
+                    if runner.ended:
+                        runner.ended = False
+                    else:
+                        await self._patiently(self._end_turn, runner)
                 except Exception:  # retried by _next_turn once the database works
                     log.exception(
                         "conversation %s: could not close the turn", runner.conversation_id
                     )
                     runner.ending = True
+
+    async def _patiently(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a runner's write; while another program holds SQLite's write lock, wait for it.
+
+        The check is made in the writer thread, just before the write: no extra round trip.
+        Answered once committed (Storage.write_early): the agent's records and the turn's
+        bookkeeping; user messages are acknowledged only after their fsync (Storage.write).
+        """
+        deadline = time.monotonic() + WRITE_PATIENCE
+        while True:
+            try:
+                return await self.storage.write_early(self._if_writable, fn, *args)
+            except Locked:
+                if time.monotonic() >= deadline:  # then it fails as any database error does
+                    return await self.storage.write(fn, *args)
+                await asyncio.sleep(0.05)  # polled: another process's lock sends no signal
+
+    def _if_writable(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not write_lock_free(self.engine):
+            raise Locked
+        return fn(*args)
+
+    def _finish_turn(self, runner: Runner) -> None:
+        """End the turn and look at the queue, in the job that stored its last event."""
+        try:
+            self._end_turn(runner)
+        except Exception:  # retried by _next_turn once the database works
+            log.exception("conversation %s: could not close the turn", runner.conversation_id)
+            runner.ending = True
+        runner.ended = True
+        if self._closing:  # no new turn begins once the relay is stopping
+            return
+        try:
+            runner.upcoming = self._next_turn(runner)
+        except Exception:  # the runner's loop looks again, and retries
+            log.exception("conversation %s: could not look at the queue", runner.conversation_id)
+            return
+        runner.looked = True
+        if runner.upcoming is None and not runner.archived:
+            runner.state = "idle"  # as _deliver sets it: said now, in this burst
+            with self.session() as session:
+                self.publish_turn(runner.conversation_id, session)
+            runner.idle_shown = True
 
     def _next_turn(self, runner: Runner) -> str | None:
         """Finish what a failed turn left, then begin the next queued message (None: none)."""
@@ -943,6 +1116,7 @@ class Supervisor:
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
+        runner.turn_conversation = conversation
         return prompt
 
     def _context_note(self, conversation: Conversation) -> str | None:
@@ -976,9 +1150,8 @@ class Supervisor:
     ) -> ToolResult:
         """The save_handoff tool: check the arguments (errors go back to the agent), store."""
         handoff = parse_handoff(arguments)
-        with self.session() as session:
-            conversation = self._load(session, conversation_id)
-        self.save_handoff(conversation, handoff, source="agent")
+        conversation = await self._conversation(conversation_id)
+        await self.storage.write(self.save_handoff, conversation, handoff, source="agent")
         return ToolResult(saved_text(handoff))
 
     async def _tool_archive(
@@ -988,17 +1161,20 @@ class Supervisor:
         arguments: dict[str, Any],
     ) -> ToolResult:
         """search_archive or read_archive for this conversation (ValueError: a tool error)."""
-        with self.session() as session:
-            return ToolResult(tool(session, conversation_id, arguments))
+
+        def read() -> ToolResult:
+            with self.session() as session:
+                return ToolResult(tool(session, conversation_id, arguments))
+
+        return await self.storage.read(read)
 
     def _end_turn(self, runner: Runner) -> None:
         runner.state = "running"  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
         runner.carried_summary = None
         runner.last_used = time.monotonic()
-        for future in runner.questions.values():
-            if not future.done():
-                future.set_result(PermissionDecision(False, "The turn ended."))
+        for future in list(runner.questions.values()):
+            self.storage.soon(_settle, future, PermissionDecision(False, "The turn ended."))
         with self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
@@ -1007,7 +1183,7 @@ class Supervisor:
                 return
             for streaming in list(runner.streaming.values()):
                 if streaming.live is not None:
-                    streaming.live.close()
+                    self.storage.soon(streaming.live.close)
                 self._save(
                     session, conversation, streaming.entry, text=streaming.text, state="interrupted"
                 )
@@ -1035,8 +1211,7 @@ class Supervisor:
             await asyncio.wait({warming})  # never raises its error, never cancels it
         if runner.agent is not None:
             return runner.agent
-        with self.session() as session:
-            conversation = self._load(session, runner.conversation_id)
+        conversation = await self._conversation(runner.conversation_id)
         spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         runner.starting = True
@@ -1054,14 +1229,17 @@ class Supervisor:
         self.publish_agent(runner.conversation_id)
         await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
         if conversation.applied_window != conversation.auto_compact_window:
-            with self.session() as session:
-                session.add(conversation)
-                store.update_conversation(
-                    session=session,
-                    conversation=conversation,
-                    applied_window=conversation.auto_compact_window,
-                )
+            await self.storage.write(self._applied, conversation)
         return agent
+
+    def _applied(self, conversation: Conversation) -> None:
+        with self.session() as session:
+            session.add(conversation)
+            store.update_conversation(
+                session=session,
+                conversation=conversation,
+                applied_window=conversation.auto_compact_window,
+            )
 
     def _agent_spec(self, conversation: Conversation, runner: Runner | None) -> AgentSpec:
         """What the conversation's agent starts with; without a runner it asks nothing."""
@@ -1120,11 +1298,9 @@ class Supervisor:
         if not report:
             return
         runner.context_report = report
-        with self.session() as session:
-            conversation = store.get_conversation(
-                session=session, conversation_id=runner.conversation_id
-            )
-        if conversation is None:
+        try:
+            conversation = await self._conversation(runner.conversation_id)
+        except LookupError:
             return
         resolved = effective_window(conversation, os.environ.get(ENV_VAR))
         reported = report.get("maxTokens")
@@ -1140,21 +1316,26 @@ class Supervisor:
 
     async def _apply_window(self, runner: Runner) -> None:
         """Restart the agent once when its conversation's window setting changed."""
-        with self.session() as session:
-            conversation = self._load(session, runner.conversation_id)
-            if conversation.session_id is None:
-                return
-            old, new = conversation.applied_window, conversation.auto_compact_window
-            if old == new:
-                return
-            if runner.agent is not None and runner.agent.background_work():
-                return  # a restart would kill it: applies once the background work has ended
-            # Claude Code reads the window only at start: resume the same session with the new one.
-            await self._close_agent(runner)
-            self._line(session, conversation, restart_line(old, new), data={"type": "restart"})
-            store.update_conversation(
-                session=session, conversation=conversation, applied_window=new
-            )
+        conversation = runner.turn_conversation or await self._conversation(runner.conversation_id)
+        if conversation.session_id is None:
+            return
+        old, new = conversation.applied_window, conversation.auto_compact_window
+        if old == new:
+            return
+        if runner.agent is not None and runner.agent.background_work():
+            return  # a restart would kill it: applies once the background work has ended
+        # Claude Code reads the window only at start: resume the same session with the new one.
+        await self._close_agent(runner)
+
+        def restarted() -> None:
+            with self.session() as session:
+                session.add(conversation)
+                self._line(session, conversation, restart_line(old, new), data={"type": "restart"})
+                store.update_conversation(
+                    session=session, conversation=conversation, applied_window=new
+                )
+
+        await self.storage.write(restarted)
 
     async def _run_turn(self, runner: Runner, prompt: str) -> None:
         try:
@@ -1162,34 +1343,43 @@ class Supervisor:
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
-            await wait_until_writable(self.engine)
-            self._error_line(runner, f"The agent could not start: {failure_reason(error)}")
+            await self._error_line_soon(
+                runner, f"The agent could not start: {failure_reason(error)}"
+            )
             return
+        finally:
+            runner.turn_conversation = None
         if runner.stop_requested:  # Stop came while the agent was starting: send nothing
-            self._stop_before_delivery(runner)
+            await self.storage.write(self._stop_before_delivery, runner)
             return
         try:
             if isinstance(agent, Receipts) and runner.prompt_id:
                 turn = agent.turn(prompt, prompt_id=runner.prompt_id)
             else:
                 turn = agent.turn(prompt)
-            async for event in turn:
+            # The events that arrived while the last burst was being stored are stored together,
+            # in one storage job: one read of the conversation, one fsync.
+            async for burst in bursts(turn):
                 try:
-                    if not isinstance(event, TextDelta) or event.message_id not in runner.streaming:
-                        await wait_until_writable(self.engine)  # then the event is stored at once
-                    self._handle(runner, event)
+                    if any(self._stores(runner, event) for event in burst):
+                        if any(isinstance(event, TurnDone) for event in burst):
+                            runner.again = False  # the job looks at the queue (_finish_turn)
+                        await self._patiently(self._handle_all, runner, burst)
+                    else:  # text of messages already stored: published from here
+                        for event in burst:
+                            self._handle(runner, event)
                 except Exception as error:  # the database failed: this turn cannot be recorded
                     log.exception(
                         "conversation %s: could not store an agent event", runner.conversation_id
                     )
-                    self._error_line(
+                    await self._error_line_soon(
                         runner,
                         "The relay could not store this turn "
                         f"({failure_reason(error)}); the turn was stopped.",
                     )
                     await self._close_agent(runner)
                     return
-                if isinstance(event, TurnDone):
+                if any(isinstance(event, TurnDone) for event in burst):
                     break
             if runner.reported_agent is not agent:
                 # The window is fixed for a process's life: check it once per process. (Fresh
@@ -1198,9 +1388,22 @@ class Supervisor:
                 runner.reporting = asyncio.create_task(self._report_context(runner, agent))
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
-            await wait_until_writable(self.engine)
-            self._error_line(runner, f"The agent stopped unexpectedly: {failure_reason(error)}")
+            await self._error_line_soon(
+                runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
+            )
             await self._close_agent(runner)
+
+    @staticmethod
+    def _stores(runner: Runner, event: AgentEvent) -> bool:
+        """True for an event that writes: all but more text of a message (or its checkpoint)."""
+        if not isinstance(event, TextDelta):
+            return True
+        streaming = runner.streaming.get(event.message_id)
+        return streaming is None or time.monotonic() - streaming.checkpoint_at >= CHECKPOINT_SECONDS
+
+    async def _error_line_soon(self, runner: Runner, text: str) -> None:
+        """Show an error line, written in the storage thread (see _error_line)."""
+        await self._patiently(self._error_line, runner, text)
 
     def _error_line(self, runner: Runner, text: str) -> None:
         """Show an error line; one the database refuses is logged, then written later."""
@@ -1234,7 +1437,16 @@ class Supervisor:
 
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer."""
-        await wait_until_writable(self.engine)
+        future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
+        await self._patiently(self._question, runner, request, future)
+        return await future
+
+    def _question(
+        self,
+        runner: Runner,
+        request: PermissionRequest,
+        future: asyncio.Future[PermissionDecision],
+    ) -> None:
         change = edit_change(request.tool_name, request.tool_input)
         edit = {"edit": change} if change else {}
         with self.session() as session:
@@ -1253,9 +1465,7 @@ class Supervisor:
                     **edit,  # what an edit or write would change, shown as a diff
                 },
             )
-        future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
-        runner.questions[entry.id or 0] = future
-        return await future
+        runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
 
     async def _interrupt_agent(self, runner: Runner) -> None:
         for entry_id, future in list(runner.questions.items()):
@@ -1321,7 +1531,7 @@ class Supervisor:
             except Exception:
                 log.exception("fitting the agents' memory budget failed")
             try:
-                self.release_idle(time.monotonic() - timeout)
+                await self.storage.write(self.release_idle, time.monotonic() - timeout)
             except Exception:  # memory is released on the next pass
                 log.exception("releasing idle conversations failed")
 
@@ -1361,15 +1571,34 @@ class Supervisor:
 
     # -- agent events ----------------------------------------------------------------------
 
-    def _handle(self, runner: Runner, event: AgentEvent) -> None:
+    def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
+        """Record a burst of agent events in one storage job: one session, one read of the row."""
+        with self.session() as session:
+            conversation: Conversation | None = None
+            for event in events:
+                if conversation is None and not isinstance(event, TextDelta):
+                    conversation = self._load(session, runner.conversation_id)
+                self._handle(runner, event, session, conversation)
+                if isinstance(event, TurnDone):
+                    break
+        if any(isinstance(event, TurnDone) for event in events):
+            self._finish_turn(runner)  # its last event stored: end it here, one fsync for all
+
+    def _handle(
+        self,
+        runner: Runner,
+        event: AgentEvent,
+        given: Session | None = None,
+        loaded: Conversation | None = None,
+    ) -> None:
         """Record one agent event: store what lasts, publish everything."""
         runner.last_used = time.monotonic()
         cid = runner.conversation_id
         if isinstance(event, TextDelta):
             self._on_delta(runner, event)
             return
-        with self.session() as session:
-            conversation = self._load(session, cid)
+        with contextlib.nullcontext(given) if given else self.session() as session:
+            conversation = loaded or self._load(session, cid)
             match event:
                 case SessionStarted(session_id=session_id):
                     if conversation.session_id != session_id:
@@ -1485,23 +1714,31 @@ class Supervisor:
                 conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
+        seq = self.hub.next_seq(runner.conversation_id)
         streaming.parts.append(event.text)
-        self.hub.emit(
-            runner.conversation_id,
-            {"type": "delta", "entry_id": streaming.entry_id, "text": event.text},
-        )
+        streaming.seqs.append(seq)  # a snapshot at a seq shows the text up to it (text_at)
+        delta = {"type": "delta", "entry_id": streaming.entry_id, "text": event.text, "seq": seq}
+        self.hub.publish(runner.conversation_id, delta)
         if streaming.live is None:
             streaming.live = self._live_render(runner, event.message_id, streaming)
-        streaming.live.poke()
+        self.storage.soon(streaming.live.poke)  # (its timer is the loop's)
         now = time.monotonic()
-        # Skipped while another program holds the write lock: the next delta tries again.
-        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS and write_lock_free(self.engine):
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
             # A crash-safe checkpoint of the partial text, not a write per delta.
             streaming.checkpoint_at = now
-            streaming.entry.text = streaming.text
-            with self.session() as session:
-                session.add(streaming.entry)
-                session.commit()
+            if self.storage.on_loop():
+                self.storage.submit(self._checkpoint, streaming).add_done_callback(_logged)
+            else:
+                self._checkpoint(streaming)
+
+    def _checkpoint(self, streaming: Streaming) -> None:
+        """Write the partial text; skipped while another program holds the write lock."""
+        if not write_lock_free(self.engine):
+            return  # the next delta tries again
+        streaming.entry.text = streaming.text
+        with self.session() as session:
+            session.add(streaming.entry)
+            session.commit()
 
     def _live_render(self, runner: Runner, message_id: str, streaming: Streaming) -> LiveRender:
         """Rendering of a streaming message, sent as a delta with html and no text."""
@@ -1541,7 +1778,7 @@ class Supervisor:
             **{key: value for key, value in (numbers | details).items() if value is not None},
         }
         text = finished_text(style, **numbers)
-        self.backups.submit(Job(conversation.id or 0, "reset"))  # both rails start over
+        self.storage.soon(self.backups.submit, Job(conversation.id or 0, "reset"))  # rails anew
         if runner.compaction is None:
             entry = self._add(session, conversation, style, text, data=data)
         else:
@@ -1551,11 +1788,13 @@ class Supervisor:
             runner.compaction = None
         agent = runner.agent
         if event.record_id and not event.summary and isinstance(agent, CompactionSummaries):
-            read = asyncio.create_task(
-                self._read_summary(runner.conversation_id, entry.id or 0, agent, event.record_id)
+            self.storage.soon(  # a task is made on the loop, not in this storage job
+                self._start_summary_read,
+                runner.conversation_id,
+                entry.id or 0,
+                agent,
+                event.record_id,
             )
-            self._summary_reads.add(read)
-            read.add_done_callback(self._summary_reads.discard)
         if event.post_tokens is not None:
             store.update_conversation(
                 session=session, conversation=conversation, context_tokens=event.post_tokens
@@ -1564,6 +1803,13 @@ class Supervisor:
             self._backup_figure(conversation, event.post_tokens)
         runner.state = "running"
         self.publish_turn(runner.conversation_id, session)
+
+    def _start_summary_read(
+        self, cid: int, entry_id: int, agent: CompactionSummaries, record_id: str
+    ) -> None:
+        read = asyncio.create_task(self._read_summary(cid, entry_id, agent, record_id))
+        self._summary_reads.add(read)
+        read.add_done_callback(self._summary_reads.discard)
 
     async def _read_summary(
         self, cid: int, entry_id: int, agent: CompactionSummaries, record_id: str
@@ -1588,16 +1834,19 @@ class Supervisor:
             log.info("conversation %s: no summary found for compaction %s", cid, record_id)
             return
         try:
-            await wait_until_writable(self.engine)
-            with self.session() as session:
-                conversation = store.get_conversation(session=session, conversation_id=cid)
-                entry = store.get_entry(session=session, entry_id=entry_id)
-                if conversation is None or entry is None:
-                    return  # deleted meanwhile
-                data = {**entry.data, "summary": store.storable(clip_summary(summary))}
-                self._save(session, conversation, entry, data=data)
+            await self._patiently(self._store_summary, cid, entry_id, summary)
         except Exception:  # the summary is an extra: never let it reach the turn
             log.exception("conversation %s: could not store a compaction summary", cid)
+
+    def _store_summary(self, cid: int, entry_id: int, summary: str) -> None:
+        """Add a compaction's summary to its line (a storage job)."""
+        with self.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=cid)
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if conversation is None or entry is None:
+                return  # deleted meanwhile
+            data = {**entry.data, "summary": store.storable(clip_summary(summary))}
+            self._save(session, conversation, entry, data=data)
 
     def _on_turn_done(
         self, session: Session, runner: Runner, conversation: Conversation, event: TurnDone
@@ -1633,7 +1882,7 @@ class Supervisor:
         job = Job(
             conversation.id or 0, "figure", used=used, window=window, upto_seq=conversation.last_seq
         )
-        self.backups.submit(job)
+        self.storage.soon(self.backups.submit, job)
 
     def _backup_before(
         self, conversation: Conversation, trigger: str, link: Entry | None = None
@@ -1648,10 +1897,16 @@ class Supervisor:
             upto_seq=conversation.last_seq,
             link_entry_id=link.id if link is not None else None,
         )
-        self.backups.submit(job)
+        self.storage.soon(self.backups.submit, job)
 
     def _on_backup(self, outcome: Outcome) -> None:
         """A backup job ended: link it (header, compaction line) or say why it failed."""
+        try:
+            self.storage.submit(self._record_backup, outcome).add_done_callback(_logged)
+        except RuntimeError:  # the relay is stopping: the backup's file is there all the same
+            log.info("backup of conversation %s not linked (shutdown)", outcome.conversation_id)
+
+    def _record_backup(self, outcome: Outcome) -> None:
         cid = outcome.conversation_id
         with self.session() as session:
             conversation = store.get_conversation(session=session, conversation_id=cid)
@@ -1676,3 +1931,43 @@ class Supervisor:
             view = conversation_view(conversation)
             view["backup"] = outcome.name
             self.hub.emit(cid, {"type": "conversation", "conversation": view})
+
+
+async def bursts(events: AsyncIterator[AgentEvent]) -> AsyncIterator[list[AgentEvent]]:
+    """The agent's events in bursts: each time, every event that arrived since the last burst.
+
+    A reader task drains the agent while the consumer stores the previous burst; an error of
+    the agent is raised after the events that came before it.
+    """
+    queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for event in events:
+                queue.put_nowait(event)
+                if isinstance(event, TurnDone):
+                    break
+        except Exception as error:  # noqa: BLE001 - handed to the consumer, in order
+            queue.put_nowait(error)
+        finally:
+            queue.put_nowait(None)
+
+    reader = asyncio.create_task(read(), name="agent-events")
+    try:
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            burst = [i for i in items if i is not None and not isinstance(i, BaseException)]
+            if burst:
+                yield burst
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    return
+    finally:
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader

@@ -1,6 +1,6 @@
 """Run the benchmarks and print one markdown table: `python -m bench [NAME ...]`.
 
-Names: fanout, overhead, size, conversations, memory, warming, writes, backups, search,
+Names: fanout, overhead, size, conversations, memory, warming, writes, stall, backups, search,
 steer, cluster (default: all, in that order; cluster starts Debian's postgresql and
 redis-server). Each row is a ratio of two things measured side by side in the same run, with
 its target and the command that produced it. Progress goes to stderr,
@@ -27,6 +27,7 @@ from bench import (
     overhead,
     search,
     size,
+    stall,
     steer,
     warming,
     writes,
@@ -41,6 +42,7 @@ BENCHES: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "memory": lambda _args: memory.run(),
     "warming": lambda _args: warming.run(),
     "writes": lambda _args: writes.run(),
+    "stall": lambda _args: stall.run(),
     "backups": lambda _args: backups.run(),
     "search": lambda args: search.run(args.repeat or 300),
     "steer": lambda args: steer.run(args.repeat or 300),

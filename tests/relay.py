@@ -89,6 +89,8 @@ class LiveRelay:
         self.http.close()
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        # Every database call ran off the event loop (app/storage.py counts those that did not).
+        assert self.app.state.supervisor.storage.loop_io == 0, "database I/O on the event loop"
 
     def login(self) -> str:
         """A new browser session: the Cookie header value a login by URL sets."""

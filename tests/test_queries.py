@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -32,7 +34,7 @@ SEARCHES = re.compile(r"SEARCH \w+ USING (COVERING INDEX|INDEX|INTEGER PRIMARY K
 USER, AGENT = ("user", "Hi", "sent"), ("agent", "*Yo*", "done")
 LIST_QUERIES = 1  # the page
 OPEN_QUERIES = 4  # the conversation, its last entries, its queued messages, their count
-SEND_QUERIES = 6  # the conversation; insert, update, refresh of the message; its turn
+SEND_QUERIES = 6  # the conversation twice (route, writer); message insert, update, refresh; turn
 
 
 class Stalled:
@@ -40,12 +42,14 @@ class Stalled:
 
     def __init__(self, spec: AgentSpec) -> None:
         self.stop = asyncio.Event()
+        self.turning = threading.Event()  # its turn has started (the runner waits on it)
 
     async def start(self) -> None:
         """Nothing to spawn."""
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """Wait, then end as interrupted."""
+        self.turning.set()
         await self.stop.wait()
         yield TurnDone(interrupted=True)
 
@@ -118,8 +122,18 @@ def count_get(relay: LiveRelay, path: str) -> int:
     return len(seen)
 
 
-def count_send(relay: LiveRelay, conversation_id: int) -> int:
-    """Statements of one POST of a message."""
+def count_send(relay: LiveRelay, conversation_id: int, agents: list[Stalled]) -> int:
+    """Statements of one POST of a message, queued behind a stalled turn.
+
+    The turn is started first: the runner's own statements (it starts as soon as the first
+    message is committed, before that POST is answered) are not counted with the POST's.
+    """
+    started = len(agents)
+    assert relay.send(conversation_id, "First step.").status_code == 202
+    deadline = time.monotonic() + 30
+    while len(agents) == started or not agents[-1].turning.is_set():
+        assert time.monotonic() < deadline, "the first turn never started"
+        time.sleep(0.01)
     with statements(relay.app.state.engine) as seen:
         assert relay.send(conversation_id, "Next step, please.").status_code == 202
     return len(seen)
@@ -144,10 +158,16 @@ def test_open_conversation_queries_do_not_grow(relay: LiveRelay) -> None:
 
 
 def test_send_message_queries_do_not_grow(relay: LiveRelay) -> None:
-    relay.supervisor.agent_factory = lambda _provider, spec, _settings: Stalled(spec)
+    agents: list[Stalled] = []
+
+    def stalled(_provider: str, spec: AgentSpec, _settings: Any) -> Stalled:
+        agents.append(Stalled(spec))
+        return agents[-1]
+
+    relay.supervisor.agent_factory = stalled
     empty, long = relay.create(title="Empty")["id"], relay.create(title="Long")["id"]
     add_entries(relay, long, 200)
-    counts = (count_send(relay, empty), count_send(relay, long))
+    counts = (count_send(relay, empty, agents), count_send(relay, long, agents))
     assert counts == (SEND_QUERIES, SEND_QUERIES)
 
 

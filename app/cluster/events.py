@@ -86,6 +86,7 @@ class ClusterHub(Hub):
         self._tasks: list[asyncio.Task[None]] = []
         self._nudge = f"{PREFIX}nudge:{node}"
         self._reader_aio: aioredis.Redis | None = None
+        self._counted: set[int] = set()  # conversations whose Redis counter is known to exist
 
     def _shared_epoch(self) -> str:
         """The cluster's epoch: made by the first node, read by the others."""
@@ -129,8 +130,20 @@ class ClusterHub(Hub):
         if value < 0:
             self.sync.set(key, self._load_seq(conversation_id), nx=True)
             value = int(self._next(keys=[key]))
+        self._counted.add(conversation_id)
         self._touched[conversation_id] = time.monotonic()
         return value
+
+    def prime(self, conversation_id: int) -> None:
+        """In a storage thread: set a missing counter from the database now, not on the loop."""
+        if conversation_id in self._counted:
+            return
+        self.sync.set(seq_key(conversation_id), self._load_seq(conversation_id), nx=True)
+        self._counted.add(conversation_id)
+
+    def shown_seq(self, conversation_id: int) -> int:
+        """The seq a snapshot may claim (every event up to it delivered here or stored)."""
+        return self.current_seq(conversation_id)
 
     def emit(self, conversation_id: int, event: Event) -> Event:
         """Number and publish an ephemeral event; without Redis it is dropped (tabs resync)."""
@@ -165,15 +178,24 @@ class ClusterHub(Hub):
     # -- publishing --------------------------------------------------------------------------
 
     def publish(self, conversation_id: int, event: Event) -> Event:
-        """Queue an event (which carries its seq) for the conversation's stream."""
+        """Queue an event (which carries its seq) for the conversation's stream.
+
+        From a storage job it goes once the job has committed, on the loop (`soon`).
+        """
         event["conversation_id"] = conversation_id
-        self._send(("x", (conversation_id, event["seq"], encode(event))))
         self._touched[conversation_id] = time.monotonic()
-        self._watch(conversation_id, event)
+        self.soon(self._append, conversation_id, event)
         return event
+
+    def _append(self, conversation_id: int, event: Event) -> None:
+        self._send(("x", (conversation_id, event["seq"], encode(event))))
+        self._watch(conversation_id, event)
 
     def broadcast(self, event: Event) -> None:
         """Send a conversation-list event to every node's tabs."""
+        self.soon(self._broadcast, event)
+
+    def _broadcast(self, event: Event) -> None:
         self._send(("b", encode(event)))
         self._watch(None, event)
 
@@ -231,8 +253,8 @@ class ClusterHub(Hub):
         if entries:
             first = min(int(fields[b"s"]) for _, fields in entries)
             order = Orderer(first - 1)
-        else:
-            loaded = int(base) if base is not None else self._load_seq(conversation_id)
+        else:  # the database is read in a thread, never on the loop
+            loaded = int(base) if base is not None else await self._load_in_thread(conversation_id)
             order = Orderer(loaded)
         self._order[conversation_id] = order
         self._seq[conversation_id] = order.delivered
@@ -243,6 +265,9 @@ class ClusterHub(Hub):
             self._arrive(conversation_id, fields, now)
         with contextlib.suppress(redis.RedisError, OSError):
             await self.aio.xadd(self._nudge, {"n": "1"}, maxlen=8, approximate=False)
+
+    async def _load_in_thread(self, conversation_id: int) -> int:
+        return await asyncio.to_thread(self._load_seq, conversation_id)
 
     def _arrive(self, conversation_id: int, fields: dict[bytes, bytes], at: float) -> None:
         order = self._order.get(conversation_id)
@@ -340,6 +365,7 @@ class ClusterHub(Hub):
             self._live.pop(cid, None)
             self._states.pop(cid, None)
             self._seq.pop(cid, None)
+        self._counted.clear()
         self._broadcast_text(encode({"type": "hello", "epoch": epoch}))
 
     async def _listen(self) -> None:
@@ -376,8 +402,10 @@ class ClusterHub(Hub):
         self._last_id.pop(conversation_id, None)
         self._live.pop(conversation_id, None)
         self._states.pop(conversation_id, None)
+        self._counted.discard(conversation_id)
 
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: its stream and counter go too (ids are never reused)."""
+        self._counted.discard(conversation_id)
         with contextlib.suppress(redis.RedisError, OSError):
             self.sync.delete(stream_key(conversation_id), seq_key(conversation_id))

@@ -21,6 +21,8 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +110,7 @@ class ClusterNode:
                 await task
         self.held.clear()
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(leases.release_all, self.engine, self.node)
+            await self.supervisor.storage.write(leases.release_all, self.engine, self.node)
         with contextlib.suppress(Exception):
             await self.redis.aclose()
 
@@ -116,24 +118,36 @@ class ClusterNode:
 
     def wake(self, conversation_id: int) -> None:
         """Queued work for a conversation this node does not hold: take it, or wake its owner."""
-        asyncio.get_running_loop().create_task(self._claim_or_send("wake", conversation_id))
+        self.supervisor.storage.soon(
+            self._task, partial(self._claim_or_send, "wake", conversation_id)
+        )
 
     def warm(self, conversation_id: int) -> None:
         """Someone types in a conversation this node does not hold: warm it here or there."""
-        asyncio.get_running_loop().create_task(self._warm(conversation_id))
+        self.supervisor.storage.soon(self._task, partial(self._warm, conversation_id))
+
+    def _task(self, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start a task (on the loop: `storage.soon` brings it there from a storage thread)."""
+        asyncio.get_running_loop().create_task(start())
+
+    def _find(self, conversation_id: int) -> Conversation | None:
+        """A conversation (in a storage thread)."""
+        with self.supervisor.session() as session:
+            return store.get_conversation(session=session, conversation_id=conversation_id)
 
     async def _warm(self, conversation_id: int) -> None:
         if not await self.claim(conversation_id):
             await self._publish("warm", conversation_id)
             return
-        with self.supervisor.session() as session:
-            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+        conversation = await self.supervisor.storage.read(self._find, conversation_id)
         if conversation is not None and conversation.status == "active":
             self.supervisor.warm(conversation)
 
     def send(self, op: str, conversation_id: int, **fields: Any) -> None:
         """Pass a command (interrupt, answer, warm) to the conversation's owner."""
-        asyncio.get_running_loop().create_task(self._publish(op, conversation_id, **fields))
+        self.supervisor.storage.soon(
+            self._task, partial(self._publish, op, conversation_id, **fields)
+        )
 
     async def _publish(self, op: str, conversation_id: int, **fields: Any) -> None:
         message = json.dumps({"op": op, "cid": conversation_id, "from": self.node, **fields})
@@ -146,7 +160,7 @@ class ClusterNode:
         if await self.claim(conversation_id):
             return
         try:  # named, so that only the owner acts (or, with no owner, whoever can take it)
-            owner = await asyncio.to_thread(leases.owner, self.engine, conversation_id)
+            owner = await self.supervisor.storage.read(leases.owner, self.engine, conversation_id)
         except Exception:  # the heartbeats' scans find the work all the same
             log.exception("no owner known for conversation %s", conversation_id)
             return
@@ -161,14 +175,13 @@ class ClusterNode:
         self._claiming.add(conversation_id)
         try:
             if cwd is None:
-                with self.supervisor.session() as session:
-                    found = store.get_conversation(session=session, conversation_id=conversation_id)
+                found = await self.supervisor.storage.read(self._find, conversation_id)
                 if found is None:
                     return False
                 cwd = found.cwd
             if not can_run(cwd, self.settings.roots, len(self.held), self.settings.max_agents):
                 return False
-            taken = await asyncio.to_thread(
+            taken = await self.supervisor.storage.write(
                 leases.acquire, self.engine, conversation_id, self.node, self.seconds
             )
             if not taken:
@@ -176,11 +189,13 @@ class ClusterNode:
             self.held.add(conversation_id)
             log.info("node %s runs conversation %s", self.node, conversation_id)
             try:
-                self._take_over(conversation_id)
+                await self.supervisor.storage.write(self._take_over, conversation_id)
             except Exception:  # the lease goes back: another node (or a later scan) tries
                 log.exception("taking over conversation %s failed", conversation_id)
                 self.held.discard(conversation_id)
-                await asyncio.to_thread(leases.release, self.engine, conversation_id, self.node)
+                await self.supervisor.storage.write(
+                    leases.release, self.engine, conversation_id, self.node
+                )
                 return False
             return True
         except Exception:  # a database that fails now: the heartbeat tries again
@@ -268,8 +283,7 @@ class ClusterNode:
             elif message.get("owner") is None:
                 await self.claim(cid)  # nobody runs it (yet): whoever gets the lease does
         elif op == "warm" and await self.claim(cid):
-            with supervisor.session() as session:
-                conversation = store.get_conversation(session=session, conversation_id=cid)
+            conversation = await supervisor.storage.read(self._find, cid)
             if conversation is not None and conversation.status == "active":
                 supervisor.warm(conversation)
         elif op == "interrupt" and cid in self.held:
@@ -293,7 +307,8 @@ class ClusterNode:
             await asyncio.sleep(self.seconds / 3)
 
     async def _beat(self) -> None:
-        kept = await asyncio.to_thread(leases.renew, self.engine, self.node, self.seconds)
+        storage = self.supervisor.storage
+        kept = await storage.write(leases.renew, self.engine, self.node, self.seconds)
         for cid in self.held - kept:  # expired under us (a stall longer than the lease)
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
             self.held.discard(cid)  # first: its runner starts no other turn
@@ -304,11 +319,11 @@ class ClusterNode:
         for cid in list(self.held):
             if self._idle(cid):
                 self.held.discard(cid)
-                await asyncio.to_thread(leases.release, self.engine, cid, self.node)
-        for cid, cwd in await asyncio.to_thread(leases.orphans, self.engine):
+                await storage.write(leases.release, self.engine, cid, self.node)
+        for cid, cwd in await storage.read(leases.orphans, self.engine):
             await self.claim(cid, cwd)
         # Pub/sub delivers at most once: a wake-up lost on the way is made up for here.
-        for cid in await asyncio.to_thread(leases.waiting, self.engine, self.node):
+        for cid in await storage.read(leases.waiting, self.engine, self.node):
             runner = self.supervisor.runners.get(cid)
             if cid in self.held and (runner is None or runner.task is None or runner.task.done()):
                 self.supervisor._wake(cid)

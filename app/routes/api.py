@@ -18,6 +18,7 @@ from app.config import Settings
 from app.context import context_view
 from app.handoff import is_clear_command, parse_handoff
 from app.models import (
+    Conversation,
     ConversationCreate,
     ConversationUpdate,
     Handoff,
@@ -26,7 +27,7 @@ from app.models import (
     PermissionAnswer,
 )
 from app.providers import WINDOW_PROVIDERS, default_provider, provider_infos
-from app.routes.deps import load_conversation, supervisor_of
+from app.routes.deps import fetch_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
 from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
@@ -102,10 +103,15 @@ async def list_conversations(
     before: Annotated[str | None, Query(pattern=PAGE_CURSOR.pattern, max_length=40)] = None,
 ) -> dict[str, Any]:
     """Conversations, most recently updated first, one page at a time (`next` → `before`)."""
-    with supervisor.session() as session:
-        page = store.list_conversations(
-            session=session, status=status, limit=limit, before=parse_cursor(before)
-        )
+    cursor = parse_cursor(before)
+
+    def read() -> list[Conversation]:
+        with supervisor.session() as session:
+            return store.list_conversations(
+                session=session, status=status, limit=limit, before=cursor
+            )
+
+    page = await supervisor.storage.read(read)
     last = page[-1] if len(page) == limit else None
     return {
         "conversations": [conversation_view(c) for c in page],
@@ -149,8 +155,12 @@ async def create_conversation(
     if mode not in PERMISSION_MODES:
         raise HTTPException(422, f"permission_mode must be one of: {', '.join(PERMISSION_MODES)}.")
     title = " ".join((body.title or "").split()) or DEFAULT_TITLE
-    conversation = supervisor.create_conversation(
-        title=title, provider=provider, cwd=resolve_cwd(settings, body.cwd), permission_mode=mode
+    conversation = await supervisor.storage.write(
+        supervisor.create_conversation,
+        title=title,
+        provider=provider,
+        cwd=resolve_cwd(settings, body.cwd),
+        permission_mode=mode,
     )
     return conversation_view(conversation)
 
@@ -164,9 +174,10 @@ async def get_conversation(
 ) -> dict[str, Any]:
     """A conversation with its latest timeline page and its turn."""
     await supervisor.hub.prepare(conversation_id)  # a cluster node reads its stream first
-    conversation = load_conversation(supervisor, conversation_id)
-    with supervisor.session() as session:
-        return supervisor.snapshot(conversation, session, limit=limit, before_seq=before)
+    try:
+        return await supervisor.view(conversation_id, limit=limit, before_seq=before)
+    except LookupError:
+        raise HTTPException(404, f"No conversation {conversation_id}.") from None
 
 
 @router.patch("/conversations/{conversation_id}")
@@ -174,7 +185,7 @@ async def update_conversation(
     conversation_id: ConversationId, body: ConversationUpdate, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """Rename a conversation, change its permission mode or its auto-compact window."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     changes: dict[str, Any] = {}
     given = body.model_fields_set
     if "title" in given:
@@ -198,16 +209,18 @@ async def update_conversation(
     if changes and conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; it can be read, not changed.")
     if changes:
-        conversation = supervisor.update_conversation(conversation, **changes)
+        conversation = await supervisor.storage.write(
+            supervisor.update_conversation, conversation, **changes
+        )
     return conversation_view(conversation)
 
 
 @router.get("/conversations/{conversation_id}/context")
 async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
     """Everything the 🧠 modal shows."""
-    load_conversation(supervisor, conversation_id)
+    await fetch_conversation(supervisor, conversation_id)
     report = await supervisor.refresh_context(conversation_id)
-    conversation = load_conversation(supervisor, conversation_id)  # as it is after the report
+    conversation = await fetch_conversation(supervisor, conversation_id)  # after the report
     runner = supervisor.runners.get(conversation_id)
     return context_view(
         conversation,
@@ -226,7 +239,7 @@ async def send_message(
     supervisor: SupervisorDep,
 ) -> Any:
     """Store a message and queue it for the agent; `/compact` alone compacts instead."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     limit = _settings(request).max_message_bytes
     if len(body.text.encode()) > limit:
         raise HTTPException(413, f"The message is over the limit of {limit} bytes.")
@@ -238,17 +251,17 @@ async def send_message(
         raise HTTPException(409, "This conversation is archived; it can be read, not written.")
     try:
         if is_compact_command(body.text):
-            new = supervisor.compact(conversation)
+            new = await supervisor.storage.write(supervisor.compact, conversation)
             return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
         if is_clear_command(body.text):  # /compact with the project's latest handoff
-            new = supervisor.compact(conversation, handoff=True)
+            new = await supervisor.storage.write(supervisor.compact, conversation, handoff=True)
             return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
         first = conversation.title == DEFAULT_TITLE and conversation.last_seq == 0
         if first and has_visible_character(body.text):  # never an invisible title
-            conversation = supervisor.update_conversation(
-                conversation, title=_title_from(body.text)
+            conversation = await supervisor.storage.write(
+                supervisor.update_conversation, conversation, title=_title_from(body.text)
             )
-        entry = supervisor.submit(conversation, body.text)
+        entry = await supervisor.storage.write(supervisor.submit, conversation, body.text)
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
     return entry_view(entry)
@@ -263,7 +276,7 @@ def _title_from(text: str) -> str:
 @router.post("/conversations/{conversation_id}/interrupt", status_code=202)
 async def interrupt(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, bool]:
     """Stop the running turn (Stop button)."""
-    load_conversation(supervisor, conversation_id)
+    await fetch_conversation(supervisor, conversation_id)
     return {"interrupted": await supervisor.interrupt(conversation_id)}
 
 
@@ -275,10 +288,10 @@ async def answer_permission(
     supervisor: SupervisorDep,
 ) -> dict[str, Any]:
     """Allow or deny a tool the agent asked to run; the first answer wins."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     try:
-        entry = supervisor.answer(
-            conversation, entry_id, PermissionDecision(body.allow, body.message)
+        entry = await supervisor.storage.write(
+            supervisor.answer, conversation, entry_id, PermissionDecision(body.allow, body.message)
         )
     except LookupError as error:
         raise HTTPException(404, str(error)) from None
@@ -305,10 +318,14 @@ def handoff_view(handoff: Handoff | None) -> dict[str, Any] | None:
 @router.get("/conversations/{conversation_id}/handoff")
 async def get_handoff(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
     """The latest handoff of the conversation's project (its working directory), or null."""
-    conversation = load_conversation(supervisor, conversation_id)
-    with supervisor.session() as session:
-        latest = store.latest_handoff(session=session, cwd=conversation.cwd)
-        return {"cwd": conversation.cwd, "handoff": handoff_view(latest)}
+    conversation = await fetch_conversation(supervisor, conversation_id)
+
+    def read() -> Handoff | None:
+        with supervisor.session() as session:
+            return store.latest_handoff(session=session, cwd=conversation.cwd)
+
+    latest = await supervisor.storage.read(read)
+    return {"cwd": conversation.cwd, "handoff": handoff_view(latest)}
 
 
 @router.put("/conversations/{conversation_id}/handoff")
@@ -316,14 +333,16 @@ async def put_handoff(
     conversation_id: ConversationId, body: HandoffWrite, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """Write or edit the project's handoff (stored as its newest one)."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     if conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; it can be read, not changed.")
     try:
         handoff = parse_handoff(body.model_dump())
     except ValueError as error:
         raise HTTPException(422, str(error)) from None
-    row = supervisor.save_handoff(conversation, handoff, source="user")
+    row = await supervisor.storage.write(
+        supervisor.save_handoff, conversation, handoff, source="user"
+    )
     return {"cwd": conversation.cwd, "handoff": handoff_view(row)}
 
 
@@ -332,9 +351,9 @@ async def resend_message(
     conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """Queue again, as a new message, a message whose turn a relay restart cut (Resend)."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     try:
-        entry = supervisor.resend(conversation, entry_id)
+        entry = await supervisor.storage.write(supervisor.resend, conversation, entry_id)
     except LookupError as error:
         raise HTTPException(404, str(error)) from None
     except ConversationError as error:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from app.backups import NAME, carry_over
 from app.render import render_markdown
-from app.routes.deps import load_conversation, supervisor_of
+from app.routes.deps import fetch_conversation, load_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor
 from app.views import conversation_view
 
@@ -72,12 +72,14 @@ async def start_fresh(
     conversation_id: ConversationId, name: BackupName, supervisor: SupervisorDep
 ) -> JSONResponse:
     """Archive the conversation; its successor's first message carries this backup."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     if conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; it cannot be compacted again.")
     markdown = await asyncio.to_thread(_read, supervisor, conversation_id, name)
     try:
-        new = supervisor.compact(conversation, carry=carry_over(name, markdown))
+        new = await supervisor.storage.write(
+            supervisor.compact, conversation, carry=carry_over(name, markdown)
+        )
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
     return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)

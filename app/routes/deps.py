@@ -15,8 +15,13 @@ def supervisor_of(request: Request) -> Supervisor:
     return supervisor
 
 
+async def fetch_conversation(supervisor: Supervisor, conversation_id: int) -> Conversation:
+    """The conversation, or 404: read in a storage thread, never on the event loop."""
+    return await supervisor.storage.read(load_conversation, supervisor, conversation_id)
+
+
 def load_conversation(supervisor: Supervisor, conversation_id: int) -> Conversation:
-    """The conversation, or 404."""
+    """The conversation, or 404 (it reads the database: call it from a thread)."""
     with supervisor.session() as session:
         conversation = store.get_conversation(session=session, conversation_id=conversation_id)
     if conversation is None:

@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict
 from app import imports
 from app.agents.transcript import config_dir, live_sessions
 from app.config import PermissionMode, Settings
+from app.models import Conversation
 from app.providers import agent_env, provider_infos
 from app.routes.api import SupervisorDep, resolve_cwd
+from app.supervisor import Supervisor
 from app.views import conversation_view
 
 router = APIRouter(prefix="/api")
@@ -46,8 +48,7 @@ async def list_claude_sessions(request: Request, supervisor: SupervisorDep) -> d
     settings: Settings = request.app.state.settings
     config = claude_config(settings)
     found, more = await asyncio.to_thread(imports.list_sessions, config, settings.roots)
-    with supervisor.session() as session:
-        held = imports.holders(session, [s.session_id for s in found])
+    held = await supervisor.storage.read(_holders, supervisor, [s.session_id for s in found])
     return {
         "config_dir": str(config),
         "sessions": [
@@ -81,8 +82,7 @@ async def import_claude_session(
     path = imports.find_transcript(config, session_id)
     if path is None:
         raise HTTPException(404, f"No Claude Code session {session_id} in {config / 'projects'}.")
-    with supervisor.session() as session:
-        held = imports.holder(session, session_id)
+    held = await supervisor.storage.read(_holder, supervisor, session_id)
     if held is not None:
         raise HTTPException(409, f"This session is already conversation {held}.")
     try:
@@ -105,20 +105,36 @@ async def import_claude_session(
         raise HTTPException(
             404, f"The session's transcript cannot be read: {error.strerror}."
         ) from None
-    with supervisor.session() as session:
-        # Checked again: another import of it may have finished while the transcript was read.
-        held = imports.holder(session, session_id)
-        if held is not None:
-            raise HTTPException(409, f"This session is already conversation {held}.")
-        conversation = imports.save_import(
-            session,
-            title=title or "Imported session",
-            cwd=str(resolved),
-            session_id=session_id,
-            permission_mode=(body and body.permission_mode) or settings.permission_mode,
-            history=history,
-            entries=imports.notes(session_id, str(resolved), history) + history.entries,
-        )
+
+    def save() -> Conversation:
+        with supervisor.session() as session:
+            # Checked again: another import may have finished while the transcript was read.
+            held = imports.holder(session, session_id)
+            if held is not None:
+                raise HTTPException(409, f"This session is already conversation {held}.")
+            return imports.save_import(
+                session,
+                title=title or "Imported session",
+                cwd=str(resolved),
+                session_id=session_id,
+                permission_mode=(body and body.permission_mode) or settings.permission_mode,
+                history=history,
+                entries=imports.notes(session_id, str(resolved), history) + history.entries,
+            )
+
+    conversation = await supervisor.storage.write(save)
     view = conversation_view(conversation)
     supervisor.hub.broadcast({"type": "conversation", "conversation": view})
     return view
+
+
+def _holders(supervisor: Supervisor, session_ids: list[str]) -> dict[str, int]:
+    """The conversations that already resume these sessions (in a storage thread)."""
+    with supervisor.session() as session:
+        return imports.holders(session, session_ids)
+
+
+def _holder(supervisor: Supervisor, session_id: str) -> int | None:
+    """The conversation that already resumes the session, if any (in a storage thread)."""
+    with supervisor.session() as session:
+        return imports.holder(session, session_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
+from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -56,7 +57,8 @@ async def login(request: Request) -> Response:
     if state.sessions is not None:
         secure = request.url.scheme == "https"
         response.headers.append(
-            "set-cookie", session_cookie(state.sessions.create(), secure=secure).decode()
+            "set-cookie",
+            session_cookie(await to_thread.run_sync(state.sessions.create), secure=secure).decode(),
         )
     return response
 
@@ -67,7 +69,8 @@ async def logout(request: Request) -> Response:
     sessions = request.app.state.sessions
     session_id = request.cookies.get(COOKIE)
     if sessions is not None and session_id:
-        sessions.end(session_id)
+        await to_thread.run_sync(sessions.remove, session_id)  # (database I/O)
+        sessions.close_sockets(session_id)
     response = RedirectResponse("/login", status_code=303)
     response.headers.append(
         "set-cookie", cleared_cookie(secure=request.url.scheme == "https").decode()

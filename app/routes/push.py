@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import ConfigDict
-from sqlalchemy import delete, func
+from sqlalchemy import func
 from sqlmodel import Field, SQLModel, select
 
 from app.db import get_session
@@ -14,6 +15,7 @@ from app.models import PushSubscription, Text
 from app.notify import MAX_SUBSCRIPTIONS, Notifier
 from app.push import MAX_ENDPOINT, key_problem
 from app.security import COOKIE
+from app.storage import Storage
 
 router = APIRouter(prefix="/api/push", tags=["notify"])
 
@@ -47,13 +49,19 @@ def notifier_of(request: Request) -> Notifier:
     return notifier
 
 
-def browser_session(request: Request) -> str | None:
+def storage_of(request: Request) -> Storage:
+    """The relay's database threads."""
+    storage: Storage = request.app.state.supervisor.storage
+    return storage
+
+
+async def browser_session(request: Request) -> str | None:
     """The key of the request's login session; 403 when the relay has a token and there is none."""
     sessions = request.app.state.sessions
     if sessions is None:
         return None  # no token (loopback only): no sessions to tie subscriptions to
     session_id = request.cookies.get(COOKIE)
-    if not session_id or not sessions.valid(session_id):
+    if not session_id or not await asyncio.to_thread(sessions.valid, session_id):
         raise HTTPException(
             403, "Turn notifications on from a logged-in browser (a bearer token has no browser)."
         )
@@ -76,7 +84,13 @@ async def subscribe(body: PushSubscriptionCreate, request: Request) -> dict[str,
     )
     if problem is not None:
         raise HTTPException(422, problem)
-    session_key = browser_session(request)
+    session_key = await browser_session(request)
+    await storage_of(request).write(_store, notifier, body, session_key)
+    return {"endpoint": body.endpoint}
+
+
+def _store(notifier: Notifier, body: PushSubscriptionCreate, session_key: str | None) -> None:
+    """Store or update a subscription (a storage job)."""
     with get_session(notifier.engine) as session:
         row = session.exec(
             select(PushSubscription).where(PushSubscription.endpoint == body.endpoint)
@@ -94,13 +108,10 @@ async def subscribe(body: PushSubscriptionCreate, request: Request) -> dict[str,
         row.token_tag = notifier.token_tag
         session.add(row)
         session.commit()
-    return {"endpoint": body.endpoint}
 
 
 @router.delete("/subscriptions", status_code=204)
 async def unsubscribe(body: PushUnsubscribe, request: Request) -> Response:
     """Forget a push subscription (nothing happens when it is unknown)."""
-    with get_session(notifier_of(request).engine) as session:
-        session.exec(delete(PushSubscription).where(PushSubscription.endpoint == body.endpoint))  # type: ignore[call-overload]
-        session.commit()
+    await storage_of(request).write(notifier_of(request).remove, body.endpoint)
     return Response(status_code=204)

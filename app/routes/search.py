@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 
 from app import export as exporting
 from app.routes.api import ConversationId, SupervisorDep
-from app.routes.deps import load_conversation
+from app.routes.deps import fetch_conversation
 from app.search import search
 from app.supervisor import ConversationError
 from app.views import conversation_view
@@ -23,8 +23,12 @@ async def search_messages(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
     """Messages of every conversation (archived ones too) matching q, best first."""
-    with supervisor.session() as session:
-        return {"hits": search(session, q, limit)}
+
+    def read() -> list[dict[str, Any]]:
+        with supervisor.session() as session:
+            return search(session, q, limit)
+
+    return {"hits": await supervisor.storage.read(read)}
 
 
 @router.get("/conversations/{conversation_id}/export")
@@ -35,9 +39,13 @@ async def export_conversation(
     ancestors: bool = False,
 ) -> Response:
     """The conversation as a Markdown or JSON Lines download, optionally with its ancestors."""
-    conversation = load_conversation(supervisor, conversation_id)
-    with supervisor.session() as session:
-        body = exporting.export(session, conversation, format, ancestors)
+    conversation = await fetch_conversation(supervisor, conversation_id)
+
+    def read() -> str:
+        with supervisor.session() as session:
+            return exporting.export(session, conversation, format, ancestors)
+
+    body = await supervisor.storage.read(read)
     name = exporting.file_name(conversation, format)
     return Response(
         exporting.encode(body),
@@ -51,9 +59,9 @@ async def archive_conversation(
     conversation_id: ConversationId, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """Archive a conversation without compacting it."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     try:
-        conversation = supervisor.archive(conversation)
+        conversation = await supervisor.storage.write(supervisor.archive, conversation)
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
     return conversation_view(conversation)
@@ -64,7 +72,7 @@ async def delete_conversation(
     conversation_id: ConversationId, supervisor: SupervisorDep
 ) -> Response:
     """Delete a conversation, its timeline and its backups."""
-    conversation = load_conversation(supervisor, conversation_id)
+    conversation = await fetch_conversation(supervisor, conversation_id)
     try:
         await supervisor.delete(conversation)
     except ConversationError as error:

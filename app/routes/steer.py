@@ -11,7 +11,7 @@ from pydantic import ConfigDict, field_validator
 from sqlmodel import SQLModel
 
 from app import steer, store
-from app.models import Text, _no_nul
+from app.models import Conversation, Text, _no_nul
 from app.routes.deps import load_conversation, supervisor_of
 from app.summary import one_line
 from app.supervisor import ConversationError, Supervisor
@@ -50,6 +50,10 @@ async def preview_compact(
     conversation_id: ConversationId, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """What /compact would carry and leave out now (the confirmation's preview)."""
+    return await supervisor.storage.read(_preview, supervisor, conversation_id)
+
+
+def _preview(supervisor: Supervisor, conversation_id: int) -> dict[str, Any]:
     conversation = load_conversation(supervisor, conversation_id)
     if conversation.status != "active":
         raise _archived(supervisor, conversation_id)
@@ -63,19 +67,28 @@ async def confirm_compact(
     conversation_id: ConversationId, body: CompactRequest, supervisor: SupervisorDep
 ) -> JSONResponse:
     """Compact, with the preview's revision and the user's edited carry-over, if any."""
-    conversation = load_conversation(supervisor, conversation_id)
-    if conversation.status != "active":
-        raise _archived(supervisor, conversation_id)
     edited = body.carry_over
     if edited is not None and not has_visible_character(edited):
         raise HTTPException(422, "The carry-over is empty; write one, or cancel.")
+    new = await supervisor.storage.write(
+        _confirm, supervisor, conversation_id, edited, body.revision
+    )
+    return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
+
+
+def _confirm(
+    supervisor: Supervisor, conversation_id: int, edited: str | None, revision: str | None
+) -> Conversation:
+    """Compact (a storage job: the status is read in the writer's turn)."""
+    conversation = load_conversation(supervisor, conversation_id)
+    if conversation.status != "active":
+        raise _archived(supervisor, conversation_id)
     try:
-        new = supervisor.compact(conversation, edited=edited, revision=body.revision)
+        return supervisor.compact(conversation, edited=edited, revision=revision)
     except ConversationError as error:
         if str(error) == ARCHIVED:  # another tab or process compacted it first
             raise _archived(supervisor, conversation_id) from None
         raise HTTPException(409, str(error)) from None
-    return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
 
 
 @router.get("/conversations/{conversation_id}/carry")
@@ -83,6 +96,10 @@ async def carry_record(
     conversation_id: ConversationId, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """What the compaction that made this conversation carried (from), and the one that ended it."""
+    return await supervisor.storage.read(_carry, supervisor, conversation_id)
+
+
+def _carry(supervisor: Supervisor, conversation_id: int) -> dict[str, Any]:
     conversation = load_conversation(supervisor, conversation_id)
     into = None
     if conversation.compacted_into_id is not None:
@@ -102,6 +119,12 @@ async def message_lines(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> dict[str, Any]:
     """Messages as one line each, newest page first (the preview's folded list of older ones)."""
+    return await supervisor.storage.read(_message_lines, supervisor, conversation_id, before, limit)
+
+
+def _message_lines(
+    supervisor: Supervisor, conversation_id: int, before: int | None, limit: int
+) -> dict[str, Any]:
     load_conversation(supervisor, conversation_id)
     with supervisor.session() as session:
         found = store.message_lines(
@@ -116,6 +139,10 @@ async def message_lines(
 @router.get("/conversations/{conversation_id}/pins")
 async def list_pins(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
     """The conversation's pins (its own and those carried from the ones it was compacted from)."""
+    return await supervisor.storage.read(_pins, supervisor, conversation_id)
+
+
+def _pins(supervisor: Supervisor, conversation_id: int) -> dict[str, Any]:
     load_conversation(supervisor, conversation_id)
     return {"pins": supervisor_pins(supervisor, conversation_id)}
 
@@ -137,6 +164,10 @@ def _changed(supervisor: Supervisor, conversation_id: int) -> dict[str, Any]:
 @router.put("/conversations/{conversation_id}/pins/{entry_id}")
 async def pin(conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep) -> Any:
     """Pin one of the conversation's messages (it heads every carry-over from now on)."""
+    return await supervisor.storage.write(_pin, supervisor, conversation_id, entry_id)
+
+
+def _pin(supervisor: Supervisor, conversation_id: int, entry_id: int) -> dict[str, Any]:
     conversation = load_conversation(supervisor, conversation_id)
     if conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; its pins cannot change.")
@@ -174,6 +205,10 @@ async def unpin(
     conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
 ) -> Any:
     """Unpin a message (one of its own, or one carried from an earlier conversation)."""
+    return await supervisor.storage.write(_unpin, supervisor, conversation_id, entry_id)
+
+
+def _unpin(supervisor: Supervisor, conversation_id: int, entry_id: int) -> dict[str, Any]:
     conversation = load_conversation(supervisor, conversation_id)
     if conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; its pins cannot change.")

@@ -15,8 +15,9 @@ import anyio
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from app import store
-from app.hub import Event, Subscriber
+from app.hub import RESYNC, Event, Subscriber
 from app.limits import fit_snapshot
+from app.models import Conversation
 from app.notify import Notifier
 from app.security import COOKIE
 from app.supervisor import ConversationError, Supervisor
@@ -101,53 +102,87 @@ async def _receive(
             socket.app.state.notifier.presence(subscriber, session_key, visible)
             subscriber.offer({"type": "presence", "visible": visible})
             continue
-        if request.get("type") == "subscribe" and _is_id(request.get("conversation_id")):
-            # A cluster node reads the conversation's stream first (nothing in one process).
-            await supervisor.hub.prepare(request["conversation_id"])
-        subscriber.offer(_answer(supervisor, subscriber, request))
+        for answer in await _answer(supervisor, subscriber, request):
+            subscriber.offer(answer)
 
 
-def _answer(supervisor: Supervisor, subscriber: Subscriber, request: dict[str, Any]) -> Event | str:
+async def _answer(
+    supervisor: Supervisor, subscriber: Subscriber, request: dict[str, Any]
+) -> list[Event | str]:
+    """What to send back, in order."""
     kind = request.get("type")
     if kind == "ping":
-        return {"type": "pong"}
+        return [{"type": "pong"}]
     if kind == "warm":
-        return _warm(supervisor, request)
+        return [await _warm(supervisor, request)]
     if kind != "subscribe":
         # Only scalars are named: repr() of a deeply nested list or object would recurse.
         scalar = kind is None or isinstance(kind, str | int | float)
         named = repr(kind)[:60] if scalar else "(a list or object)"
-        return {"type": "error", "detail": f"Unknown message type {named}."}
+        return [{"type": "error", "detail": f"Unknown message type {named}."}]
     conversation_id = request.get("conversation_id")
     seq = request.get("seq")
     if not _is_id(conversation_id) or (seq is not None and not isinstance(seq, int)):
-        return {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
+        return [
+            {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
+        ]
+    return await _subscribe(supervisor, subscriber, conversation_id, request.get("epoch"), seq)
+
+
+async def _subscribe(
+    supervisor: Supervisor,
+    subscriber: Subscriber,
+    conversation_id: int,
+    epoch: Any,
+    seq: int | None,
+) -> list[Event | str]:
+    """Follow a conversation from seq (the events missed), or from a snapshot."""
     hub = supervisor.hub
+    await hub.prepare(conversation_id)  # a cluster node reads the conversation's stream first
+    gone: list[Event | str] = [{"type": "error", "detail": f"No conversation {conversation_id}."}]
+    if epoch == hub.epoch and seq is not None:
+        if await supervisor.storage.read(_find, supervisor, conversation_id) is None:
+            return gone
+        # No await from here on: the replay and the live stream join without a gap.
+        missed = hub.missed(conversation_id, epoch, seq)
+        if missed is not None:
+            hub.follow(subscriber, conversation_id)
+            if not missed:
+                return [{"type": "subscribed", "conversation_id": conversation_id}]
+            return [published.text for published in missed]
+    try:
+        view = await supervisor.view(conversation_id)  # read in a storage thread
+    except LookupError:
+        return gone
+    # Back on the loop: what was published since the snapshot's seq follows it, then the
+    # live stream; no await between them.
+    replay = hub.missed(conversation_id, hub.epoch, view["seq"])
+    hub.follow(subscriber, conversation_id)
+    if replay is None:  # more published meanwhile than the hub keeps: the tab reloads
+        return [RESYNC]
+    snapshot = {
+        "type": "snapshot",
+        "conversation_id": conversation_id,
+        "conversation": fit_snapshot(view),
+    }
+    return [snapshot, *(published.text for published in replay)]
+
+
+def _find(supervisor: Supervisor, conversation_id: int) -> Conversation | None:
+    """The conversation or None, its numbering loaded (in a storage thread)."""
     with supervisor.session() as session:
         conversation = store.get_conversation(session=session, conversation_id=conversation_id)
-        if conversation is None:
-            return {"type": "error", "detail": f"No conversation {conversation_id}."}
-        # No await from here on: the replay and the live stream join without a gap.
-        missed = hub.missed(conversation_id, request.get("epoch"), seq)
-        hub.follow(subscriber, conversation_id)
-        if missed is None:
-            return {
-                "type": "snapshot",
-                "conversation_id": conversation_id,
-                "conversation": fit_snapshot(supervisor.snapshot(conversation, session)),
-            }
-    for published in missed[:-1]:
-        subscriber.offer(published.text)
-    return missed[-1].text if missed else {"type": "subscribed", "conversation_id": conversation_id}
+    if conversation is not None:
+        supervisor.hub.prime(conversation_id)
+    return conversation
 
 
-def _warm(supervisor: Supervisor, request: dict[str, Any]) -> Event:
+async def _warm(supervisor: Supervisor, request: dict[str, Any]) -> Event:
     """Start a conversation's agent before its message (the user is typing)."""
     conversation_id = request.get("conversation_id")
     if not _is_id(conversation_id):
         return {"type": "error", "detail": "warm needs an integer conversation_id."}
-    with supervisor.session() as session:
-        conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+    conversation = await supervisor.storage.read(_find, supervisor, conversation_id)
     if conversation is None:
         return {"type": "error", "detail": f"No conversation {conversation_id}."}
     try:
