@@ -112,9 +112,8 @@ class ClusterHub(Hub):
                 await self._drained.wait()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        # A task cancelled inside a redis-py read has been seen not to end: wait briefly.
+        await asyncio.wait(self._tasks, timeout=2)
         for client in (self.aio, self._reader_aio):
             if client is not None:
                 with contextlib.suppress(Exception):
