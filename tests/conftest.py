@@ -1,4 +1,4 @@
-"""Shared fixtures: a live relay per test, and Debian's Chromium for Playwright."""
+"""Shared fixtures: a live relay per test, the fake Messages API, and Debian's Chromium."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from app.agents.copilot import INSTALL_HINT, copilot_cli_path
 from tests import postgres
 from tests.browser import Pages
+from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 
 
@@ -34,6 +35,13 @@ def drop_test_databases() -> Iterator[None]:
         yield
     finally:
         postgres.drop_created()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeAnthropic]:
+    """The fake Anthropic Messages API the real CLI talks to (a file may override `fake`)."""
+    with FakeAnthropic() as server:
+        yield server
 
 
 @pytest.fixture

@@ -26,8 +26,8 @@ from tests.test_claude_relay import (
     wait_question,
 )
 
-# The fixtures of test_claude_relay.py: a fresh HOME, the fake API, relays on one data dir.
-fake, home, start = claude_relay.fake, claude_relay.home, claude_relay.start
+# The fixtures of test_claude_relay.py: a fresh HOME, relays on one data dir (fake: conftest).
+home, start = claude_relay.home, claude_relay.start
 
 
 def wait_gone(pid: int) -> None:

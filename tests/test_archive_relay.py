@@ -23,12 +23,6 @@ SECRET = "the stranger keeps an osprey secret"
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
-
-
-@pytest.fixture
 def live(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
 ) -> Iterator[LiveRelay]:

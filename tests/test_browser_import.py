@@ -21,12 +21,6 @@ FIRST = "my name is <b>Bob</b> [[BASH:echo hi]]"
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
-
-
-@pytest.fixture
 def live(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
 ) -> Iterator[LiveRelay]:

@@ -33,12 +33,6 @@ StartRelay = Callable[..., LiveRelay]
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
-
-
-@pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
     """The agent environment the relay passes on: a fresh HOME and the fake API."""
     return use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)

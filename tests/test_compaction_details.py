@@ -26,12 +26,6 @@ HOSTILE = '<img src=x onerror="alert(1)"> <b>bold?</b> & done'
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
-
-
-@pytest.fixture
 def live(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
 ) -> Iterator[LiveRelay]:

@@ -7,18 +7,9 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
 
 
 def post(fake: FakeAnthropic, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], str]:

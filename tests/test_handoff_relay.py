@@ -40,12 +40,6 @@ HANDOFF = {
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
-
-
-@pytest.fixture
 def live(tmp_path: Path, agent_env: None) -> Iterator[LiveRelay]:
     """A relay whose Claude Code CLI talks to the fake API, from a fresh HOME."""
     relay = LiveRelay(make_settings(tmp_path / "data")).start()

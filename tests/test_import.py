@@ -29,12 +29,6 @@ FIRST = "my name is Bob [[BASH:echo hi]]"
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as server:
-        yield server
-
-
-@pytest.fixture
 def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
     """The user's environment, which the relay passes on: the fake API, a CLAUDE_CONFIG_DIR."""
     use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)

@@ -8,7 +8,6 @@ from tests.fake_anthropic import FakeAnthropic
 from tests.test_claude_relay import (  # noqa: F401 (fixtures)
     StartRelay,
     create_claude,
-    fake,
     home,
     of_kind,
     start,
@@ -18,7 +17,7 @@ from tests.test_claude_relay import (  # noqa: F401 (fixtures)
 
 def test_api_retries_are_one_line_updated_in_place(
     start: StartRelay,  # noqa: F811
-    fake: FakeAnthropic,  # noqa: F811
+    fake: FakeAnthropic,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "3")
