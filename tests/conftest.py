@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import Engine
 
 from app.agents.copilot import INSTALL_HINT, copilot_cli_path
+from app.db import make_engine
+from app.migrate import upgrade
 from tests import postgres
 from tests.browser import Pages
 from tests.fake_anthropic import FakeAnthropic
@@ -35,6 +38,23 @@ def drop_test_databases() -> Iterator[None]:
         yield
     finally:
         postgres.drop_created()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    """A fresh database: a SQLite file, or PostgreSQL with OARLOCK_TEST_DB=postgres."""
+    return postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'test.db'}"
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[Engine]:
+    """An engine on a fresh, migrated database of the kind under test (a file may override it)."""
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture

@@ -3,30 +3,16 @@ ancestors only, on SQLite and (OARLOCK_TEST_DB=postgres) PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.engine import Engine
 
 from app import archive, store
-from app.db import get_session, make_engine
-from app.migrate import upgrade
+from app.db import get_session
 from app.models import Conversation
 from app.search import PG_KINDS, PG_VECTOR, pg_snippet, pg_terms, search
 from tests import postgres
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    url = postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'archive.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def create(engine: Engine, title: str, *texts: str) -> int:

@@ -1,7 +1,3 @@
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -11,26 +7,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
 from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
-from app.db import get_session, make_engine
+from app.db import get_session
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
 from app.search import include_object, is_search_table
 from tests import postgres
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'migrated.db'}"
-
-
-@pytest.fixture
-def engine(url: str) -> Iterator[Engine]:
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def test_upgrade_creates_tables(engine: Engine) -> None:

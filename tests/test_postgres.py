@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -21,25 +20,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from app import store
-from app.db import display_url, get_session, make_engine, with_driver
-from app.migrate import upgrade
+from app.db import display_url, get_session, with_driver
 from app.models import Conversation
 from tests import postgres
 from tests.relay import LiveRelay, make_settings, receive
 
 BIG = 2**63 - 1  # the largest id the API accepts (SQLite's largest integer)
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a fresh, migrated database of the kind under test."""
-    url = postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def new_conversation(engine: Engine) -> Conversation:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,25 +18,7 @@ from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
 from app.search import _search_like, fts_query, search, snippet_spans
-from tests import postgres
 from tests.relay import LiveRelay, receive_until
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    """A fresh database: SQLite, or PostgreSQL with OARLOCK_TEST_DB=postgres."""
-    return postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'search.db'}"
-
-
-@pytest.fixture
-def engine(url: str) -> Iterator[Engine]:
-    """An engine on a fresh, migrated database."""
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def conversation_with(engine: Engine, title: str, *messages: tuple[str, str]) -> Conversation:

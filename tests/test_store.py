@@ -1,6 +1,4 @@
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,24 +7,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from app import store
-from app.db import get_session, make_engine
-from app.migrate import upgrade
+from app.db import get_session
 from app.models import Conversation, Entry
-from tests import postgres
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a fresh, migrated SQLite file (or PostgreSQL database)."""
-    url = postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def new_conversation(engine: Engine, title: str = "T", **fields: Any) -> Conversation:
