@@ -16,6 +16,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -100,6 +101,51 @@ def alternate(calls: dict[str, Callable[[], Any]], repeat: int) -> dict[str, lis
         for name, call in calls.items():
             times[name].append(timed(call))
     return times
+
+
+def few_against_many(
+    prefix: str,
+    sizes: tuple[int, int],
+    prepare: Callable[[Path, int], None],
+    probe: Callable[[Relay, int], Callable[[], None]],
+    repeat: int,
+) -> tuple[float, float]:
+    """Median seconds of one request to two relays, on databases prepared for each size.
+
+    Each size gets its own database and relay (no-op agent); after five unmeasured calls
+    each, the calls alternate between them.
+    """
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(tmp)
+        for count in sizes:
+            (root / str(count)).mkdir()
+            prepare(root / str(count) / "oarlock.db", count)
+        with (
+            Relay(root / str(sizes[0]), "noop") as few,
+            Relay(root / str(sizes[1]), "noop") as many,
+        ):
+            calls = {"few": probe(few, sizes[0]), "many": probe(many, sizes[1])}
+            for call in calls.values():
+                for _ in range(5):
+                    call()
+            times = alternate(calls, repeat)
+    return median(times["few"]), median(times["many"])
+
+
+def growth_row(
+    measure: str,
+    sizes: tuple[int, int],
+    unit: str,
+    times: tuple[float, float],
+    repeat: int,
+    command: str,
+) -> Row:
+    """The row of a request that must not grow with the data: larger ÷ smaller at most 1.5."""
+    (few, many), (small, big) = sizes, times
+    figures = f"{many:,} {unit} {ms(big)}, {few} {unit} {ms(small)} (medians of {repeat})"
+    row = at_most(f"{measure}: {many:,} ÷ {few} {unit}", big / small, 1.5, figures, command)
+    print(f"{command.split()[-1]}: {row.figures}", file=sys.stderr)
+    return row
 
 
 def free_port() -> int:

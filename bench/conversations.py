@@ -9,12 +9,9 @@ UI asks) alternates between them; the figure is the ratio of the medians.
 
 from __future__ import annotations
 
-import sys
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
-from bench.common import Relay, Row, alternate, at_most, median, ms, seed
+from bench.common import Relay, Row, few_against_many, growth_row, seed
 
 COMMAND = "python -m bench conversations"
 FEW, MANY = 100, 10_000
@@ -33,24 +30,12 @@ def lister(relay: Relay) -> Callable[[], None]:
 
 def run(repeat: int = 300) -> list[Row]:
     """Measure and return the table's row."""
-    with tempfile.TemporaryDirectory(prefix="oarlock-conversations-") as tmp:
-        root = Path(tmp)
-        for name, count in (("few", FEW), ("many", MANY)):
-            (root / name).mkdir()
-            seed(root / name / "oarlock.db", count, ENTRIES)
-        with Relay(root / "few", "noop") as few, Relay(root / "many", "noop") as many:
-            for relay in (few, many):
-                for _ in range(5):
-                    lister(relay)()
-            times = alternate({"few": lister(few), "many": lister(many)}, repeat)
-    small, large = median(times["few"]), median(times["many"])
-    row = at_most(
-        f"List conversations (GET, first page of 100): {MANY:,} ÷ {FEW} conversations",
-        large / small,
-        1.5,
-        f"{MANY:,} conversations {ms(large)}, {FEW} conversations {ms(small)} "
-        f"(medians of {repeat})",
-        COMMAND,
+    times = few_against_many(
+        "oarlock-conversations-",
+        (FEW, MANY),
+        lambda path, count: seed(path, count, ENTRIES),
+        lambda relay, _count: lister(relay),
+        repeat,
     )
-    print(f"conversations: {row.figures}", file=sys.stderr)
-    return [row]
+    measure = "List conversations (GET, first page of 100)"
+    return [growth_row(measure, (FEW, MANY), "conversations", times, repeat, COMMAND)]

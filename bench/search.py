@@ -13,13 +13,11 @@ figure is the ratio of the medians.
 from __future__ import annotations
 
 import sqlite3
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from bench.common import Relay, Row, alternate, at_most, median, ms, seed
+from bench.common import Relay, Row, few_against_many, growth_row, seed
 
 COMMAND = "python -m bench search"
 FEW, MANY = 100, 100_000
@@ -56,27 +54,17 @@ def searcher(relay: Relay, query: str = QUERY) -> Callable[[], None]:
     return search
 
 
+def prepared(path: Path, count: int) -> None:
+    """Seed `count` entries in conversations of PER_CONVERSATION and plant the word."""
+    per = min(PER_CONVERSATION, count)
+    seed(path, count // per, per)
+    plant(path)
+
+
 def run(repeat: int = 300, few: int = FEW, many: int = MANY) -> list[Row]:
     """Measure and return the table's row (sizes smaller for a smoke test)."""
-    with tempfile.TemporaryDirectory(prefix="oarlock-search-") as tmp:
-        root = Path(tmp)
-        for name, count in (("few", few), ("many", many)):
-            (root / name).mkdir()
-            per = min(PER_CONVERSATION, count)
-            seed(root / name / "oarlock.db", count // per, per)
-            plant(root / name / "oarlock.db")
-        with Relay(root / "few", "noop") as small_relay, Relay(root / "many", "noop") as large:
-            for relay in (small_relay, large):
-                for _ in range(5):
-                    searcher(relay)()
-            times = alternate({"few": searcher(small_relay), "many": searcher(large)}, repeat)
-    small, big = median(times["few"]), median(times["many"])
-    row = at_most(
-        f"Search (GET /api/search, a word of {HITS} messages): {many:,} ÷ {few} entries",
-        big / small,
-        1.5,
-        f"{many:,} entries {ms(big)}, {few} entries {ms(small)} (medians of {repeat})",
-        COMMAND,
+    times = few_against_many(
+        "oarlock-search-", (few, many), prepared, lambda relay, _count: searcher(relay), repeat
     )
-    print(f"search: {row.figures}", file=sys.stderr)
-    return [row]
+    measure = f"Search (GET /api/search, a word of {HITS} messages)"
+    return [growth_row(measure, (few, many), "entries", times, repeat, COMMAND)]

@@ -13,12 +13,10 @@ the last 24 messages, the pins and one stored count: never the whole conversatio
 from __future__ import annotations
 
 import sqlite3
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import STAMP, Relay, Row, alternate, at_most, median, ms, seed
+from bench.common import STAMP, Relay, Row, few_against_many, growth_row, seed
 
 COMMAND = "python -m bench steer"
 FEW, MANY = 100, 100_000
@@ -58,33 +56,21 @@ def previewer(relay: Relay, older: int) -> Callable[[], None]:
     return preview
 
 
+def prepared(path: Path, count: int) -> None:
+    """One conversation of `count` entries, with its pins and message count."""
+    seed(path, 1, count)
+    prepare(path)
+
+
 def run(repeat: int = 300, few: int = FEW, many: int = MANY) -> list[Row]:
     """Measure and return the table's row (sizes smaller for a smoke test)."""
-    with tempfile.TemporaryDirectory(prefix="oarlock-steer-") as tmp:
-        root = Path(tmp)
-        for name, count in (("few", few), ("many", many)):
-            (root / name).mkdir()
-            seed(root / name / "oarlock.db", 1, count)
-            prepare(root / name / "oarlock.db")
-        # Half the entries are messages; 24 are in the window, the pinned older ones are carried.
-        olders = {name: count // 2 - 24 - PINS for name, count in (("few", few), ("many", many))}
-        with Relay(root / "few", "noop") as small_relay, Relay(root / "many", "noop") as large:
-            checks = {
-                "few": previewer(small_relay, olders["few"]),
-                "many": previewer(large, olders["many"]),
-            }
-            for check in checks.values():
-                for _ in range(5):
-                    check()
-            times = alternate(checks, repeat)
-    small, big = median(times["few"]), median(times["many"])
-    row = at_most(
-        f"/compact preview (GET /api/conversations/{{id}}/compact, {PINS} pins): "
-        f"{many:,} ÷ {few} entries",
-        big / small,
-        1.5,
-        f"{many:,} entries {ms(big)}, {few} entries {ms(small)} (medians of {repeat})",
-        COMMAND,
+    # Half the entries are messages; 24 are in the window, the pinned older ones are carried.
+    times = few_against_many(
+        "oarlock-steer-",
+        (few, many),
+        prepared,
+        lambda relay, count: previewer(relay, count // 2 - 24 - PINS),
+        repeat,
     )
-    print(f"steer: {row.figures}", file=sys.stderr)
-    return [row]
+    measure = f"/compact preview (GET /api/conversations/{{id}}/compact, {PINS} pins)"
+    return [growth_row(measure, (few, many), "entries", times, repeat, COMMAND)]
