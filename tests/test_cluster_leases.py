@@ -11,21 +11,17 @@ from sqlalchemy.engine import Engine
 
 from app import store
 from app.cluster import leases
-from app.db import get_session, make_engine
-from app.migrate import upgrade
+from app.db import get_session
 from tests import postgres
 
 
 @pytest.fixture
-def engine() -> Iterator[Engine]:
-    """An engine on a new, migrated PostgreSQL database."""
+def url() -> Iterator[str]:
+    """A new PostgreSQL database whatever OARLOCK_TEST_DB says (`engine` migrates it)."""
     url = postgres.start().create_database()
-    upgrade(url)
-    engine = make_engine(url)
     try:
-        yield engine
+        yield url
     finally:
-        engine.dispose()
         postgres.start().drop_database(url)
 
 

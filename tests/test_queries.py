@@ -24,8 +24,7 @@ from sqlalchemy.engine import Engine
 
 from app import store
 from app.agents.base import AgentEvent, AgentSpec, TurnDone
-from app.db import get_session, make_engine
-from app.migrate import upgrade
+from app.db import get_session
 from tests.relay import LiveRelay
 
 STAMP = "2026-11-30 12:00:00.000000"
@@ -175,14 +174,9 @@ def test_send_message_queries_do_not_grow(relay: LiveRelay) -> None:
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    url = f"sqlite:///{tmp_path / 'plans.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
+def url(tmp_path: Path) -> str:
+    """SQLite only: the plans are SQLite's (conftest's `engine` migrates it)."""
+    return f"sqlite:///{tmp_path / 'plans.db'}"
 
 
 def captured(engine: Engine, call: Any) -> list[tuple[str, Any]]:
