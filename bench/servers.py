@@ -38,6 +38,7 @@ from app.main import create_app
 from app.migrate import upgrade
 from app.providers import make_agent
 from bench.common import TOKEN
+from tests.stand_in import StandIn
 
 DEFAULT_DELTAS = 10_000
 PROPOSED_INDEX = (  # the index the timeline's state queries need (see bench/README.md)
@@ -46,28 +47,8 @@ PROPOSED_INDEX = (  # the index the timeline's state queries need (see bench/REA
 )
 
 
-class BenchAgent:
+class BenchAgent(StandIn):
     """Nothing to start or stop; subclasses say what a turn yields."""
-
-    def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
-
-    async def start(self) -> None:
-        """Nothing to spawn."""
-
-    async def interrupt(self) -> None:
-        """Turns are short."""
-
-    async def context_usage(self) -> dict[str, Any] | None:
-        """No report: nothing is emitted after the turn."""
-        return None
-
-    def background_work(self) -> bool:
-        """Never."""
-        return False
-
-    async def close(self) -> None:
-        """Nothing to stop."""
 
 
 class StreamAgent(BenchAgent):

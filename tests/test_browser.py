@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from playwright.sync_api import Locator, Page, expect
@@ -39,6 +38,7 @@ from tests.browser import (
 )
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay
+from tests.stand_in import StandIn
 from tests.xss_corpus import PAYLOADS
 
 # ---- 1. chat across two browsers -----------------------------------------------------------------
@@ -534,29 +534,12 @@ def test_titles_and_messages_are_shown_literally(pages: Pages, relay: LiveRelay)
 # ---- 8. the XSS corpus through every channel ----------------------------------------------------
 
 
-class PayloadAgent:
+class PayloadAgent(StandIn):
     """A stand-in agent whose every output (text, tool input, tool output, lines) is a payload."""
 
     def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.turns = 0
-
-    async def start(self) -> None:
-        """Nothing to start."""
-
-    async def interrupt(self) -> None:
-        """Nothing to stop."""
-
-    async def context_usage(self) -> dict[str, Any] | None:
-        """No report."""
-        return None
-
-    def background_work(self) -> bool:
-        """Never."""
-        return False
-
-    async def close(self) -> None:
-        """Nothing to close."""
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """First turn: every payload through every kind of output; later: echo the prompt."""

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Any
 
 from playwright.sync_api import Locator, Page, expect
 
 from app.agents.base import AgentEvent, AgentSpec, MessageDone, PermissionRequest, TurnDone
 from tests.browser import Pages, by_id, send_text
 from tests.relay import LiveRelay
+from tests.stand_in import StandIn
 
 REFUSED = (
     "page1 console error: Failed to load resource: "
@@ -19,32 +19,15 @@ REFUSED = (
 RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: reverses what follows it, up to the paragraph's end
 
 
-class EchoAgent:
+class EchoAgent(StandIn):
     """A stand-in agent that answers with the prompt as written (Markdown and all).
 
     "ask permission" asks to run a tool whose name carries a U+202E.
     """
 
     def __init__(self, spec: AgentSpec) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.turns = 0
-
-    async def start(self) -> None:
-        """Nothing to start."""
-
-    async def interrupt(self) -> None:
-        """Nothing to stop."""
-
-    async def context_usage(self) -> dict[str, Any] | None:
-        """No report."""
-        return None
-
-    def background_work(self) -> bool:
-        """Never."""
-        return False
-
-    async def close(self) -> None:
-        """Nothing to close."""
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """Echo the prompt (after a permission question when asked for one)."""

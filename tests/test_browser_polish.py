@@ -26,37 +26,24 @@ from app.agents.base import (
 from tests.browser import Pages, by_id, line, own_relay, send_text
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay
+from tests.stand_in import StandIn
 
 PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}
 
 Script = Callable[["ScriptAgent", str], AsyncIterator[AgentEvent]]
 
 
-class ScriptAgent:
+class ScriptAgent(StandIn):
     """A stand-in agent whose turns are a test's script."""
 
     def __init__(self, spec: AgentSpec, script: Script) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.script = script
         self.interrupted = False
-
-    async def start(self) -> None:
-        """Nothing to start."""
 
     async def interrupt(self) -> None:
         """Stop at the script's next check."""
         self.interrupted = True
-
-    async def context_usage(self) -> dict[str, Any] | None:
-        """No report."""
-        return None
-
-    def background_work(self) -> bool:
-        """Never."""
-        return False
-
-    async def close(self) -> None:
-        """Nothing to close."""
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """Run the script."""

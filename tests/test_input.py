@@ -21,6 +21,7 @@ from app.api_docs import Field, operations
 from app.render import render_markdown
 from app.unicode_text import has_visible_character, is_valid_unicode, isolate
 from tests.relay import TOKEN, LiveRelay, make_settings, receive
+from tests.stand_in import StandIn
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -285,30 +286,13 @@ def test_locked_database_answers_503_while_sockets_flow(relay: LiveRelay) -> Non
     assert (user["text"], agent["text"][:24]) == ("while locked", "You said: “while locked”")
 
 
-class GatedAgent:
+class GatedAgent(StandIn):
     """A stand-in agent: streams a first piece, then finishes its message when the test says."""
 
     def __init__(self, spec: AgentSpec, go: threading.Event, finishing: threading.Event) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.go = go
         self.finishing = finishing
-
-    async def start(self) -> None:
-        """Nothing to start."""
-
-    async def interrupt(self) -> None:
-        """Nothing to stop."""
-
-    async def context_usage(self) -> dict[str, Any] | None:
-        """No report."""
-        return None
-
-    def background_work(self) -> bool:
-        """Never."""
-        return False
-
-    async def close(self) -> None:
-        """Nothing to close."""
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """A first piece; then, once told, the whole message and the end of the turn."""
