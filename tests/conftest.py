@@ -16,6 +16,7 @@ from app.db import make_engine
 from app.migrate import upgrade
 from tests import postgres
 from tests.browser import Pages
+from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 
@@ -65,13 +66,16 @@ def fake() -> Iterator[FakeAnthropic]:
 
 
 @pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
+    """The agent environment the relay passes on: a fresh HOME and the fake API."""
+    return use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
+
+
+@pytest.fixture
 def relay(tmp_path: Path) -> Iterator[LiveRelay]:
     """A running relay with the demo agent, on a fresh SQLite file (or PostgreSQL database)."""
-    live = LiveRelay(make_settings(tmp_path / "data")).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data")) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture

@@ -84,6 +84,12 @@ class LiveRelay:
             time.sleep(0.02)
         return self
 
+    def __enter__(self) -> LiveRelay:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Shut down (lifespan included) and wait for the thread."""
         self.http.close()

@@ -84,11 +84,8 @@ def anon(relay: LiveRelay) -> Iterator[httpx.Client]:
 @pytest.fixture
 def small_relay(tmp_path: Path) -> Iterator[LiveRelay]:
     """A relay that accepts messages of at most 1000 bytes."""
-    live = LiveRelay(make_settings(tmp_path / "data", max_message_bytes=1000)).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data", max_message_bytes=1000)) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 
@@ -23,16 +22,10 @@ SECRET = "the stranger keeps an osprey secret"
 
 
 @pytest.fixture
-def live(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
-) -> Iterator[LiveRelay]:
+def live(tmp_path: Path, home: Path) -> Iterator[LiveRelay]:
     """A relay whose Claude Code CLI talks to the fake API, from a fresh HOME."""
-    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
-    relay = LiveRelay(make_settings(tmp_path / "data")).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data")) as relay:
         yield relay
-    finally:
-        relay.stop()
 
 
 def turn(live: LiveRelay, cid: int, text: str) -> dict[str, Any]:

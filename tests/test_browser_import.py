@@ -12,7 +12,6 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser import Pages, agent_reply, by_id, conv_id, line, send_text, user_bubble
-from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 from tests.terminal import terminal
@@ -21,14 +20,10 @@ FIRST = "my name is <b>Bob</b> [[BASH:echo hi]]"
 
 
 @pytest.fixture
-def live(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
-) -> Iterator[LiveRelay]:
-    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> Iterator[LiveRelay]:
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "claude-config"))
-    relay = LiveRelay(make_settings(tmp_path / "data")).start()
-    yield relay
-    relay.stop()
+    with LiveRelay(make_settings(tmp_path / "data")) as relay:
+        yield relay
 
 
 def test_import_a_terminal_session_and_resume_it(

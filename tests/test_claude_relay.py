@@ -21,7 +21,6 @@ import pytest
 from app.agents.claude_code import DENIED, RESUME_FAILED
 from app.compaction import finished_text
 from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
-from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 
@@ -30,12 +29,6 @@ MODEL = "claude-opus-5-5"  # the bundled CLI's default model
 APPLY_NOTE = "Applies on the next message (the session restarts once)."
 COMPACT_WARNING = "The conversation will be compacted on the next message."
 StartRelay = Callable[..., LiveRelay]
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
-    """The agent environment the relay passes on: a fresh HOME and the fake API."""
-    return use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
 
 
 @pytest.fixture

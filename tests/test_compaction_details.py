@@ -17,7 +17,6 @@ import pytest
 
 from app.agents.transcript import compaction_summary, config_dir, summary_after
 from app.compaction import SUMMARY_LIMIT, clip_summary
-from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 
@@ -26,16 +25,10 @@ HOSTILE = '<img src=x onerror="alert(1)"> <b>bold?</b> & done'
 
 
 @pytest.fixture
-def live(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic
-) -> Iterator[LiveRelay]:
-    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> Iterator[LiveRelay]:
     monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "100000")
-    relay = LiveRelay(make_settings(tmp_path / "data")).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data")) as relay:
         yield relay
-    finally:
-        relay.stop()
 
 
 def compaction_lines(view: dict[str, Any]) -> list[dict[str, Any]]:

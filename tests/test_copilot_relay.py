@@ -32,11 +32,8 @@ def relay(
         openai_api_key="sk-test",
         openai_model="gpt-4.1",
     )
-    live = LiveRelay(settings).start()
-    try:
+    with LiveRelay(settings) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def of_kind(view: dict[str, Any], kind: str) -> list[dict[str, Any]]:

@@ -20,16 +20,9 @@ import pytest
 
 from app.agents.transcript import holds_prompt, prompt_received
 from app.supervisor import MISSED_AGAIN_LINE, REDELIVERED_LINE, RESTART_LINE, UNKNOWN_LINE
-from tests.claude_env import use_fake_anthropic
 from tests.crash import TIMEOUT, RelayProcess, entry, of_kind
 from tests.fake_anthropic import FakeAnthropic, last_user_text
 from tests.relay import TOKEN
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
-    """The agent environment the relay passes on: a fresh HOME and the fake API."""
-    return use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from app.handoff import HANDOFF_REQUEST, context_note
-from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic, last_user_text
 from tests.relay import LiveRelay, make_settings
 
@@ -40,19 +39,10 @@ HANDOFF = {
 
 
 @pytest.fixture
-def live(tmp_path: Path, agent_env: None) -> Iterator[LiveRelay]:
+def live(tmp_path: Path, home: Path) -> Iterator[LiveRelay]:
     """A relay whose Claude Code CLI talks to the fake API, from a fresh HOME."""
-    relay = LiveRelay(make_settings(tmp_path / "data")).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data")) as relay:
         yield relay
-    finally:
-        relay.stop()
-
-
-@pytest.fixture
-def agent_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> None:
-    """The environment the relay hands the CLI: a fresh HOME and the fake API."""
-    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
 
 
 def turn(live: LiveRelay, cid: int, text: str) -> dict[str, Any]:
@@ -171,7 +161,7 @@ def test_oversized_handoff_is_a_tool_error_the_agent_reads(
 
 
 def test_deepseek_gets_the_note_and_saves_through_the_same_tool(
-    tmp_path: Path, agent_env: None, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, home: Path, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
     monkeypatch.delenv("ANTHROPIC_BASE_URL")  # only deepseek_base_url leads to the fake

@@ -19,7 +19,6 @@ import pytest
 from app.agents.claude_code import RESUME_FAILED
 from app.agents.transcript import project_slug
 from app.imports import NO_RESULT, read_history, user_drafts
-from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 from tests.terminal import CLI, terminal
@@ -29,9 +28,8 @@ FIRST = "my name is Bob [[BASH:echo hi]]"
 
 
 @pytest.fixture
-def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic) -> Path:
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> Path:
     """The user's environment, which the relay passes on: the fake API, a CLAUDE_CONFIG_DIR."""
-    use_fake_anthropic(monkeypatch, tmp_path / "home", fake.base_url)
     config = tmp_path / "claude-config"
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
     return config
@@ -39,9 +37,8 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeAnthropic)
 
 @pytest.fixture
 def live(tmp_path: Path, config: Path) -> Iterator[LiveRelay]:
-    relay = LiveRelay(make_settings(tmp_path / "data")).start()
-    yield relay
-    relay.stop()
+    with LiveRelay(make_settings(tmp_path / "data")) as relay:
+        yield relay
 
 
 def sessions(live: LiveRelay) -> dict[str, Any]:

@@ -19,11 +19,8 @@ IDLE = {"state": "idle", "queued": 0}
 
 
 def start(tmp_path: Path, idle_timeout: float) -> Iterator[LiveRelay]:
-    live = LiveRelay(make_settings(tmp_path / "data", agent_idle_timeout=idle_timeout)).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data", agent_idle_timeout=idle_timeout)) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture

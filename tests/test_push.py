@@ -104,11 +104,8 @@ def service() -> Iterator[tuple[PushLog, str]]:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[LiveRelay]:
-    relay = LiveRelay(make_settings(tmp_path / "data", push_loopback_http=True)).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data", push_loopback_http=True)) as relay:
         yield relay
-    finally:
-        relay.stop()
 
 
 def browser_client(relay: LiveRelay, cookie: str | None = None) -> httpx.Client:

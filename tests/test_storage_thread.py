@@ -27,11 +27,8 @@ def patient_relay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     # The relay's own 250 ms wait would end the test's write before the ordering is checked:
     # here a write waits for the whole lock, as a long one (a big /compact, a slow disk) does.
     monkeypatch.setattr(db, "BUSY_TIMEOUT", 60.0)
-    live = LiveRelay(make_settings(tmp_path / "data", database_url=None)).start()
-    try:
+    with LiveRelay(make_settings(tmp_path / "data", database_url=None)) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def test_healthz_and_ping_answer_while_a_write_waits_for_a_foreign_lock(

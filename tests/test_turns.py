@@ -417,11 +417,8 @@ def copilot_relay(
         openai_model="gpt-4.1",
         agent_idle_timeout=1.0,
     )
-    live = LiveRelay(settings).start()
-    try:
+    with LiveRelay(settings) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def copilot_turn_then_idle(live: LiveRelay, shared_home: Path) -> tuple[int, str, Path]:
