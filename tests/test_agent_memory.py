@@ -26,8 +26,8 @@ from tests.test_claude_relay import (
     wait_question,
 )
 
-# The fixtures of test_claude_relay.py: a fresh HOME, relays on one data dir (fake: conftest).
-home, start = claude_relay.home, claude_relay.start
+# The fixture of test_claude_relay.py: relays on one data dir (home and fake: conftest).
+start = claude_relay.start
 
 
 def wait_gone(pid: int) -> None:

@@ -25,7 +25,6 @@ from tests.relay import LiveRelay, make_settings
 from tests.test_claude_relay import StartRelay, is_summary_request
 
 # The real CLI's fixtures: the fake Messages API, a fresh HOME, relays on tmp_path.
-home = claude_relay.home
 start = claude_relay.start
 
 TIMEOUT = 60

@@ -21,7 +21,6 @@ from tests.relay import LiveRelay
 from tests.test_claude_relay import StartRelay
 
 # The real CLI's fixtures: the fake Messages API, a fresh HOME, relays on tmp_path.
-home = claude_relay.home
 start = claude_relay.start
 
 NAME = re.compile(r"^1-backup-\d{1,2}(st|nd|rd|th)-[A-Z][a-z]{2}-\d{4}-\d{1,2}-\d{2}[ap]m\.md$")

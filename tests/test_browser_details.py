@@ -20,7 +20,6 @@ from tests.relay import LiveRelay
 from tests.test_claude_relay import StartRelay
 
 # The real CLI's fixtures: the fake Messages API, a fresh HOME, relays on tmp_path.
-home = claude_relay.home
 start = claude_relay.start
 
 PHONE = {"viewport": {"width": 390, "height": 780}, "is_mobile": True, "has_touch": True}

@@ -8,7 +8,6 @@ from tests.fake_anthropic import FakeAnthropic
 from tests.test_claude_relay import (  # noqa: F401 (fixtures)
     StartRelay,
     create_claude,
-    home,
     of_kind,
     start,
     turn,
