@@ -13,19 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app import store
-from app.agents.base import Agent, AgentSpec
+from app.agents.base import Agent, AgentSpec, PermissionDecision
 from app.agents.lifetime import Lifetime
 from app.backup_files import Backups
 from app.config import Settings
 from app.db import get_session
 from app.hub import Hub
-from app.models import Conversation
+from app.models import Conversation, Entry
 from app.providers import make_agent
 from app.storage import Storage
 from app.supervisor.backup_hooks import BackupHooks
@@ -33,7 +33,7 @@ from app.supervisor.commands import Commands
 from app.supervisor.events import Events
 from app.supervisor.pool import Pool
 from app.supervisor.recovery import Recovery
-from app.supervisor.runner import Runner
+from app.supervisor.runner import Runner, TurnState
 from app.supervisor.timeline import Timeline
 from app.supervisor.turns import Turns
 
@@ -136,3 +136,65 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         if runner is None:
             runner = self.runners[conversation_id] = Runner(conversation_id)
         return runner
+
+    # -- what routes and the cluster ask (they never reach into a runner) ---------------------
+
+    def turn_running(self, conversation_id: int) -> bool:
+        """True while this node runs a turn of the conversation (the 🧠 modal's word)."""
+        runner = self.runners.get(conversation_id)
+        return bool(runner and runner.state != TurnState.IDLE)
+
+    def delivering(self, conversation_id: int) -> bool:
+        """True while the conversation's runner here has its delivery (or recovery) task."""
+        runner = self.runners.get(conversation_id)
+        return runner is not None and runner.task is not None and not runner.task.done()
+
+    def holds_nothing(self, conversation_id: int) -> bool:
+        """Nothing of the conversation is live here: no agent, turn, start or open question."""
+        runner = self.runners.get(conversation_id)
+        if runner is None:
+            return True
+        return (
+            runner.agent is None
+            and runner.state == TurnState.IDLE
+            and not (runner.task is not None and not runner.task.done())
+            and not (runner.warming is not None and not runner.warming.done())
+            and not runner.starting
+            and not runner.questions
+        )
+
+    def recover(self, session: Session, conversation: Conversation) -> None:
+        """Close what an earlier owner (or a crash) left open in a conversation, resume it."""
+        self._recover(session, conversation)
+
+    def wake(self, conversation_id: int) -> None:
+        """Have the conversation's queue delivered (here, or by the node that runs it)."""
+        self._wake(conversation_id)
+
+    def add_line(
+        self,
+        session: Session,
+        conversation: Conversation,
+        text: str,
+        *,
+        level: str = "info",
+        data: dict[str, Any] | None = None,
+    ) -> Entry:
+        """Store a line in the conversation's timeline and publish it."""
+        return self._line(session, conversation, text, level=level, data=data)
+
+    def settle_question(
+        self, conversation_id: int, entry_id: int, decision: PermissionDecision
+    ) -> None:
+        """Answer an open permission question of a runner here (an answer taken elsewhere)."""
+        runner = self.runners.get(conversation_id)
+        future = runner.questions.pop(entry_id, None) if runner else None
+        if future is not None and not future.done():
+            future.set_result(decision)
+
+    async def drop_agent(self, conversation_id: int) -> None:
+        """Stop the conversation's turn and agent here (its lease went to another node)."""
+        runner = self.runners.get(conversation_id)
+        if runner is not None:
+            await self._interrupt_agent(runner)
+            await self._close_agent(runner)
