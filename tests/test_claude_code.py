@@ -37,7 +37,6 @@ from app.agents.base import (
     Usage,
 )
 from app.agents.claude_code import (
-    DENIED,
     RESUME_FAILED,
     ClaudeCodeAgent,
     EventMapper,
@@ -45,6 +44,7 @@ from app.agents.claude_code import (
     shorten,
     summarize_input,
 )
+from app.agents.common import DENIED
 from tests.agent_turns import TURN_TIMEOUT, allow_all, done, of, run_turn
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from app.agents.claude_code import DENIED, RESUME_FAILED
+from app.agents.claude_code import RESUME_FAILED
+from app.agents.common import DENIED
 from app.compaction import finished_text
 from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts

@@ -41,8 +41,8 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.agents.common import DENIED
 from app.agents.copilot import (
-    DENIED,
     INSTALL_HINT,
     OPENAI_HINT,
     RESUME_FAILED,

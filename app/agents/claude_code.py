@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import uuid
@@ -60,12 +59,18 @@ from app.agents.base import (
     CompactionStarted,
     MessageDone,
     Notice,
-    PermissionDecision,
     PermissionRequest,
     SessionStarted,
     TextDelta,
     TurnDone,
     Usage,
+)
+from app.agents.common import (
+    TurnFlags,
+    ask_user,
+    one_line,
+    shorten,
+    summarize,
 )
 from app.agents.lifetime import die_with_relay
 from app.agents.transcript import compaction_summary, prompt_received
@@ -77,9 +82,7 @@ RESUME_FAILED = (
     "Could not resume the previous Claude Code session (its transcript is gone); "
     "started a new session."
 )
-DENIED = "Denied by the user in oarlock"
 SUMMARY_KEYS = ("command", "file_path", "notebook_path", "path", "pattern", "url", "query")
-MAX_OUTPUT = 2000
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
 CONTROL_TIMEOUT = 15.0
@@ -88,18 +91,9 @@ STDERR_LINES = 3  # how many of them an error line quotes
 STACK_FRAME = re.compile(r"^\s*at\s")  # a JavaScript stack line says nothing to a user
 
 
-def one_line(text: str, limit: int = 200) -> str:
-    """Return text's first line, whitespace collapsed, cut to limit characters."""
-    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def summarize_input(tool_input: dict[str, Any]) -> str:
     """Return a one-line summary of a tool call's input (the command, the path...)."""
-    for key in SUMMARY_KEYS:
-        if isinstance(value := tool_input.get(key), str) and value.strip():
-            return one_line(value)
-    return one_line(json.dumps(tool_input, ensure_ascii=False)) if tool_input else ""
+    return summarize(tool_input, SUMMARY_KEYS)
 
 
 def result_text(content: Any) -> str:
@@ -110,13 +104,6 @@ def result_text(content: Any) -> str:
         parts = [b.get("text", "") if isinstance(b, dict) else str(b) for b in content]
         return "\n".join(p for p in parts if p)
     return "" if content is None else str(content)
-
-
-def shorten(text: str, limit: int = MAX_OUTPUT) -> str:
-    """Cut text to limit characters, saying how much was left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n… ({len(text) - limit} more characters)"
 
 
 def context_tokens(usage: dict[str, Any]) -> int:
@@ -493,7 +480,7 @@ def _transcript_exists(env: dict[str, str], session_id: str) -> bool:
     return any(projects.glob(f"*/{session_id}.jsonl"))
 
 
-class ClaudeCodeAgent:
+class ClaudeCodeAgent(TurnFlags):
     """One conversation's Claude Code CLI, driven through claude_agent_sdk.
 
     The process gets exactly spec.env (which carries CLAUDE_CODE_AUTO_COMPACT_WINDOW when a
@@ -511,13 +498,9 @@ class ClaudeCodeAgent:
         self._client: ClaudeSDKClient | None = None
         self._transport: _ExactEnvTransport | None = None
         self._mapper = EventMapper()
-        self._pending: list[AgentEvent] = []
+        self._init_turn_flags()
         self._stderr: deque[str] = deque(maxlen=20)
-        self._in_turn = False
         self._starting = False  # turn() is (re)starting the CLI
-        self._stop_early = False  # interrupt() came while it did: the prompt is not sent
-        self._dirty = False
-        self._closing = False
 
     @property
     def pid(self) -> int | None:
@@ -607,14 +590,10 @@ class ClaudeCodeAgent:
         if is_relay_tool(tool_name):
             return PermissionResultAllow()
         request = PermissionRequest(tool_name, tool_input, context.tool_use_id)
-        try:
-            decision: PermissionDecision = await self.spec.ask_permission(request)
-        except Exception as e:
-            log.exception("asking permission for %s failed", tool_name)
-            return PermissionResultDeny(message=f"Could not ask the user: {e}")
+        decision = await ask_user(self.spec, request)
         if decision.allow:
             return PermissionResultAllow()
-        return PermissionResultDeny(message=decision.message or DENIED)
+        return PermissionResultDeny(message=decision.message)
 
     def received(self, session_id: str | None, prompt_id: str, since: float) -> bool | None:
         """Whether the session's transcript records the prompt sent with prompt_id."""
@@ -684,10 +663,6 @@ class ClaudeCodeAgent:
         finally:
             self._in_turn = False
             self._dirty = self._dirty or not finished
-
-    def _take_pending(self) -> list[AgentEvent]:
-        events, self._pending = self._pending, []
-        return events
 
     def _failure_text(self, error: Exception) -> str:
         if self.is_alive() and not isinstance(error, ProcessError):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import platform
@@ -40,12 +39,18 @@ from app.agents.base import (
     CompactionStarted,
     MessageDone,
     Notice,
-    PermissionDecision,
     PermissionRequest,
     SessionStarted,
     TextDelta,
     TurnDone,
     Usage,
+)
+from app.agents.common import (
+    TurnFlags,
+    ask_user,
+    one_line,
+    shorten,
+    summarize,
 )
 from app.agents.lifetime import die_with_relay
 from app.tools import RelayTool
@@ -58,9 +63,7 @@ INSTALL_HINT = "Install the Copilot CLI with `make copilot-cli` (or set OARLOCK_
 OPENAI_HINT = "Set OARLOCK_OPENAI_BASE_URL and OARLOCK_OPENAI_MODEL."
 RESUME_FAILED = "Could not resume the previous Copilot session; started a new session."
 SESSION_GONE = "Session not found"  # the CLI's answer when a session's state is gone
-DENIED = "Denied by the user in oarlock"
 SUMMARY_KEYS = ("command", "path", "file_path", "pattern", "url", "query", "description")
-MAX_OUTPUT = 2000
 AUTO_COMPACT_FRACTION = 0.80  # the engine's default background compaction threshold
 START_TIMEOUT = 60.0
 SEND_TIMEOUT = 30.0
@@ -71,27 +74,9 @@ SHELL_MARKER = re.compile(r"\n?<shellId: [^>]*>\s*$")
 INTERRUPT = {"type": "oarlock.interrupt", "data": {}}  # queued by interrupt() to wake a turn
 
 
-def one_line(text: str, limit: int = 200) -> str:
-    """Return text's first line, whitespace collapsed, cut to limit characters."""
-    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def shorten(text: str, limit: int = MAX_OUTPUT) -> str:
-    """Cut text to limit characters, saying how much was left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n… ({len(text) - limit} more characters)"
-
-
 def summarize_input(arguments: Any) -> str:
     """Return a one-line summary of a tool call's arguments (the command, the path...)."""
-    if not isinstance(arguments, dict):
-        return one_line(str(arguments)) if arguments else ""
-    for key in SUMMARY_KEYS:
-        if isinstance(value := arguments.get(key), str) and value.strip():
-            return one_line(value)
-    return one_line(json.dumps(arguments, ensure_ascii=False)) if arguments else ""
+    return summarize(arguments, SUMMARY_KEYS)
 
 
 def compaction_failure_reason(data: Mapping[str, Any]) -> str:
@@ -361,7 +346,7 @@ def _session_tool(tool: RelayTool) -> Any:
     )
 
 
-class CopilotAgent:
+class CopilotAgent(TurnFlags):
     """One conversation's Copilot CLI process and session, driven through github-copilot-sdk.
 
     provider None runs on the user's Copilot login; otherwise it is a BYOK provider config
@@ -388,12 +373,8 @@ class CopilotAgent:
         self._unsubscribe: Any = None
         self._mapper = EventMapper(model)
         self._queue: asyncio.Queue[Mapping[str, Any]] = asyncio.Queue()
-        self._pending: list[AgentEvent] = []
+        self._init_turn_flags()
         self._tool_names: dict[str, str] = {}
-        self._in_turn = False
-        self._stop_early = False  # interrupt() came before the prompt was sent
-        self._dirty = False  # a turn was abandoned before the session went idle
-        self._closing = False
 
     @property
     def base_directory(self) -> Path:
@@ -509,15 +490,10 @@ class CopilotAgent:
             mode == "acceptEdits" and raw.get("kind") in ("write", "read")
         ):
             return PermissionDecisionApproveOnce()
-        ask = permission_request(raw, self._tool_names)
-        try:
-            decision: PermissionDecision = await self.spec.ask_permission(ask)
-        except Exception as e:
-            log.exception("asking permission for %s failed", ask.tool_name)
-            return PermissionDecisionReject(feedback=f"Could not ask the user: {e}")
+        decision = await ask_user(self.spec, permission_request(raw, self._tool_names))
         if decision.allow:
             return PermissionDecisionApproveOnce()
-        return PermissionDecisionReject(feedback=decision.message or DENIED)
+        return PermissionDecisionReject(feedback=decision.message)
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """Run one turn: send prompt, yield events until TurnDone."""
@@ -617,10 +593,6 @@ class CopilotAgent:
         while not self._queue.empty():
             self._queue.get_nowait()
         self._dirty = False
-
-    def _take_pending(self) -> list[AgentEvent]:
-        events, self._pending = self._pending, []
-        return events
 
     async def interrupt(self) -> None:
         """Abort the running turn; it ends with TurnDone(interrupted=True)."""

@@ -233,7 +233,7 @@ class ClusterNode:
                 return
             if conversation.session_id is not None and not self._reachable(conversation):
                 self._new_session(session, conversation)
-            supervisor._recover(session, conversation)
+            supervisor.recover(session, conversation)
 
     def _reachable(self, conversation: Conversation) -> bool:
         env = agent_env(conversation.provider, self.settings, conversation.auto_compact_window)
@@ -250,7 +250,7 @@ class ClusterNode:
         if conversation.pending_summary is None:
             changes["pending_summary"] = summary
         store.update_conversation(session=session, conversation=conversation, **changes)
-        self.supervisor._line(
+        self.supervisor.add_line(
             session, conversation, MOVED_LINE, level="warning", data={"type": "moved"}
         )
 
@@ -279,7 +279,7 @@ class ClusterNode:
         supervisor = self.supervisor
         if op == "wake":
             if cid in self.held:
-                supervisor._wake(cid)
+                supervisor.wake(cid)
             elif message.get("owner") is None:
                 await self.claim(cid)  # nobody runs it (yet): whoever gets the lease does
         elif op == "warm" and await self.claim(cid):
@@ -289,12 +289,11 @@ class ClusterNode:
         elif op == "interrupt" and cid in self.held:
             await supervisor.interrupt(cid)
         elif op == "answer" and cid in self.held:
-            runner = supervisor.runners.get(cid)
             entry_id = message.get("entry_id")
-            future = runner.questions.pop(entry_id, None) if runner and entry_id else None
-            if future is not None and not future.done():
+            if isinstance(entry_id, int) and entry_id:
                 allow = bool(message.get("allow"))
-                future.set_result(PermissionDecision(allow, str(message.get("message") or "")))
+                decision = PermissionDecision(allow, str(message.get("message") or ""))
+                supervisor.settle_question(cid, entry_id, decision)
 
     # -- the heartbeat -----------------------------------------------------------------------
 
@@ -312,10 +311,7 @@ class ClusterNode:
         for cid in self.held - kept:  # expired under us (a stall longer than the lease)
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
             self.held.discard(cid)  # first: its runner starts no other turn
-            runner = self.supervisor.runners.get(cid)
-            if runner is not None:
-                await self.supervisor._interrupt_agent(runner)
-                await self.supervisor._close_agent(runner)
+            await self.supervisor.drop_agent(cid)
         for cid in list(self.held):
             if self._idle(cid):
                 self.held.discard(cid)
@@ -324,20 +320,9 @@ class ClusterNode:
             await self.claim(cid, cwd)
         # Pub/sub delivers at most once: a wake-up lost on the way is made up for here.
         for cid in await storage.read(leases.waiting, self.engine, self.node):
-            runner = self.supervisor.runners.get(cid)
-            if cid in self.held and (runner is None or runner.task is None or runner.task.done()):
-                self.supervisor._wake(cid)
+            if cid in self.held and not self.supervisor.delivering(cid):
+                self.supervisor.wake(cid)
 
     def _idle(self, conversation_id: int) -> bool:
         """Nothing of the conversation is live here: its lease can go back."""
-        runner = self.supervisor.runners.get(conversation_id)
-        if runner is None:
-            return True
-        return (
-            runner.agent is None
-            and runner.state == "idle"
-            and not (runner.task is not None and not runner.task.done())
-            and not (runner.warming is not None and not runner.warming.done())
-            and not runner.starting
-            and not runner.questions
-        )
+        return self.supervisor.holds_nothing(conversation_id)

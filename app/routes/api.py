@@ -221,11 +221,10 @@ async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep
     await fetch_conversation(supervisor, conversation_id)
     report = await supervisor.refresh_context(conversation_id)
     conversation = await fetch_conversation(supervisor, conversation_id)  # after the report
-    runner = supervisor.runners.get(conversation_id)
     return context_view(
         conversation,
         env_value=os.environ.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW"),
-        turn_running=bool(runner and runner.state != "idle"),
+        turn_running=supervisor.turn_running(conversation_id),
         background_work=supervisor.background_work(conversation_id),
         agent_report=report,
     )

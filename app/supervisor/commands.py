@@ -1,0 +1,360 @@
+"""What the routes (and the relay's tools) ask: create, send, compact, resend, archive..."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session
+
+from app import steer, store
+from app.agents.base import PermissionDecision
+from app.backups import PRECOMPACT_MANUAL
+from app.handoff import HandoffText, parse_handoff, saved_text
+from app.models import Conversation, Entry, Handoff
+from app.supervisor.base import SupervisorState
+from app.supervisor.runner import ConversationError, Runner, TurnState, _settle
+from app.titles import compacted_title
+from app.tools import ToolResult
+from app.views import conversation_view
+
+log = logging.getLogger(__name__)
+
+
+class Commands(SupervisorState):
+    """The commands routes call (mixed into Supervisor)."""
+
+    def create_conversation(
+        self, *, title: str, provider: str, cwd: Path, permission_mode: str
+    ) -> Conversation:
+        """Create a conversation and announce it."""
+        with self.session() as session:
+            conversation = store.create_conversation(
+                session=session,
+                title=title,
+                provider=provider,
+                cwd=str(cwd),
+                permission_mode=permission_mode,
+            )
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return conversation
+
+    def update_conversation(self, conversation: Conversation, **changes: Any) -> Conversation:
+        """Change a conversation's fields and announce it."""
+        with self.session() as session:
+            session.add(conversation)
+            store.update_conversation(session=session, conversation=conversation, **changes)
+        self.publish_conversation(conversation)
+        return conversation
+
+    def submit(self, conversation: Conversation, text: str) -> Entry:
+        """Store a user message (queued), then hand it to the conversation's runner."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+        if self.cluster is not None:  # this node runs it if nobody does
+            self.cluster.claim_here(conversation.id or 0, conversation.cwd)
+        with self.session() as session:
+            session.add(conversation)
+            self._still_active(session, conversation)
+            entry = self._add(session, conversation, "user", text, state="queued")
+            self._wake(conversation.id or 0)
+            self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return entry
+
+    def compact(
+        self,
+        conversation: Conversation,
+        *,
+        carry: str | None = None,
+        handoff: bool = False,
+        edited: str | None = None,
+        revision: str | None = None,
+    ) -> Conversation:
+        """Archive a conversation and open its successor with a carry-over summary.
+
+        carry replaces the summary: a backup's carry-over ("Start fresh from this backup").
+        With handoff (/clear) the carry-over is the project's latest handoff, or nothing.
+        Pins head every carry-over and move to the successor (SPEC §8); edited is the user's
+        own carry-over, revision the preview's (refused, steer.STALE, when it no longer holds).
+        Its queued messages move into the successor (same transaction); its agent process
+        stops now, or once its running turn ends (a running turn is neither awaited nor
+        stopped, SPEC §2).
+        """
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it cannot be compacted again.")
+        old_id = conversation.id or 0
+        with self.session() as session:
+            session.add(conversation)
+            if handoff or carry is not None:
+                plan = steer.plan_fresh(
+                    session, conversation, carry, "clear" if handoff else "backup"
+                )
+            else:
+                plan = steer.plan_compact(session, conversation)
+            if revision is not None and revision != plan.revision:
+                raise ConversationError(steer.STALE)  # before the backup: a refusal writes nothing
+            if carry is None:
+                self._backup_before(conversation, PRECOMPACT_MANUAL)
+            plan = steer.apply_edit(plan, edited)
+            try:
+                new = store.compact_conversation(
+                    session=session,
+                    old=conversation,
+                    summary=plan.summary,
+                    title=compacted_title(conversation.title),
+                    carry=plan.record(old_id),
+                )
+            except store.AlreadyArchived as error:  # another relay process compacted it first
+                raise ConversationError(
+                    "This conversation is archived; it cannot be compacted again."
+                ) from error
+            moved = store.entries_in_state(
+                session=session, conversation_id=new.id or 0, state="queued"
+            )
+        for entry in moved:
+            self.hub.emit(old_id, {"type": "entry_removed", "entry_id": entry.id})
+        old_view = conversation_view(conversation)
+        self.hub.emit(old_id, {"type": "conversation", "conversation": old_view})
+        self.hub.emit(old_id, {"type": "compacted", "into": conversation_view(new)})
+        self.hub.broadcast({"type": "conversation", "conversation": old_view})
+        self.hub.broadcast({"type": "conversation", "conversation": conversation_view(new)})
+        if moved:
+            self._wake(new.id or 0)
+        archived = self.runners.get(old_id)
+        if archived is not None:
+            archived.archived = True  # released by the reaper once its last turn has ended
+        self._retire(old_id)
+        return new
+
+    @staticmethod
+    def _still_active(session: Session, conversation: Conversation) -> None:
+        """Refuse when a /compact stored since the route read the row archived it."""
+        session.refresh(conversation)  # read in the writer's turn, after every earlier job
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+
+    def resend(self, conversation: Conversation, entry_id: int) -> Entry:
+        """Queue a cut turn's message again as a new message; the cut one remembers it."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; it can be read, not written.")
+        with self.session() as session:
+            session.add(conversation)
+            self._still_active(session, conversation)
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
+                raise LookupError("No such message in this conversation.")
+            if "cut" not in entry.data:
+                raise ConversationError(
+                    "Only a message whose turn a relay restart cut can be resent."
+                )
+            if entry.data.get("resent"):
+                raise ConversationError("This message was already resent.")
+            # Marked in the transaction that stores the new message: resent once, never lost.
+            entry.data = {**entry.data, "resent": True}
+            session.add(entry)
+            line_id = entry.data.get("cut_line")
+            line = store.get_entry(session=session, entry_id=line_id) if line_id else None
+            if line is not None:
+                line.data = {**line.data, "resent": True}
+                session.add(line)
+            data = {"resent_from": entry.id}
+            new = self._add(session, conversation, "user", entry.text, state="queued", data=data)
+            self._save(session, conversation, entry)
+            if line is not None:
+                self._save(session, conversation, line)
+            self._wake(conversation.id or 0)
+            self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return new
+
+    def _retire(self, conversation_id: int) -> None:
+        """Stop an archived conversation's agent now; a running turn's loop stops it after."""
+        self.storage.soon(self._retire_now, conversation_id)
+
+    def _retire_now(self, conversation_id: int) -> None:
+        runner = self.runners.get(conversation_id)
+        if runner is None or runner.agent is None or (runner.task and not runner.task.done()):
+            return  # _deliver_queue closes it once the running turn has ended
+        runner.task = asyncio.create_task(
+            self._close_agent(runner), name=f"retire-{conversation_id}"
+        )
+
+    def _refuse_while_busy(self, conversation: Conversation, action: str) -> None:
+        """409 while a turn runs or messages wait (they would be lost or half-done)."""
+        cid = conversation.id or 0
+        runner = self.runners.get(cid)
+        running = runner is not None and (
+            runner.state != TurnState.IDLE or (runner.task is not None and not runner.task.done())
+        )
+        with self.session() as session:
+            queued = store.count_queued(session=session, conversation_id=cid)
+        if running or queued or conversation.turn_active:
+            raise ConversationError(
+                f"A turn is running in this conversation; stop it before you {action} it."
+            )
+
+    def archive(self, conversation: Conversation) -> Conversation:
+        """Archive a conversation without compacting it (read-only from now on)."""
+        if conversation.status != "active":
+            raise ConversationError("This conversation is already archived.")
+        self._refuse_while_busy(conversation, "archive")
+        conversation = self.update_conversation(conversation, status="archived")
+        runner = self.runners.get(conversation.id or 0)
+        if runner is not None:
+            runner.archived = True  # released by the reaper
+        return conversation
+
+    async def delete(self, conversation: Conversation) -> None:
+        """Delete a conversation: entries (search index too), backups, runner; tell every tab.
+
+        Conversations it was compacted from or into stay, without the link to it.
+        """
+        cid = conversation.id or 0
+        await self.storage.write(self._refuse_while_busy, conversation, "delete")
+        runner = self.runners.pop(cid, None)
+        if runner is not None:
+            await self._close_agent(runner)
+        changed = await self.storage.write(self._delete_rows, conversation)
+        await self.backups.forget(cid)
+        self.hub.release(cid)
+        self.hub.forget(cid)
+        self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
+        for other in changed:
+            if other is not None:
+                self.publish_conversation(other)
+
+    def _delete_rows(self, conversation: Conversation) -> list[Conversation | None]:
+        """Delete the rows; the conversations that were linked to it, as they are now."""
+        with self.session() as session:
+            session.add(conversation)
+            neighbours = [
+                link
+                for link in (conversation.compacted_from_id, conversation.compacted_into_id)
+                if link is not None
+            ]
+            store.delete_conversation(session=session, conversation=conversation)
+            for neighbour in neighbours:
+                self.hub.prime(neighbour)  # told below, from the loop
+            return [store.get_conversation(session=session, conversation_id=n) for n in neighbours]
+
+    def warm(self, conversation: Conversation) -> str:
+        """Start the agent of a conversation about to get a message; its agent state.
+
+        Nothing happens when the agent is live or starting, or a turn will start it.
+        """
+        if conversation.status != "active":
+            raise ConversationError("This conversation is archived; its agent is not started.")
+        conversation_id = conversation.id or 0
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.warm(conversation_id)  # here if it is free, else on its owner
+            return self.agent_state(conversation_id)
+        runner = self.runner(conversation_id)
+        runner.last_used = time.monotonic()  # about to be used: the last to be stopped
+        busy = runner.task is not None and not runner.task.done()
+        warming = runner.warming is not None and not runner.warming.done()
+        if not (self._closing or busy or warming or runner.agent is not None or runner.starting):
+            runner.warming = asyncio.create_task(self._warm(runner), name=f"warm-{conversation_id}")
+        if runner.warming is not None and not runner.warming.done():
+            return "starting"  # (the task has not run yet: its own event follows)
+        return self.agent_state(conversation_id)
+
+    async def _warm(self, runner: Runner) -> None:
+        try:
+            await self._ensure_agent(runner)
+        except Exception as error:  # noqa: BLE001 - the message's own turn will say why
+            log.info("warming conversation %s failed: %s", runner.conversation_id, error)
+
+    async def interrupt(self, conversation_id: int) -> bool:
+        """Stop the running turn, if any (queued messages stay queued)."""
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.send("interrupt", conversation_id)
+            return await self.storage.read(self._busy_elsewhere, conversation_id)
+        runner = self.runners.get(conversation_id)
+        if runner is None or runner.state == TurnState.IDLE:
+            return False
+        runner.stop_requested = True  # seen by _run_turn when the agent is still starting
+        await self._interrupt_agent(runner)
+        return True
+
+    def _busy_elsewhere(self, conversation_id: int) -> bool:
+        """Whether another node's conversation has a turn running (in a storage thread)."""
+        with self.session() as session:
+            return self.turn_view(conversation_id, session)["state"] != "idle"
+
+    def answer(
+        self, conversation: Conversation, entry_id: int, decision: PermissionDecision
+    ) -> Entry:
+        """Answer a permission question; the first answer wins."""
+        with self.session() as session:
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if entry is None or entry.conversation_id != conversation.id:
+                raise LookupError("No such question in this conversation.")
+            if entry.data.get("type") != "permission":
+                raise LookupError("That entry is not a permission question.")
+            if entry.state != "pending":
+                raise ConversationError(f"This question was already answered ({entry.state}).")
+            future = self.runner(conversation.id or 0).questions.pop(entry_id, None)
+            state = "allowed" if decision.allow else "denied"
+            session.add(conversation)
+            self._save(session, conversation, entry, state=state, data=entry.data)
+        if future is not None:
+            self.storage.soon(_settle, future, decision)
+        elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):
+            fields = {"entry_id": entry_id, "allow": decision.allow, "message": decision.message}
+            self.cluster.send("answer", conversation.id or 0, **fields)
+        return entry
+
+    def save_handoff(
+        self, conversation: Conversation, handoff: HandoffText, *, source: str
+    ) -> Handoff:
+        """Store a handoff for the conversation's project; the agent's also shows as a card."""
+        with self.session() as session:
+            session.add(conversation)
+            row = store.save_handoff(
+                session=session,
+                cwd=conversation.cwd,
+                done=handoff.done,
+                next=handoff.next,
+                files=list(handoff.files),
+                source=source,
+                conversation_id=conversation.id,
+            )
+            if source == "agent":
+                data = {"type": "handoff", "handoff_id": row.id, "done": row.done}
+                data |= {"next": row.next, "files": row.files}
+                self._add(session, conversation, "activity", "Handoff saved", data=data)
+        return row
+
+    async def _tool_save_handoff(
+        self, conversation_id: int, arguments: dict[str, Any]
+    ) -> ToolResult:
+        """The save_handoff tool: check the arguments (errors go back to the agent), store."""
+        handoff = parse_handoff(arguments)
+        conversation = await self._conversation(conversation_id)
+        await self.storage.write(self.save_handoff, conversation, handoff, source="agent")
+        return ToolResult(saved_text(handoff))
+
+    async def _tool_archive(
+        self,
+        tool: Callable[[Session, int, dict[str, Any]], str],
+        conversation_id: int,
+        arguments: dict[str, Any],
+    ) -> ToolResult:
+        """search_archive or read_archive for this conversation (ValueError: a tool error)."""
+
+        def read() -> ToolResult:
+            with self.session() as session:
+                return ToolResult(tool(session, conversation_id, arguments))
+
+        return await self.storage.read(read)

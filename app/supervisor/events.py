@@ -1,0 +1,346 @@
+"""Agent events: each one stored (in bursts) and published, compactions and their summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from sqlmodel import Session
+
+from app import store
+from app.agents.base import (
+    Activity,
+    AgentEvent,
+    CompactionFailed,
+    CompactionFinished,
+    CompactionStarted,
+    CompactionSummaries,
+    MessageDone,
+    Notice,
+    SessionStarted,
+    TextDelta,
+    TurnDone,
+    Usage,
+)
+from app.backup_files import Job
+from app.backups import PRECOMPACT_AUTO, tool_facts
+from app.compaction import clip_summary, failed_text, finished_text, started_text
+from app.db import write_lock_free
+from app.edits import edit_change
+from app.live_render import LiveRender
+from app.models import Conversation
+from app.providers import compaction_style
+from app.supervisor.base import SupervisorState
+from app.supervisor.runner import Runner, Streaming, TurnState, _logged, is_retry
+
+log = logging.getLogger(__name__)
+
+
+CHECKPOINT_SECONDS = 1.0  # streamed text is written to the database at least this often
+SHUTDOWN_LINE = "Interrupted: the relay was shut down."
+SUMMARY_WAIT = 30.0  # seconds a compaction's summary is looked for in the agent's own files
+
+
+class Events(SupervisorState):
+    """The recording of agent events (mixed into Supervisor)."""
+
+    @staticmethod
+    def _stores(runner: Runner, event: AgentEvent) -> bool:
+        """True for an event that writes: all but more text of a message (or its checkpoint)."""
+        if not isinstance(event, TextDelta):
+            return True
+        streaming = runner.streaming.get(event.message_id)
+        return streaming is None or time.monotonic() - streaming.checkpoint_at >= CHECKPOINT_SECONDS
+
+    def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
+        """Record a burst of agent events in one storage job: one session, one read of the row."""
+        with self.session() as session:
+            conversation: Conversation | None = None
+            for event in events:
+                if conversation is None and not isinstance(event, TextDelta):
+                    conversation = self._load(session, runner.conversation_id)
+                self._handle(runner, event, session, conversation)
+                if isinstance(event, TurnDone):
+                    break
+        if any(isinstance(event, TurnDone) for event in events):
+            self._finish_turn(runner)  # its last event stored: end it here, one fsync for all
+
+    def _handle(
+        self,
+        runner: Runner,
+        event: AgentEvent,
+        given: Session | None = None,
+        loaded: Conversation | None = None,
+    ) -> None:
+        """Record one agent event: store what lasts, publish everything."""
+        runner.last_used = time.monotonic()
+        cid = runner.conversation_id
+        if isinstance(event, TextDelta):
+            self._on_delta(runner, event)
+            return
+        with contextlib.nullcontext(given) if given else self.session() as session:
+            conversation = loaded or self._load(session, cid)
+            match event:
+                case SessionStarted(session_id=session_id):
+                    if conversation.session_id != session_id:
+                        store.update_conversation(
+                            session=session, conversation=conversation, session_id=session_id
+                        )
+                case MessageDone(message_id=message_id, text=text):
+                    streaming = runner.streaming.pop(message_id, None)
+                    if streaming is not None and streaming.live is not None:
+                        streaming.live.close()
+                    if streaming is None:
+                        entry = self._add(session, conversation, "agent", text)
+                    else:
+                        entry = self._save(
+                            session, conversation, streaming.entry, text=text, state="done"
+                        )
+                    runner.last_agent_entry = entry
+                case Activity(phase="call"):
+                    data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
+                    if facts := tool_facts(event.name, event.input):
+                        data["backup"] = facts  # what a backup lists of this call
+                    if change := edit_change(event.name, event.input):
+                        data["edit"] = change  # shown as a diff
+                    runner.tools[event.tool_id] = self._add(
+                        session, conversation, "activity", event.summary, state="running", data=data
+                    )
+                case Activity(phase="result"):
+                    entry = runner.tools.pop(event.tool_id, None)
+                    data = {
+                        "type": "tool",
+                        "tool": event.name,
+                        "tool_id": event.tool_id,
+                        "output": event.output,
+                        "is_error": event.is_error,
+                    }
+                    state = "error" if event.is_error else "done"
+                    if entry is None:
+                        self._add(
+                            session, conversation, "activity", event.summary, state=state, data=data
+                        )
+                    else:
+                        self._save(
+                            session, conversation, entry, state=state, data={**entry.data, **data}
+                        )
+                case Usage():
+                    changes: dict[str, Any] = {"context_tokens": event.context_tokens}
+                    if event.model:
+                        changes["model"] = event.model
+                    if event.model_window:
+                        changes["model_window"] = event.model_window
+                    store.update_conversation(session=session, conversation=conversation, **changes)
+                    self.publish_conversation(conversation)
+                    self._backup_figure(conversation, event.context_tokens)
+                case CompactionStarted(trigger=trigger):
+                    style = compaction_style(conversation.provider)
+                    runner.state = TurnState.COMPACTING
+                    runner.compaction_began = time.monotonic()
+                    runner.compaction = self._add(
+                        session,
+                        conversation,
+                        style,
+                        started_text(style),
+                        state="running",
+                        data={"type": "compaction", "trigger": trigger, "level": "info"},
+                    )
+                    self._backup_before(conversation, PRECOMPACT_AUTO, runner.compaction)
+                    self.publish_turn(cid, session)
+                case CompactionFinished():
+                    self._on_compacted(session, runner, conversation, event)
+                case CompactionFailed(reason=reason):
+                    failed = failed_text(compaction_style(conversation.provider), reason)
+                    if runner.compaction is not None and failed is None:
+                        self._remove(session, conversation, runner.compaction)
+                    elif runner.compaction is not None:
+                        data = {**runner.compaction.data, "reason": reason}
+                        self._save(
+                            session,
+                            conversation,
+                            runner.compaction,
+                            text=failed,
+                            state="error",
+                            data=data,
+                        )
+                    elif failed is not None:
+                        data = {"type": "compaction", "reason": reason}
+                        self._add(
+                            session, conversation, "activity", failed, state="error", data=data
+                        )
+                    runner.compaction = None
+                    runner.compaction_began = None
+                    runner.state = TurnState.RUNNING
+                    self.publish_turn(cid, session)
+                case Notice(text=text, level=level, data=data) if is_retry(event):
+                    # One line per turn, updated in place, not a line per attempt.
+                    if runner.retry_line is None:
+                        runner.retry_line = self._line(
+                            session, conversation, text, level=level, data=data
+                        )
+                    else:
+                        data = {"level": level, **data}
+                        self._save(session, conversation, runner.retry_line, text=text, data=data)
+                    runner.lines_shown.add(text)
+                case Notice(text=text, level=level, data=data):
+                    self._line(session, conversation, text, level=level, data=data)
+                    runner.lines_shown.add(text)
+                case TurnDone():
+                    self._on_turn_done(session, runner, conversation, event)
+
+    def _on_delta(self, runner: Runner, event: TextDelta) -> None:
+        streaming = runner.streaming.get(event.message_id)
+        if streaming is None:
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                entry = self._add(session, conversation, "agent", "", state="streaming")
+            streaming = runner.streaming[event.message_id] = Streaming(entry)
+        seq = self.hub.next_seq(runner.conversation_id)
+        streaming.parts.append(event.text)
+        streaming.seqs.append(seq)  # a snapshot at a seq shows the text up to it (text_at)
+        delta = {"type": "delta", "entry_id": streaming.entry_id, "text": event.text, "seq": seq}
+        self.hub.publish(runner.conversation_id, delta)
+        if streaming.live is None:
+            streaming.live = self._live_render(runner, event.message_id, streaming)
+        self.storage.soon(streaming.live.poke)  # (its timer is the loop's)
+        now = time.monotonic()
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+            # A crash-safe checkpoint of the partial text, not a write per delta.
+            streaming.checkpoint_at = now
+            if self.storage.on_loop():
+                self.storage.submit(self._checkpoint, streaming).add_done_callback(_logged)
+            else:
+                self._checkpoint(streaming)
+
+    def _checkpoint(self, streaming: Streaming) -> None:
+        """Write the partial text; skipped while another program holds the write lock."""
+        if not write_lock_free(self.engine):
+            return  # the next delta tries again
+        streaming.entry.text = streaming.text
+        with self.session() as session:
+            session.add(streaming.entry)
+            session.commit()
+
+    def _live_render(self, runner: Runner, message_id: str, streaming: Streaming) -> LiveRender:
+        """Rendering of a streaming message, sent as a delta with html and no text."""
+
+        def emit(html: str, rendered: int) -> None:
+            if runner.streaming.get(message_id) is streaming:  # else done or dropped
+                event = {"type": "delta", "entry_id": streaming.entry_id, "text": ""}
+                self.hub.emit(runner.conversation_id, event | {"html": html, "rendered": rendered})
+
+        return LiveRender(lambda: streaming.text, emit)
+
+    def _on_compacted(
+        self,
+        session: Session,
+        runner: Runner,
+        conversation: Conversation,
+        event: CompactionFinished,
+    ) -> None:
+        style = compaction_style(conversation.provider)
+        numbers = {
+            "pre_tokens": event.pre_tokens,
+            "post_tokens": event.post_tokens,
+            "messages_removed": event.messages_removed,
+            "tokens_removed": event.tokens_removed,
+        }
+        began, runner.compaction_began = runner.compaction_began, None
+        details = {  # what the line's details show (README: "What each compaction did")
+            "duration_ms": (
+                round((time.monotonic() - began) * 1000) if began is not None else event.duration_ms
+            ),
+            "summary": store.storable(clip_summary(event.summary)) if event.summary else None,
+        }
+        data = {
+            "type": "compaction",
+            "trigger": event.trigger,
+            "level": "info",
+            **{key: value for key, value in (numbers | details).items() if value is not None},
+        }
+        text = finished_text(style, **numbers)
+        self.storage.soon(self.backups.submit, Job(conversation.id or 0, "reset"))  # rails anew
+        if runner.compaction is None:
+            entry = self._add(session, conversation, style, text, data=data)
+        else:
+            entry = runner.compaction
+            merged = {**entry.data, **data}
+            self._save(session, conversation, entry, text=text, state="done", data=merged)
+            runner.compaction = None
+        agent = runner.agent
+        if event.record_id and not event.summary and isinstance(agent, CompactionSummaries):
+            self.storage.soon(  # a task is made on the loop, not in this storage job
+                self._start_summary_read,
+                runner.conversation_id,
+                entry.id or 0,
+                agent,
+                event.record_id,
+            )
+        if event.post_tokens is not None:
+            store.update_conversation(
+                session=session, conversation=conversation, context_tokens=event.post_tokens
+            )
+            self.publish_conversation(conversation)
+            self._backup_figure(conversation, event.post_tokens)
+        runner.state = TurnState.RUNNING
+        self.publish_turn(runner.conversation_id, session)
+
+    def _start_summary_read(
+        self, cid: int, entry_id: int, agent: CompactionSummaries, record_id: str
+    ) -> None:
+        read = asyncio.create_task(self._read_summary(cid, entry_id, agent, record_id))
+        self._summary_reads.add(read)
+        read.add_done_callback(self._summary_reads.discard)
+
+    async def _read_summary(
+        self, cid: int, entry_id: int, agent: CompactionSummaries, record_id: str
+    ) -> None:
+        """Add the agent's summary to a compaction line once its own files hold it.
+
+        Claude Code writes its transcript a moment after it reports the compaction: look a few
+        times, then give up (the details then say the agent reported none).
+        """
+        delay, deadline = 0.1, time.monotonic() + SUMMARY_WAIT
+        while True:
+            try:
+                summary = await asyncio.to_thread(agent.compaction_summary, record_id)
+            except Exception:  # an unreadable file: the line stays without a summary
+                log.exception("conversation %s: could not read a compaction summary", cid)
+                return
+            if summary or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        if not summary:
+            log.info("conversation %s: no summary found for compaction %s", cid, record_id)
+            return
+        try:
+            await self._patiently(self._store_summary, cid, entry_id, summary)
+        except Exception:  # the summary is an extra: never let it reach the turn
+            log.exception("conversation %s: could not store a compaction summary", cid)
+
+    def _store_summary(self, cid: int, entry_id: int, summary: str) -> None:
+        """Add a compaction's summary to its line (a storage job)."""
+        with self.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=cid)
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if conversation is None or entry is None:
+                return  # deleted meanwhile
+            data = {**entry.data, "summary": store.storable(clip_summary(summary))}
+            self._save(session, conversation, entry, data=data)
+
+    def _on_turn_done(
+        self, session: Session, runner: Runner, conversation: Conversation, event: TurnDone
+    ) -> None:
+        if event.error and event.error not in runner.lines_shown:  # an API error shows once
+            self._line(session, conversation, event.error, level="error")
+        if event.interrupted:
+            text = SHUTDOWN_LINE if self._closing else "Interrupted by the user."
+            self._line(session, conversation, text, data={"type": "interrupted"})
+        last = runner.last_agent_entry
+        if last is not None and (event.cost_usd is not None or event.duration_ms is not None):
+            result = {"cost_usd": event.cost_usd, "duration_ms": event.duration_ms}
+            self._save(session, conversation, last, data={**last.data, "result": result})

@@ -1,0 +1,269 @@
+"""The agent pool: processes started on demand, fitted to the memory budget, reaped when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from app import archive, store
+from app.agent_memory import Live, largest, to_stop, tree_rss
+from app.agents.base import Agent, AgentSpec, PermissionDecision, PermissionRequest
+from app.limits import give_back_memory
+from app.models import Conversation
+from app.providers import agent_env
+from app.supervisor.base import SupervisorState
+from app.supervisor.runner import Runner, TurnState
+from app.tools import relay_tools
+from app.views import effective_window
+from app.window import ENV_VAR, restart_line
+
+log = logging.getLogger(__name__)
+
+
+REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
+
+
+class Pool(SupervisorState):
+    """The agent processes (mixed into Supervisor)."""
+
+    async def _ensure_agent(self, runner: Runner) -> Agent:
+        warming = runner.warming
+        if warming is not None and warming is not asyncio.current_task():
+            # A warm-up under way: its agent serves this turn (if it fails, this one starts).
+            await asyncio.wait({warming})  # never raises its error, never cancels it
+        if runner.agent is not None:
+            return runner.agent
+        conversation = await self._conversation(runner.conversation_id)
+        spec = self._agent_spec(conversation, runner)
+        agent = self.agent_factory(conversation.provider, spec, self.settings)
+        runner.starting = True
+        self.publish_agent(runner.conversation_id)
+        try:
+            # Room first, sized as the largest live agent, so that the peak stays in budget.
+            await self._fit_budget(exclude=runner.conversation_id, incoming=True)
+            await agent.start()
+        except BaseException:
+            runner.starting = False
+            self.publish_agent(runner.conversation_id)
+            raise
+        runner.agent, runner.starting = agent, False
+        runner.last_used = time.monotonic()  # its idle time starts now, not at the request
+        self.publish_agent(runner.conversation_id)
+        await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
+        if conversation.applied_window != conversation.auto_compact_window:
+            await self.storage.write(self._applied, conversation)
+        return agent
+
+    def _applied(self, conversation: Conversation) -> None:
+        with self.session() as session:
+            session.add(conversation)
+            store.update_conversation(
+                session=session,
+                conversation=conversation,
+                applied_window=conversation.auto_compact_window,
+            )
+
+    def _agent_spec(self, conversation: Conversation, runner: Runner | None) -> AgentSpec:
+        """What the conversation's agent starts with; without a runner it asks nothing."""
+
+        async def ask(request: PermissionRequest) -> PermissionDecision:
+            if runner is None:
+                return PermissionDecision(False, "No turn is running.")
+            return await self._ask(runner, request)
+
+        return AgentSpec(
+            conversation_id=conversation.id or 0,
+            cwd=Path(conversation.cwd),
+            session_id=conversation.session_id,
+            permission_mode=conversation.permission_mode,
+            auto_compact_window=conversation.auto_compact_window,
+            env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
+            ask_permission=ask,
+            context_tokens=conversation.context_tokens,
+            tools=relay_tools(
+                save_handoff=lambda arguments: self._tool_save_handoff(
+                    conversation.id or 0, arguments
+                ),
+                search_archive=lambda arguments: self._tool_archive(
+                    archive.search_archive, conversation.id or 0, arguments
+                ),
+                read_archive=lambda arguments: self._tool_archive(
+                    archive.read_archive, conversation.id or 0, arguments
+                ),
+            ),
+        )
+
+    async def _apply_window(self, runner: Runner) -> None:
+        """Restart the agent once when its conversation's window setting changed."""
+        conversation = runner.turn_conversation or await self._conversation(runner.conversation_id)
+        if conversation.session_id is None:
+            return
+        old, new = conversation.applied_window, conversation.auto_compact_window
+        if old == new:
+            return
+        if runner.agent is not None and runner.agent.background_work():
+            return  # a restart would kill it: applies once the background work has ended
+        # Claude Code reads the window only at start: resume the same session with the new one.
+        await self._close_agent(runner)
+
+        def restarted() -> None:
+            with self.session() as session:
+                session.add(conversation)
+                self._line(session, conversation, restart_line(old, new), data={"type": "restart"})
+                store.update_conversation(
+                    session=session, conversation=conversation, applied_window=new
+                )
+
+        await self.storage.write(restarted)
+
+    def background_work(self, conversation_id: int) -> bool:
+        """True while the conversation's live agent runs background work."""
+        runner = self.runners.get(conversation_id)
+        return bool(runner and runner.agent is not None and runner.agent.background_work())
+
+    async def refresh_context(self, conversation_id: int) -> dict[str, Any] | None:
+        """The agent's latest context report, asked again when its agent is live and idle."""
+        runner = self.runners.get(conversation_id)
+        if runner is None:
+            return None
+        if runner.agent is not None and runner.state == TurnState.IDLE:
+            # The modal waits for this: a slow agent gets the last report instead.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REFRESH_SECONDS):
+                    await self._report_context(runner, runner.agent)
+        return runner.context_report
+
+    async def _report_context(self, runner: Runner, agent: Agent) -> None:
+        """Ask the agent what window it really uses; warn when it disagrees with ours."""
+        try:
+            report = await asyncio.wait_for(agent.context_usage(), timeout=15)
+        except Exception as error:  # noqa: BLE001 - the report is informative only
+            log.info("no context report for conversation %s: %s", runner.conversation_id, error)
+            return
+        if not report:
+            return
+        runner.context_report = report
+        try:
+            conversation = await self._conversation(runner.conversation_id)
+        except LookupError:
+            return
+        resolved = effective_window(conversation, os.environ.get(ENV_VAR))
+        reported = report.get("maxTokens")
+        if resolved is not None and reported is not None and reported != resolved.window:
+            log.warning(
+                "conversation %s: agent window %s (%s), relay expected %s (%s)",
+                runner.conversation_id,
+                reported,
+                report.get("autocompactSource"),
+                resolved.window,
+                resolved.source,
+            )
+
+    async def _interrupt_agent(self, runner: Runner) -> None:
+        for entry_id, future in list(runner.questions.items()):
+            if not future.done():
+                future.set_result(PermissionDecision(False, "Stopped by the user."))
+            runner.questions.pop(entry_id, None)
+        if runner.agent is not None:
+            await runner.agent.interrupt()
+
+    async def _close_agent(self, runner: Runner) -> None:
+        agent, runner.agent = runner.agent, None
+        if agent is not None:
+            try:
+                await asyncio.wait_for(agent.close(), timeout=10)
+            except Exception:  # the process is gone from the runner either way
+                log.warning(
+                    "conversation %s: stopping its agent failed",
+                    runner.conversation_id,
+                    exc_info=True,
+                )
+            self.publish_agent(runner.conversation_id)
+
+    def _stoppable(self, runner: Runner) -> bool:
+        """An idle agent: no turn, no start, no open question, no background work."""
+        agent = runner.agent
+        return (
+            agent is not None
+            and runner.state == TurnState.IDLE
+            and not (runner.task is not None and not runner.task.done())
+            and not runner.starting
+            and not runner.questions
+            and not agent.background_work()
+        )
+
+    async def _fit_budget(self, *, exclude: int | None = None, incoming: bool = False) -> None:
+        """Stop the least recently used idle agents until the live ones fit the budget."""
+        live = [
+            Live(cid, tree_rss(getattr(r.agent, "pid", None)), r.last_used, self._stoppable(r))
+            for cid, r in self.runners.items()
+            if r.agent is not None and cid != exclude
+        ]
+        estimate = largest(agent.rss for agent in live) if incoming else 0
+        for conversation_id in to_stop(live, self.agent_budget, estimate):
+            runner = self.runners.get(conversation_id)
+            if runner is not None and self._stoppable(runner):  # still, after the awaits
+                log.info("agent memory budget: stopping the agent of %s", conversation_id)
+                await self._close_agent(runner)
+
+    async def _reap_idle(self) -> None:
+        """Stop agent processes of conversations idle for longer than the idle timeout."""
+        timeout = self.settings.agent_idle_timeout
+        while True:
+            await asyncio.sleep(max(0.5, min(timeout / 4, 5)))
+            now = time.monotonic()
+            for runner in list(self.runners.values()):
+                idle = runner.state == TurnState.IDLE and not (
+                    runner.task and not runner.task.done()
+                )
+                expired = runner.archived or now - runner.last_used > timeout
+                if runner.agent is not None and idle and expired:
+                    log.info("stopping idle agent of conversation %s", runner.conversation_id)
+                    await self._close_agent(runner)
+            try:
+                await self._fit_budget()  # agents grow during their turns
+            except Exception:
+                log.exception("fitting the agents' memory budget failed")
+            try:
+                await self.storage.write(self.release_idle, time.monotonic() - timeout)
+            except Exception:  # memory is released on the next pass
+                log.exception("releasing idle conversations failed")
+
+    def release_idle(self, before: float) -> list[int]:
+        """Forget what idle and archived conversations hold in memory; which ones were released.
+
+        A runner goes when its conversation is archived or unused since `before` and it
+        holds nothing live (agent, turn, question, report); the hub's numbering and replay
+        go when no runner and no tab needs them, after their last seq is stored.
+        """
+        released = []
+        for conversation_id, runner in list(self.runners.items()):
+            busy = (
+                runner.agent is not None
+                or runner.state != TurnState.IDLE
+                or (runner.task is not None and not runner.task.done())
+                or (runner.reporting is not None and not runner.reporting.done())
+                or (runner.warming is not None and not runner.warming.done())
+                or runner.starting
+                or runner.questions
+                or runner.streaming
+            )
+            if not busy and (runner.archived or runner.last_used < before):
+                del self.runners[conversation_id]
+                released.append(conversation_id)
+        # An archived conversation's numbering goes with its runner, however recent.
+        idle = self.hub.idle(before, also=released)
+        seqs = {cid: seq for cid, seq in idle.items() if cid not in self.runners}
+        if seqs:
+            with self.session() as session:  # stored first: numbering resumes after them
+                store.raise_last_seqs(session=session, seqs=seqs)
+            for conversation_id in seqs:
+                self.hub.release(conversation_id)
+        if released or seqs:
+            give_back_memory()  # else what was released stays in the process's RSS
+        return released

@@ -1,0 +1,170 @@
+"""Restart recovery: close what a crash left open, resolve the turn it cut, resume the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC
+
+from sqlmodel import Session
+
+from app import store
+from app.agents.base import Agent, Receipts, received
+from app.models import Conversation, Entry
+from app.supervisor.base import SupervisorState
+from app.supervisor.runner import Runner, TurnState
+
+log = logging.getLogger(__name__)
+
+
+RESTART_LINE = "The relay restarted while this turn was running; its reply may be incomplete."
+UNKNOWN_LINE = (
+    "The relay restarted while this turn was running; the agent may not have received your message."
+)
+REDELIVERED_LINE = (
+    "The relay restarted before the agent received your message; it is delivered again."
+)
+MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
+RECEIPT_WAIT = 15.0  # seconds a restart waits for agent processes left running to say
+RECEIPT_POLL = 0.25
+
+
+class Recovery(SupervisorState):
+    """Recovery after a restart (mixed into Supervisor)."""
+
+    def _recover_all(self) -> None:
+        with self.session() as session:
+            for conversation in store.conversations_with_work(session=session):
+                self._recover(session, conversation)
+
+    def _recover(self, session: Session, conversation: Conversation) -> None:
+        """Close what a crash left open in one conversation, and resume its queue."""
+        conversation_id = conversation.id or 0
+        for entry in store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="streaming"
+        ):
+            self._save(session, conversation, entry, state="interrupted")
+        for entry in store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="pending"
+        ):
+            self._save(session, conversation, entry, state="expired", data=entry.data)
+        if conversation.turn_active:
+            if not self._recover_turn(session, conversation):
+                return  # decided a little later, and the queue resumed then (_recover_later)
+            store.update_conversation(session=session, conversation=conversation, turn_active=False)
+        if store.count_queued(session=session, conversation_id=conversation_id):
+            self._wake(conversation_id)
+
+    def _recover_turn(self, session: Session, conversation: Conversation) -> bool:
+        """Resolve a cut turn now; False when it waits for an agent process left running."""
+        cut = store.last_sent_message(session=session, conversation_id=conversation.id or 0)
+        if cut is None:
+            self._line(session, conversation, RESTART_LINE, level="warning")
+            return True
+        agent = self._receipt_agent(conversation)
+        got = self._received(agent, conversation, cut)
+        if got is None and agent is not None and "prompt_uuid" in cut.data:
+            # An agent process of the crashed relay may still be taking the message.
+            runner = self.runner(conversation.id or 0)
+            runner.state = TurnState.RUNNING
+            self.storage.soon(self._start_recover_later, runner, cut.id or 0, agent)
+            return False
+        self._resolve_cut(session, conversation, cut, got)
+        return True
+
+    def _start_recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+        runner.task = asyncio.create_task(
+            self._recover_later(runner, entry_id, agent), name=f"recover-{runner.conversation_id}"
+        )
+
+    async def _recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+        """Ask again until the agent knows (or RECEIPT_WAIT passed), resolve, deliver the queue."""
+        deadline = time.monotonic() + RECEIPT_WAIT
+        got: bool | None = None
+
+        def ask() -> bool | None:
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                cut = store.get_entry(session=session, entry_id=entry_id)
+                return self._received(agent, conversation, cut) if cut else None
+
+        def resolve() -> None:
+            with self.session() as session:
+                conversation = self._load(session, runner.conversation_id)
+                cut = store.get_entry(session=session, entry_id=entry_id)
+                if cut is not None:
+                    self._resolve_cut(session, conversation, cut, got)
+                store.update_conversation(
+                    session=session, conversation=conversation, turn_active=False
+                )
+
+        try:
+            while got is None and time.monotonic() < deadline:
+                await asyncio.sleep(RECEIPT_POLL)
+                if self._closing:
+                    return  # still marked active: the next start decides
+                got = await self.storage.read(ask)
+            await self.storage.write(resolve)
+        except Exception:  # the queue must not stall behind a failed check
+            log.exception("recovering conversation %s failed", runner.conversation_id)
+        await self._deliver(runner)
+
+    def _resolve_cut(
+        self, session: Session, conversation: Conversation, cut: Entry, got: bool | None
+    ) -> None:
+        """Received: a cut line. Not received: delivered again (once). Unknown: Resend."""
+        if got is False and not cut.data.get("redelivered"):
+            self._redeliver(session, conversation, cut)
+            return
+        if got:
+            text, data = RESTART_LINE, {"type": "cut", "entry_id": cut.id, "received": True}
+        else:  # unknown, or missed a second time: the user decides (Resend)
+            text = MISSED_AGAIN_LINE if got is False else UNKNOWN_LINE
+            data = {"type": "cut", "entry_id": cut.id, "received": got, "resend": True}
+        line = self._line(session, conversation, text, level="warning", data=data)
+        cut_as = "received" if got else "unknown" if got is None else "missed"
+        self._save(
+            session, conversation, cut, data={**cut.data, "cut": cut_as, "cut_line": line.id}
+        )
+
+    def _receipt_agent(self, conversation: Conversation) -> Agent | None:
+        """The conversation's agent, not started, when it can tell what it received."""
+        try:
+            spec = self._agent_spec(conversation, None)
+            agent = self.agent_factory(conversation.provider, spec, self.settings)
+        except Exception:  # then it cannot tell
+            log.warning("no agent for conversation %s", conversation.id, exc_info=True)
+            return None
+        return agent if isinstance(agent, Receipts) else None
+
+    def _received(
+        self, agent: Agent | None, conversation: Conversation, entry: Entry
+    ) -> bool | None:
+        """Ask the agent whether it got the message; None when it cannot know."""
+        prompt_id = entry.data.get("prompt_uuid")
+        if agent is None or not isinstance(prompt_id, str):
+            return None  # no record, or sent by a relay that did not store the id
+        try:
+            created = entry.created_at.replace(tzinfo=entry.created_at.tzinfo or UTC)
+            return received(agent, conversation.session_id, prompt_id, created.timestamp())
+        except Exception:  # a failed check only means "cannot know"
+            log.warning("cannot tell whether entry %s reached the agent", entry.id, exc_info=True)
+            return None
+
+    def _redeliver(self, session: Session, conversation: Conversation, entry: Entry) -> None:
+        """Queue a message the agent never received again, ahead of every other queued one."""
+        queued = store.entries_in_state(
+            session=session, conversation_id=conversation.id or 0, state="queued"
+        )
+        data = {key: value for key, value in entry.data.items() if key != "prompt_uuid"}
+        summary = data.pop("summary", None)
+        if isinstance(summary, str) and conversation.pending_summary is None:
+            conversation.pending_summary = summary  # it went out with the message: it goes again
+            session.add(conversation)
+        data["redelivered"] = True
+        line_data = {"type": "redelivered", "entry_id": entry.id}
+        self._line(session, conversation, REDELIVERED_LINE, level="warning", data=line_data)
+        self._save(session, conversation, entry, move=True, state="queued", data=data)
+        for later in queued:  # the queue is delivered by seq: these go after it, in their order
+            self._save(session, conversation, later, move=True)

@@ -1,0 +1,129 @@
+"""A conversation's live state (Runner, Streaming, TurnState) and what every part shares."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+from app.agents.base import Agent, Notice, PermissionDecision
+from app.live_render import LiveRender
+from app.models import Conversation, Entry
+
+log = logging.getLogger(__name__)
+
+
+COMPACT_COMMAND = "/compact"
+RETRY_NOTICES = {"api_retry", "model_retry"}  # Claude Code's and Copilot's retry notices
+
+
+class ConversationError(Exception):
+    """A request the conversation's state does not allow (HTTP 409)."""
+
+
+class Locked(Exception):
+    """Another program holds SQLite's write lock: the runner's write waits, then tries again."""
+
+
+def is_retry(notice: Notice) -> bool:
+    """True for a notice that the agent is retrying its API request."""
+    return notice.data.get("type") in RETRY_NOTICES
+
+
+def is_compact_command(text: str) -> bool:
+    """True when the whole message is the /compact command."""
+    return text.strip() == COMPACT_COMMAND
+
+
+def _settle(future: asyncio.Future[PermissionDecision], decision: PermissionDecision) -> None:
+    """Answer a permission question's future (on the loop) unless it has its answer."""
+    if not future.done():
+        future.set_result(decision)
+
+
+def _logged(future: asyncio.Future[Any]) -> None:
+    """Log the error of a storage job nobody awaits."""
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a database job failed", exc_info=future.exception())
+
+
+def failure_reason(error: BaseException) -> str:
+    """A short reason for an error line: the driver's message, never the SQL and its data."""
+    if isinstance(error, DBAPIError) and error.orig is not None:
+        return str(error.orig)
+    return str(error) or type(error).__name__
+
+
+@dataclass
+class Streaming:
+    """An agent message being written."""
+
+    entry: Entry
+    parts: list[str] = field(default_factory=list)  # joined only when read: no copy per delta
+    seqs: list[int] = field(default_factory=list)  # each part's event seq (snapshot_text)
+    checkpoint_at: float = field(default_factory=time.monotonic)
+    live: LiveRender | None = None  # renders the text so far now and then (sanitized HTML)
+    entry_id: int = field(init=False)  # readable even after a failed write expired entry
+
+    def __post_init__(self) -> None:
+        self.entry_id = self.entry.id or 0
+
+    @property
+    def text(self) -> str:
+        """The text written so far."""
+        return "".join(self.parts)
+
+    def text_at(self, seq: int) -> str:
+        """The text of the deltas numbered up to seq (what tabs at that seq have)."""
+        count = bisect.bisect_right(self.seqs, seq)
+        return "".join(self.parts[:count])
+
+
+class TurnState(StrEnum):
+    """A conversation's turn, as tabs are told it (a str: "idle" == TurnState.IDLE)."""
+
+    IDLE = "idle"  # no turn, nothing queued (or the relay is stopping)
+    RUNNING = "running"  # from a message's wake-up until the queue is empty
+    COMPACTING = "compacting"  # the agent compacts its context, inside a running turn
+
+
+@dataclass
+class Runner:
+    """A conversation's live state: its agent, its turn, its open questions."""
+
+    conversation_id: int
+    agent: Agent | None = None
+    task: asyncio.Task[None] | None = None
+    state: TurnState = TurnState.IDLE
+    streaming: dict[str, Streaming] = field(default_factory=dict)
+    tools: dict[str, Entry] = field(default_factory=dict)
+    compaction: Entry | None = None
+    compaction_began: float | None = None  # time.monotonic() at the compaction's first sign
+    questions: dict[int, asyncio.Future[PermissionDecision]] = field(default_factory=dict)
+    last_agent_entry: Entry | None = None
+    context_report: dict[str, Any] | None = None  # what the agent last said of its window
+    reporting: asyncio.Task[None] | None = None
+    reported_agent: Agent | None = None  # the agent process the last report came from
+    lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
+    prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
+    retry_line: Entry | None = None  # this turn's API-retry line, updated at each attempt
+    last_used: float = field(default_factory=time.monotonic)
+    stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)
+    carried_summary: str | None = None  # the /compact summary this turn's prompt carries
+    failure: str | None = None  # an error line the database refused: written when it can
+    ending: bool = False  # _end_turn failed (database): finished before the next turn
+    archived: bool = False  # the conversation is archived: its agent stops after its turn
+    warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
+    starting: bool = False  # the agent's process is being started
+    again: bool = False  # a message was queued while the runner was looking at the queue
+    turn_conversation: Conversation | None = None  # as _begin_turn left it (read once a turn)
+    ended: bool = False  # the job that stored the turn's last event also ended the turn
+    looked: bool = False  # ... and looked at the queue: its answer is `upcoming`
+    upcoming: str | None = None
+    idle_shown: bool = False  # ... and, the queue being empty, told the tabs the turn is idle

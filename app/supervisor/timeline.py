@@ -1,0 +1,222 @@
+"""The timeline writer: every entry is stored, then published; the turn and agent states."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlmodel import Session
+
+from app import store
+from app.models import Conversation, Entry
+from app.supervisor.base import SupervisorState
+from app.supervisor.runner import Runner
+from app.views import conversation_view, entry_view
+
+log = logging.getLogger(__name__)
+
+
+TIMELINE_PAGE = 200
+
+
+class Timeline(SupervisorState):
+    """The timeline writer and the states tabs are told (mixed into Supervisor)."""
+
+    def turn_view(self, conversation_id: int, session: Session) -> dict[str, Any]:
+        """The turn state and the number of queued messages."""
+        runner = self.runners.get(conversation_id)
+        state = runner.state if runner else "idle"
+        queued = store.count_queued(session=session, conversation_id=conversation_id)
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            # Another node runs it: its last turn event, else the database's word.
+            told = self.hub.state(conversation_id, "turn")
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+            busy = queued or (conversation is not None and conversation.turn_active)
+            state = "idle"
+            if busy:  # compacting, when the owner last said so
+                state = "compacting" if told and told.get("state") == "compacting" else "running"
+        return {"state": state, "queued": queued}
+
+    def snapshot(
+        self,
+        conversation: Conversation,
+        session: Session,
+        *,
+        limit: int = TIMELINE_PAGE,
+        before_seq: int | None = None,
+    ) -> dict[str, Any]:
+        """A conversation with its latest timeline page and turn; live text included.
+
+        Its seq is the last one published, read before the database: every event up to it is
+        in what is read after, and a later one reaches a tab that follows from that seq.
+        """
+        conversation_id = conversation.id or 0
+        self.hub.prime(conversation_id)
+        shown = self.hub.shown_seq(conversation_id)
+        runner = self.runners.get(conversation_id)
+        # Read before the rows too: "idle" is set only after a turn's last rows are committed.
+        here = self.cluster is None or self.cluster.holds(conversation_id)
+        state = runner.state if runner is not None and here else None  # else the owner's word
+        streaming = list(runner.streaming.values()) if runner is not None else []
+        live = {s.entry_id: s.text_at(shown) for s in streaming}
+        if self.cluster is not None:  # the text as delivered here up to seq, owner or not
+            live = self.hub.live_text(conversation_id)
+        entries = store.last_entries(
+            session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
+        )
+        has_more = len(entries) > limit
+        entries = entries[-limit:]
+        # Queued messages are shown at the end, whichever page is asked for.
+        queued = store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="queued"
+        )
+        seen = {entry.id for entry in entries}
+        entries += [entry for entry in queued if entry.id not in seen]
+        view = conversation_view(conversation)
+        view["backup"] = self.backups.latest(conversation_id)
+        view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
+        view["has_more"] = has_more
+        view["turn"] = self.turn_view(conversation_id, session)
+        if state is not None:  # this node runs it
+            view["turn"]["state"] = state
+        view["agent"] = self.agent_state(conversation_id)
+        view["seq"] = shown
+        view["epoch"] = self.hub.epoch
+        return view
+
+    async def view(
+        self, conversation_id: int, *, limit: int = TIMELINE_PAGE, before_seq: int | None = None
+    ) -> dict[str, Any]:
+        """The snapshot of a conversation, read in a storage thread (LookupError: none)."""
+
+        def read() -> dict[str, Any]:
+            with self.session() as session:
+                conversation = self._load(session, conversation_id)
+                return self.snapshot(conversation, session, limit=limit, before_seq=before_seq)
+
+        return await self.storage.read(read)
+
+    def _add(
+        self,
+        session: Session,
+        conversation: Conversation,
+        kind: str,
+        text: str = "",
+        *,
+        state: str = "done",
+        data: dict[str, Any] | None = None,
+    ) -> Entry:
+        cid = conversation.id or 0  # read before a failed flush expires it
+        seq = self.hub.next_seq(cid)
+        try:
+            entry = store.add_entry(
+                session=session,
+                conversation=conversation,
+                seq=seq,
+                kind=kind,
+                text=text,
+                state=state,
+                data=data,
+            )
+        except Exception:
+            session.rollback()
+            self.hub.rewind(cid, seq)  # no gap in what tabs see
+            raise
+        self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
+        return entry
+
+    def _save(
+        self,
+        session: Session,
+        conversation: Conversation,
+        entry: Entry,
+        *,
+        move: bool = False,
+        **changes: Any,
+    ) -> Entry:
+        cid = conversation.id or 0  # read before a failed flush expires it
+        seq = self.hub.next_seq(cid)
+        if move:  # to the end of the timeline
+            changes["seq"] = seq
+        try:
+            store.save_entry(
+                session=session, entry=entry, conversation=conversation, event_seq=seq, **changes
+            )
+        except Exception:
+            session.rollback()
+            self.hub.rewind(cid, seq)
+            raise
+        self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
+        return entry
+
+    def _line(
+        self,
+        session: Session,
+        conversation: Conversation,
+        text: str,
+        *,
+        level: str = "info",
+        data: dict[str, Any] | None = None,
+        state: str = "done",
+    ) -> Entry:
+        return self._add(
+            session, conversation, "line", text, state=state, data={"level": level, **(data or {})}
+        )
+
+    def _remove(self, session: Session, conversation: Conversation, entry: Entry) -> None:
+        entry_id = entry.id
+        store.delete_entry(session=session, entry=entry)
+        self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})
+
+    def publish_turn(self, conversation_id: int, session: Session) -> None:
+        """Tell every tab the turn state and queue length."""
+        self.hub.emit(
+            conversation_id, {"type": "turn", "turn": self.turn_view(conversation_id, session)}
+        )
+
+    def _publish_turn(self, conversation_id: int) -> None:
+        with self.session() as session:
+            self.publish_turn(conversation_id, session)
+
+    def agent_state(self, conversation_id: int) -> str:
+        """asleep (no agent), starting, or ready: what the header shows."""
+        runner = self.runners.get(conversation_id)
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            return self.hub.state(conversation_id, "agent") or "asleep"  # the owner's last word
+        if runner is None or (runner.agent is None and not runner.starting):
+            return "asleep"
+        return "starting" if runner.starting else "ready"
+
+    def publish_agent(self, conversation_id: int) -> None:
+        """Tell the conversation's tabs its agent's state."""
+        self.hub.emit(
+            conversation_id, {"type": "agent", "agent": self.agent_state(conversation_id)}
+        )
+
+    def publish_conversation(self, conversation: Conversation) -> None:
+        """Tell every tab a conversation's fields changed (sidebar and header)."""
+        view = conversation_view(conversation)
+        self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": view})
+        self.hub.broadcast({"type": "conversation", "conversation": view})
+
+    async def _error_line_soon(self, runner: Runner, text: str) -> None:
+        """Show an error line, written in the storage thread (see _error_line)."""
+        await self._patiently(self._error_line, runner, text)
+
+    def _error_line(self, runner: Runner, text: str) -> None:
+        """Show an error line; one the database refuses is logged, then written later."""
+        try:
+            self._write_error(runner, text)
+        except Exception:  # kept in runner.failure, retried by _next_turn
+            log.exception(
+                "conversation %s: could not store the line %r", runner.conversation_id, text
+            )
+            runner.failure = text
+
+    def _write_error(self, runner: Runner, text: str) -> None:
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is not None:
+                self._line(session, conversation, text, level="error")

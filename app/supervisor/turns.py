@@ -1,0 +1,434 @@
+"""Delivery: one turn at a time per conversation, from the queue to the agent and back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from sqlmodel import Session
+
+from app import store
+from app.agents.base import AgentEvent, PermissionDecision, PermissionRequest, Receipts, TurnDone
+from app.db import WRITE_PATIENCE, write_lock_free
+from app.edits import edit_change
+from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
+from app.models import Conversation, Entry
+from app.supervisor.base import SupervisorState
+from app.supervisor.runner import Locked, Runner, TurnState, _settle, failure_reason
+from app.views import conversation_view
+
+log = logging.getLogger(__name__)
+
+
+RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
+RETRY_MAX_SECONDS = 30.0
+
+
+class Turns(SupervisorState):
+    """The delivery of queued messages, one turn at a time (mixed into Supervisor)."""
+
+    def _wake(self, conversation_id: int) -> None:
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.wake(conversation_id)  # taken here, or its owner is woken
+            return
+        runner = self.runner(conversation_id)
+        if runner.task and not runner.task.done():
+            runner.again = True  # its last look may predate this message: it looks again
+        if not self._closing and runner.state == TurnState.IDLE:
+            runner.state = TurnState.RUNNING  # from now until the queue is empty
+        self.storage.soon(self._wake_now, conversation_id)  # (tasks start on the loop)
+
+    def _wake_now(self, conversation_id: int) -> None:
+        runner = self.runner(conversation_id)
+        if self._closing:
+            return
+        if runner.task and not runner.task.done():
+            # Its last look at the queue may predate this message (it was stored in the
+            # writer thread meanwhile): it looks again before it ends.
+            runner.again = True
+            return
+        runner.state = TurnState.RUNNING  # from now until the queue is empty
+        runner.task = asyncio.create_task(self._deliver(runner), name=f"deliver-{conversation_id}")
+
+    async def _deliver(self, runner: Runner) -> None:
+        """Deliver queued messages one turn at a time until none is left."""
+        while True:
+            runner.again = False
+            try:
+                await self._deliver_queue(runner)
+            finally:
+                if not runner.again:  # else a message came meanwhile: it stays running
+                    runner.state = TurnState.IDLE
+                try:
+                    if not runner.again and not runner.idle_shown:
+                        await self.storage.write(self._publish_turn, runner.conversation_id)
+                except Exception:  # the tabs learn the state on their next load
+                    log.exception(
+                        "conversation %s: could not publish the idle turn", runner.conversation_id
+                    )
+            runner.idle_shown = False
+            if not runner.again or self._closing:
+                return
+            runner.state = TurnState.RUNNING
+
+    async def _deliver_queue(self, runner: Runner) -> None:
+        delay = RETRY_SECONDS
+        while not self._closing:
+            if self.cluster is not None and not self.cluster.holds(runner.conversation_id):
+                return  # the lease went to another node: it delivers the rest
+            try:
+                if runner.looked:  # by the job that ended the last turn
+                    runner.looked, prompt = False, runner.upcoming
+                else:
+                    runner.again = False  # this look sees every message stored before it
+                    prompt = await self._patiently(self._next_turn, runner)
+            except Exception:  # the database failed: wait for it; the queue must not stall
+                log.exception(
+                    "conversation %s: database failure before the next turn; retrying in %.0f s",
+                    runner.conversation_id,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            delay = RETRY_SECONDS
+            if prompt is None:
+                if runner.again:  # a message came while the writer looked
+                    runner.idle_shown = False
+                    continue
+                if runner.archived:  # /compact came during its last turn (SPEC §2)
+                    await self._close_agent(runner)
+                return
+            try:
+                await self._run_turn(runner, prompt)
+            except Exception as error:  # one failing turn must not stop the queue
+                log.exception("turn failed in conversation %s", runner.conversation_id)
+                await self._error_line_soon(runner, f"The turn failed: {failure_reason(error)}")
+            finally:
+                try:
+                    if runner.ended:
+                        runner.ended = False
+                    else:
+                        await self._patiently(self._end_turn, runner)
+                except Exception:  # retried by _next_turn once the database works
+                    log.exception(
+                        "conversation %s: could not close the turn", runner.conversation_id
+                    )
+                    runner.ending = True
+
+    async def _patiently(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a runner's write; while another program holds SQLite's write lock, wait for it.
+
+        The check is made in the writer thread, just before the write: no extra round trip.
+        Answered once committed (Storage.write_early): the agent's records and the turn's
+        bookkeeping; user messages are acknowledged only after their fsync (Storage.write).
+        """
+        deadline = time.monotonic() + WRITE_PATIENCE
+        while True:
+            try:
+                return await self.storage.write_early(self._if_writable, fn, *args)
+            except Locked:
+                if time.monotonic() >= deadline:  # then it fails as any database error does
+                    return await self.storage.write(fn, *args)
+                await asyncio.sleep(0.05)  # polled: another process's lock sends no signal
+
+    def _if_writable(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not write_lock_free(self.engine):
+            raise Locked
+        return fn(*args)
+
+    def _next_turn(self, runner: Runner) -> str | None:
+        """Finish what a failed turn left, then begin the next queued message (None: none)."""
+        if runner.ending:
+            self._end_turn(runner)
+            runner.ending = False
+        if runner.failure is not None:
+            self._write_error(runner, runner.failure)
+            runner.failure = None
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is None:
+                return None
+            if conversation.status != "active":  # an archived conversation never runs a turn
+                runner.archived = True
+                self._hand_over(session, conversation)
+                return None
+            queued = store.entries_in_state(
+                session=session, conversation_id=runner.conversation_id, state="queued"
+            )
+            if not queued:
+                return None
+            return self._begin_turn(session, runner, conversation, queued[0])
+
+    def _hand_over(self, session: Session, archived: Conversation) -> None:
+        """Move what an archived conversation still has queued (from an older relay) onward."""
+        queued = store.entries_in_state(
+            session=session, conversation_id=archived.id or 0, state="queued"
+        )
+        if not queued:
+            return
+        successor, seen = archived, {archived.id}
+        while successor.compacted_into_id is not None and successor.compacted_into_id not in seen:
+            seen.add(successor.compacted_into_id)
+            found = store.get_conversation(
+                session=session, conversation_id=successor.compacted_into_id
+            )
+            if found is None:
+                break
+            successor = found
+        if successor.status != "active":
+            return  # nowhere to go: they stay visible, queued, in the archive
+        for entry in queued:  # each move is one transaction: a crash midway loses nothing
+            entry_id = entry.id
+            self._save(session, successor, entry, move=True, conversation_id=successor.id or 0)
+            self.hub.emit(archived.id or 0, {"type": "entry_removed", "entry_id": entry_id})
+        self._wake(successor.id or 0)
+
+    def _begin_turn(
+        self, session: Session, runner: Runner, conversation: Conversation, entry: Entry
+    ) -> str:
+        """Mark a message delivered (at the end of the timeline) and build the agent's prompt."""
+        command = is_handoff_command(entry.text)
+        prompt = HANDOFF_REQUEST if command else entry.text
+        data = dict(entry.data)
+        # The context watch: past soft, a note after the user's text (never for /handoff).
+        note = None if command else self._context_note(conversation)
+        if note is not None:
+            prompt = with_note(prompt, note)
+            data["context_note"] = note
+        changes: dict[str, Any] = {"turn_active": True}
+        runner.carried_summary = conversation.pending_summary
+        if conversation.pending_summary is not None:
+            # Consumed in the same transaction that marks the message sent: never sent twice.
+            prompt = first_message(conversation.pending_summary, prompt)
+            changes["pending_summary"] = None
+            data["summary"] = conversation.pending_summary  # to send again if it never arrived
+        for name, value in changes.items():
+            setattr(conversation, name, value)
+        session.add(conversation)  # saved in the same transaction as the entry
+        # The prompt's id is stored before it goes out: after a crash the agent's own record
+        # tells whether it arrived (Receipts).
+        runner.prompt_id = data["prompt_uuid"] = str(uuid.uuid4())
+        self._save(session, conversation, entry, move=True, state="sent", data=data)
+        if "pending_summary" in changes:
+            self.publish_conversation(conversation)
+        runner.state = TurnState.RUNNING
+        runner.last_agent_entry = None
+        runner.lines_shown.clear()
+        runner.retry_line = None
+        self.publish_turn(conversation.id or 0, session)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        runner.turn_conversation = conversation
+        return prompt
+
+    def _context_note(self, conversation: Conversation) -> str | None:
+        """The context watch's paragraph for this conversation's size, if any."""
+        soft, hard = self.settings.context_soft, self.settings.context_hard
+        return context_note(conversation.context_tokens, soft, hard)
+
+    async def _run_turn(self, runner: Runner, prompt: str) -> None:
+        try:
+            await self._apply_window(runner)
+            agent = await self._ensure_agent(runner)
+        except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
+            log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
+            await self._error_line_soon(
+                runner, f"The agent could not start: {failure_reason(error)}"
+            )
+            return
+        finally:
+            runner.turn_conversation = None
+        if runner.stop_requested:  # Stop came while the agent was starting: send nothing
+            await self.storage.write(self._stop_before_delivery, runner)
+            return
+        try:
+            if isinstance(agent, Receipts) and runner.prompt_id:
+                turn = agent.turn(prompt, prompt_id=runner.prompt_id)
+            else:
+                turn = agent.turn(prompt)
+            # The events that arrived while the last burst was being stored are stored together,
+            # in one storage job: one read of the conversation, one fsync.
+            async for burst in bursts(turn):
+                try:
+                    if any(self._stores(runner, event) for event in burst):
+                        if any(isinstance(event, TurnDone) for event in burst):
+                            runner.again = False  # the job looks at the queue (_finish_turn)
+                        await self._patiently(self._handle_all, runner, burst)
+                    else:  # text of messages already stored: published from here
+                        for event in burst:
+                            self._handle(runner, event)
+                except Exception as error:  # the database failed: this turn cannot be recorded
+                    log.exception(
+                        "conversation %s: could not store an agent event", runner.conversation_id
+                    )
+                    await self._error_line_soon(
+                        runner,
+                        "The relay could not store this turn "
+                        f"({failure_reason(error)}); the turn was stopped.",
+                    )
+                    await self._close_agent(runner)
+                    return
+                if any(isinstance(event, TurnDone) for event in burst):
+                    break
+            if runner.reported_agent is not agent:
+                # The window is fixed for a process's life: check it once per process. (Fresh
+                # categories are fetched when someone opens the 🧠 modal: refresh_context.)
+                runner.reported_agent = agent
+                runner.reporting = asyncio.create_task(self._report_context(runner, agent))
+        except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
+            log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
+            await self._error_line_soon(
+                runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
+            )
+            await self._close_agent(runner)
+
+    def _end_turn(self, runner: Runner) -> None:
+        runner.state = TurnState.RUNNING  # _deliver sets idle once the queue is empty
+        runner.stop_requested = False  # a Stop after this point is for the next turn
+        runner.carried_summary = None
+        runner.last_used = time.monotonic()
+        for future in list(runner.questions.values()):
+            self.storage.soon(_settle, future, PermissionDecision(False, "The turn ended."))
+        with self.session() as session:
+            conversation = store.get_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is None:
+                return
+            for streaming in list(runner.streaming.values()):
+                if streaming.live is not None:
+                    self.storage.soon(streaming.live.close)
+                self._save(
+                    session, conversation, streaming.entry, text=streaming.text, state="interrupted"
+                )
+            runner.streaming.clear()
+            for entry in store.entries_in_state(
+                session=session, conversation_id=runner.conversation_id, state="pending"
+            ):
+                self._save(session, conversation, entry, state="expired", data=entry.data)
+            runner.questions.clear()
+            if runner.compaction is not None:
+                self._remove(session, conversation, runner.compaction)
+                runner.compaction = None
+            runner.compaction_began = None
+            runner.tools.clear()
+            store.update_conversation(session=session, conversation=conversation, turn_active=False)
+        # Every tab's sidebar: not running any more, and when it was last active.
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+
+    def _finish_turn(self, runner: Runner) -> None:
+        """End the turn and look at the queue, in the job that stored its last event."""
+        try:
+            self._end_turn(runner)
+        except Exception:  # retried by _next_turn once the database works
+            log.exception("conversation %s: could not close the turn", runner.conversation_id)
+            runner.ending = True
+        runner.ended = True
+        if self._closing:  # no new turn begins once the relay is stopping
+            return
+        try:
+            runner.upcoming = self._next_turn(runner)
+        except Exception:  # the runner's loop looks again, and retries
+            log.exception("conversation %s: could not look at the queue", runner.conversation_id)
+            return
+        runner.looked = True
+        if runner.upcoming is None and not runner.archived:
+            runner.state = TurnState.IDLE  # as _deliver sets it: said now, in this burst
+            with self.session() as session:
+                self.publish_turn(runner.conversation_id, session)
+            runner.idle_shown = True
+
+    def _stop_before_delivery(self, runner: Runner) -> None:
+        """End a turn stopped before its prompt was sent; a carried summary waits for the next."""
+        with self.session() as session:
+            conversation = self._load(session, runner.conversation_id)
+            restore = runner.carried_summary is not None and conversation.pending_summary is None
+            if restore:  # saved with the line below, in one transaction
+                conversation.pending_summary = runner.carried_summary
+                session.add(conversation)
+            self._on_turn_done(session, runner, conversation, TurnDone(interrupted=True))
+            if restore:
+                self.publish_conversation(conversation)
+
+    async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
+        """Put a permission question in the timeline and wait for the first answer."""
+        future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
+        await self._patiently(self._question, runner, request, future)
+        return await future
+
+    def _question(
+        self,
+        runner: Runner,
+        request: PermissionRequest,
+        future: asyncio.Future[PermissionDecision],
+    ) -> None:
+        change = edit_change(request.tool_name, request.tool_input)
+        edit = {"edit": change} if change else {}
+        with self.session() as session:
+            conversation = self._load(session, runner.conversation_id)
+            entry = self._add(
+                session,
+                conversation,
+                "activity",
+                f"{request.tool_name} wants permission",
+                state="pending",
+                data={
+                    "type": "permission",
+                    "tool": request.tool_name,
+                    "input": request.tool_input,
+                    "tool_id": request.tool_id,
+                    **edit,  # what an edit or write would change, shown as a diff
+                },
+            )
+        runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
+
+
+async def bursts(events: AsyncIterator[AgentEvent]) -> AsyncIterator[list[AgentEvent]]:
+    """The agent's events in bursts: each time, every event that arrived since the last burst.
+
+    A reader task drains the agent while the consumer stores the previous burst; an error of
+    the agent is raised after the events that came before it.
+    """
+    queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for event in events:
+                queue.put_nowait(event)
+                if isinstance(event, TurnDone):
+                    break
+        except Exception as error:  # noqa: BLE001 - handed to the consumer, in order
+            queue.put_nowait(error)
+        finally:
+            queue.put_nowait(None)
+
+    reader = asyncio.create_task(read(), name="agent-events")
+    try:
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            burst = [i for i in items if i is not None and not isinstance(i, BaseException)]
+            if burst:
+                yield burst
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    return
+    finally:
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
