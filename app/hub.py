@@ -345,8 +345,9 @@ class Hub:
         self._published: dict[int, int] = {}  # events published per conversation, ever
         self._waking: dict[int, asyncio.Task[None]] = {}  # conversations holding a wake-up
         self._touched: dict[int, float] = {}  # when each conversation's state was last used
-        # Called with (conversation_id, event) for each published event and (None, event) for
-        # each broadcast one, after the tabs got it (app/notify.py). They must not raise.
+        # Called with (conversation_id, event) for each published event but deltas (the hot
+        # path: a call per streamed piece of text, and no watcher wants them) and (None, event)
+        # for each broadcast one, after the tabs got it (app/notify.py). They must not raise.
         self.watchers: list[Callable[[int | None, Event], None]] = []
 
     def _known(self, conversation_id: int) -> None:
@@ -418,7 +419,8 @@ class Hub:
     def _deliver(self, conversation_id: int, event: Event) -> None:
         """Fan an event out to this node's tabs, then show it to the watchers."""
         self._fan_out(conversation_id, event["seq"], encode(event))  # once, however many tabs
-        self._watch(conversation_id, event)
+        if event.get("type") != "delta":
+            self._watch(conversation_id, event)
 
     def _watch(self, conversation_id: int | None, event: Event) -> None:
         """Show the watchers an event this node published (once, on the node that made it)."""

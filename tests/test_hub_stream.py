@@ -131,3 +131,13 @@ def test_a_subscriber_following_nothing_still_gets_its_own_messages() -> None:
     tab = Subscriber()
     tab.offer({"type": "pong"})
     assert seqs(tab.pending()) == ["pong"]
+
+
+def test_watchers_see_every_published_event_but_deltas() -> None:
+    hub = Hub(lambda _cid: 0)
+    seen: list[tuple[int | None, str]] = []
+    hub.watchers.append(lambda cid, event: seen.append((cid, event["type"])))
+    hub.emit(1, {"type": "delta", "text": "a"})
+    hub.emit(1, {"type": "entry", "entry": {"id": 1}})
+    hub.broadcast({"type": "conversation", "conversation": {"id": 1}})
+    assert seen == [(1, "entry"), (None, "conversation")]
