@@ -5,26 +5,28 @@ sequence. The hub keeps the most recent events so that a tab that reconnects
 gets exactly what it missed; one that asks for more than is kept, or that falls
 behind, is told to resync (reload its state) instead.
 
-Each event is encoded to JSON once, when it is published: subscribers queue the
-text, so a hundred tabs cost one encoding, not a hundred. A conversation's tabs
-are woken once per burst of events, not once per event: a streaming agent emits
-one delta per loop turn, and waking every tab's sender for each one would spend
-the loop on frames of one event. The hub holds the wake-up while each loop turn
-brings a new event, up to HOLD, or up to as long as the tabs' last sending took
-when that is longer (so many tabs never starve the agent); a lone event waits
+Each event is encoded to JSON once, when it is published, and appended once to its
+conversation's stream: each tab only keeps its place in it, so a hundred tabs cost one
+encoding and one append per event, not a hundred, and tabs at the same place send the
+same frame, joined once. A conversation's tabs are woken once per burst of events, not
+once per event: a streaming agent emits one delta per loop turn, and waking every tab's
+sender for each one would spend the loop on frames of one event. The hub holds the wake-up
+while each loop turn brings a new event, up to HOLD, or up to as long as the tabs' last
+sending took when that is longer (so many tabs never starve the agent); a lone event waits
 one loop turn.
 
-What a tab can make the relay hold is bounded: its queue by events and by
-characters (SOCKET_BUDGET), each frame by characters (FRAME_CHARS), and a
-conversation's replay by events and by characters (REPLAY_CHARS). A
-conversation nobody touched for a while is released (`release`): its numbering
-starts again from the database (the supervisor stores the last number first),
-and a tab that comes back with an older seq gets a snapshot.
+What a tab can make the relay hold is bounded: how far behind it is, in events and in
+characters (SUBSCRIBER_QUEUE, SOCKET_BUDGET: a conversation's stream keeps no more), each
+frame by characters (FRAME_CHARS), and a conversation's replay by events and by characters
+(REPLAY_CHARS). A conversation nobody touched for a while is released (`release`): its
+numbering starts again from the database (the supervisor stores the last number first), and
+a tab that comes back with an older seq gets a snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import secrets
 import threading
@@ -47,6 +49,7 @@ SOCKET_BUDGET = 8 * 1024 * 1024  # characters of JSON one tab's queue may hold
 FRAME_CHARS = 256 * 1024  # a frame takes queued texts up to this many characters (one at least)
 HOLD = 0.0003  # seconds a burst may gather before its tabs are woken (more with many tabs)
 RESYNC = '{"type":"resync","reason":"fell behind"}'
+TRIM_EVERY = 64  # texts every tab took are forgotten in slices of at least this many
 
 
 # One encoder for every event: json.dumps with options builds a new one per call.
@@ -100,26 +103,77 @@ class Replay:
             self.chars -= len(events.popleft().text)
 
 
+class Stream:
+    """A conversation's recent events as every following tab reads them: one list, a cursor each.
+
+    Publishing appends an event's text once, however many tabs follow: a tab's position is a
+    number (Subscriber.cursor), not a queue it must be given each event. Tabs at the same
+    position take the same frame, joined once (`frame`).
+    """
+
+    __slots__ = ("base", "base_chars", "ends", "frame", "texts", "total")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.ends: list[int] = []  # characters appended ever, up to and with each text
+        self.base = 0  # the position of texts[0]
+        self.base_chars = 0  # characters appended ever before texts[0]
+        self.total = 0  # characters appended ever
+        self.frame: tuple[int, int, str] = (0, 0, "")  # the last frame joined: start, end, text
+
+    @property
+    def head(self) -> int:
+        """The position after the last text."""
+        return self.base + len(self.texts)
+
+    def append(self, text: str) -> None:
+        """Add an event's text for every follower."""
+        self.texts.append(text)
+        self.total += len(text)
+        self.ends.append(self.total)
+
+    def chars_from(self, position: int) -> int:
+        """Characters of the texts from position (within the list) to the head."""
+        first = position - self.base
+        return self.total - (self.ends[first - 1] if first > 0 else self.base_chars)
+
+    def trim(self, keep_from: int) -> None:
+        """Forget the texts before keep_from (no follower needs them)."""
+        drop = min(keep_from, self.head) - self.base
+        if drop <= 0:
+            return
+        self.base_chars = self.ends[drop - 1]
+        del self.texts[:drop]
+        del self.ends[:drop]
+        self.base += drop
+
+
 @dataclass(eq=False, slots=True)
 class Subscriber:
-    """One tab's view: a bounded queue of JSON texts the socket's sender drains."""
+    """One tab's view: its place in its conversation's stream, and its own queue of messages.
 
-    queue: deque[str] = field(default_factory=deque)
+    Its own messages (answers, replays, broadcasts) each wait for the stream position they were
+    queued at, so the tab gets everything in the order it happened.
+    """
+
+    queue: deque[str] = field(default_factory=deque)  # its own messages, as JSON texts
+    due: deque[int] = field(default_factory=deque)  # each one's stream position: sent from there
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set: the sender may take
     conversation_id: int | None = None
     overflowed: bool = False
-    chars: int = 0  # characters queued
+    chars: int = 0  # characters in queue
     room: asyncio.Event = field(default_factory=asyncio.Event)  # set: under half the budget
+    stream: Stream | None = None  # the followed conversation's (None: none, or fallen behind)
+    cursor: int = 0  # the stream position of the next event to send
 
     def offer(self, message: Event | str, *, wake: bool = True) -> None:
-        """Queue an event (or its JSON text) without waiting; a full queue means fallen behind."""
+        """Queue a message (or its JSON text) without waiting; a full queue means fallen behind."""
         self.put(message if isinstance(message, str) else encode(message))
         if wake and not self.overflowed:
             self.ready.set()
 
     def put(self, text: str) -> None:
-        """Queue an event's JSON text without waking the sender (the hub wakes it per burst)."""
-        # The fan-out's hot path: once per event per tab, so attributes are read once.
+        """Queue a message's JSON text without waking the sender."""
         if self.overflowed:
             return
         queue = self.queue
@@ -131,41 +185,138 @@ class Subscriber:
         else:
             chars = len(text)
         queue.append(text)
+        stream = self.stream
+        self.due.append(0 if stream is None else stream.base + len(stream.texts))
         self.chars = chars
         if chars > SOCKET_BUDGET // 2:
             self.room.clear()
 
     def _overflow(self) -> None:
         self.overflowed = True
+        self.stream = None  # nothing more of the conversation until the tab subscribes again
         # Drop what is queued for the one message that tells the tab to reload.
         self.queue.clear()
+        self.due.clear()
         self.queue.append(RESYNC)
+        self.due.append(0)
         self.chars = len(RESYNC)
         self.room.set()
         self.ready.set()
 
-    async def take(self, limit: int, chars: int = FRAME_CHARS) -> list[str]:
-        """Wait until woken; take texts, oldest first, up to limit of them and chars of text."""
-        while not self.queue:
-            self.ready.clear()
-            await self.ready.wait()
-        queue = self.queue
-        if len(queue) <= limit and self.chars <= chars:
-            # All of it (the usual case: a burst of a tab that keeps up), at C speed.
-            taken = list(queue)
-            queue.clear()
+    def _fell_behind(self, stream: Stream) -> bool:
+        """Further behind than a tab may be, in events or in characters (then it resyncs)."""
+        cursor = self.cursor
+        if cursor < stream.base:
+            return True  # what it had not read was forgotten (Hub._trim)
+        behind = stream.base + len(stream.texts) - cursor
+        if not behind:
+            return False
+        waiting = behind + len(self.queue)
+        return waiting > SUBSCRIBER_QUEUE or (
+            waiting > 1 and stream.chars_from(cursor) + self.chars > SOCKET_BUDGET
+        )
+
+    def _take(self, limit: int, chars: int) -> tuple[list[str], tuple[int, int] | None]:
+        """Take what is due, oldest first, up to limit texts and chars characters (one at least).
+
+        Also returns (start, end) when the texts are exactly that slice of the stream (a frame
+        other tabs may share).
+        """
+        stream = self.stream
+        if stream is not None and self._fell_behind(stream):
+            self._overflow()
+            stream = None
+        queue, due = self.queue, self.due
+        taken: list[str] = []
+        size = 0
+        shared: tuple[int, int] | None = None
+        while len(taken) < limit:
+            if queue and (stream is None or due[0] <= self.cursor):
+                text = queue[0]
+                if taken and size + len(text) > chars:
+                    break
+                queue.popleft()
+                due.popleft()
+                self.chars -= len(text)
+                taken.append(text)
+                size += len(text)
+                continue
+            if stream is None:
+                break
+            base, ends = stream.base, stream.ends
+            start = self.cursor
+            stop = min(base + len(ends), start + limit - len(taken))
+            if queue:
+                stop = min(stop, due[0])
+            if start >= stop:
+                break
+            first = start - base
+            before = ends[first - 1] if first else stream.base_chars
+            # The texts from start that fit in what is left of chars (one, when nothing yet).
+            end = bisect.bisect_right(ends, before + chars - size, first, stop - base) + base
+            if end == start:
+                if taken:
+                    break
+                end = start + 1
+            shared = (start, end) if not taken else None
+            taken += stream.texts[first : end - base]
+            size += ends[end - base - 1] - before
+            self.cursor = end
+            if end < stop:
+                break  # the frame is full
+        if shared is not None and len(taken) != shared[1] - shared[0]:
+            shared = None  # own messages were taken too: this frame is the tab's own
+        if not queue:
             self.chars = 0
-            self.room.set()
-            return taken
-        taken = [queue.popleft()]
-        size = len(taken[0])
-        while queue and len(taken) < limit and size + len(queue[0]) <= chars:
-            size += len(queue[0])
-            taken.append(queue.popleft())
-        self.chars = max(0, self.chars - size) if queue else 0
         if self.chars <= SOCKET_BUDGET // 2:
             self.room.set()
-        return taken
+        return taken, shared
+
+    def pending(self) -> list[str]:
+        """Take everything due now, in order (a tab leaving its stream; tests)."""
+        return self._take(2**62, 2**62)[0]
+
+    async def take(self, limit: int, chars: int = FRAME_CHARS) -> list[str]:
+        """Wait until woken; take texts, oldest first, up to limit of them and chars of text."""
+        while True:
+            taken, _shared = self._take(limit, chars)
+            if taken:
+                return taken
+            self.ready.clear()
+            await self.ready.wait()
+
+    async def frame(self, limit: int, chars: int = FRAME_CHARS) -> str:
+        """Wait for the next frame: one text as it is, several as a JSON array.
+
+        Tabs at the same place in the same stream get the same frame, joined once.
+        """
+        while True:
+            taken, shared = self._take(limit, chars)
+            if taken:
+                break
+            self.ready.clear()
+            await self.ready.wait()
+        if len(taken) == 1:
+            return taken[0]
+        stream = self.stream
+        if shared is None or stream is None:
+            return f"[{','.join(taken)}]"
+        start, end, text = stream.frame
+        if (start, end) != shared:
+            text = f"[{','.join(taken)}]"
+            stream.frame = (*shared, text)
+        return text
+
+    def detach(self) -> None:
+        """Leave the stream: what it still had to send of it joins the tab's own queue."""
+        if self.stream is None:
+            return
+        taken = self.pending()
+        self.stream = None
+        if taken:
+            self.queue.extend(taken)  # pending() took all of the queue too
+            self.due.extend([0] * len(taken))
+            self.chars += sum(len(text) for text in taken)
 
     async def wait_for_room(self) -> None:
         """Wait until the queue holds less than half the budget (the tab reads what it asked)."""
@@ -189,12 +340,14 @@ class Hub:
         self._held: dict[int, dict[int, Event]] = {}
         self._recent: dict[int, Replay] = {}
         self._by_conversation: dict[int, set[Subscriber]] = {}
+        self._streams: dict[int, Stream] = {}  # the followed conversations' events, for their tabs
         self._everyone: set[Subscriber] = set()
         self._published: dict[int, int] = {}  # events published per conversation, ever
         self._waking: dict[int, asyncio.Task[None]] = {}  # conversations holding a wake-up
         self._touched: dict[int, float] = {}  # when each conversation's state was last used
-        # Called with (conversation_id, event) for each published event and (None, event) for
-        # each broadcast one, after the tabs got it (app/notify.py). They must not raise.
+        # Called with (conversation_id, event) for each published event but deltas (the hot
+        # path: a call per streamed piece of text, and no watcher wants them) and (None, event)
+        # for each broadcast one, after the tabs got it (app/notify.py). They must not raise.
         self.watchers: list[Callable[[int | None, Event], None]] = []
 
     def _known(self, conversation_id: int) -> None:
@@ -266,7 +419,8 @@ class Hub:
     def _deliver(self, conversation_id: int, event: Event) -> None:
         """Fan an event out to this node's tabs, then show it to the watchers."""
         self._fan_out(conversation_id, event["seq"], encode(event))  # once, however many tabs
-        self._watch(conversation_id, event)
+        if event.get("type") != "delta":
+            self._watch(conversation_id, event)
 
     def _watch(self, conversation_id: int | None, event: Event) -> None:
         """Show the watchers an event this node published (once, on the node that made it)."""
@@ -280,10 +434,11 @@ class Hub:
             recent = self._recent[conversation_id] = Replay()
         recent.append(Published(seq, text))
         self._published[conversation_id] = self._published.get(conversation_id, 0) + 1
-        followers = self._by_conversation.get(conversation_id)
-        if followers:
-            for subscriber in followers:
-                subscriber.put(text)
+        if conversation_id in self._by_conversation:
+            stream = self._streams[conversation_id]
+            stream.append(text)  # once, however many tabs: each has its place in the stream
+            if len(stream.texts) > 2 * SUBSCRIBER_QUEUE:
+                self._trim(conversation_id)
             self._wake_soon(conversation_id)
 
     def emit(self, conversation_id: int, event: Event) -> Event:
@@ -344,6 +499,11 @@ class Hub:
         self._leave(subscriber)
         subscriber.conversation_id = conversation_id
         subscriber.overflowed = False
+        stream = self._streams.get(conversation_id)
+        if stream is None:
+            stream = self._streams[conversation_id] = Stream()
+        subscriber.stream = stream
+        subscriber.cursor = stream.base + len(stream.texts)
         self._by_conversation.setdefault(conversation_id, set()).add(subscriber)
 
     def subscribers(self, conversation_id: int) -> int:
@@ -435,8 +595,28 @@ class Hub:
     def _wake(self, conversation_id: int) -> None:
         for subscriber in self._by_conversation.get(conversation_id, ()):
             subscriber.ready.set()
+        self._trim(conversation_id)
+
+    def _trim(self, conversation_id: int) -> None:
+        """Forget the stream's texts every tab took, and those past what a tab may be behind."""
+        stream = self._streams.get(conversation_id)
+        if stream is None:
+            return
+        head = stream.base + len(stream.texts)
+        keep = head
+        for subscriber in self._by_conversation.get(conversation_id, ()):
+            if subscriber.stream is stream and subscriber.cursor < keep:
+                keep = subscriber.cursor
+        keep = max(keep, head - SUBSCRIBER_QUEUE)  # a tab behind that far is told to resync
+        if stream.texts and stream.chars_from(max(keep, stream.base)) > SOCKET_BUDGET:
+            # And no more characters than a tab may be behind (the newest text always stays).
+            past = bisect.bisect_left(stream.ends, stream.total - SOCKET_BUDGET) + 1
+            keep = max(keep, min(stream.base + past, head - 1))
+        if keep == head or keep - stream.base >= TRIM_EVERY:
+            stream.trim(keep)
 
     def _leave(self, subscriber: Subscriber) -> None:
+        subscriber.detach()
         if subscriber.conversation_id is None:
             return
         followers = self._by_conversation.get(subscriber.conversation_id)
@@ -444,4 +624,5 @@ class Hub:
             followers.discard(subscriber)
             if not followers:
                 del self._by_conversation[subscriber.conversation_id]
+                self._streams.pop(subscriber.conversation_id, None)
         subscriber.conversation_id = None

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import os
 import re
 import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +171,14 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("fake")
     args = parser.parse_args(argv)
     if args.server == "relay":
-        serve_relay(args.data_dir, args.port, args.agent, args.extra_index, args.workspace)
+        serve = partial(
+            serve_relay, args.data_dir, args.port, args.agent, args.extra_index, args.workspace
+        )
+        profile = os.environ.get("OARLOCK_BENCH_PROFILE")  # a file: cProfile the relay into it
+        if profile:
+            cProfile.runctx("serve()", globals(), {"serve": serve}, profile)
+        else:
+            serve()
     else:
         serve_fake()
 

@@ -24,10 +24,7 @@ def loader(stored: dict[int, int]) -> Any:
 
 def drain(subscriber: Subscriber) -> list[dict[str, Any]]:
     """Everything queued for a subscriber (decoded), emptying its queue."""
-    events = []
-    while subscriber.queue:
-        events.append(json.loads(subscriber.queue.popleft()))
-    return events
+    return [json.loads(text) for text in subscriber.pending()]
 
 
 def missed(hub: Hub, conversation_id: int, epoch: str | None, seq: int | None) -> Any:
@@ -255,7 +252,7 @@ def test_publish_queues_compact_json_text() -> None:
     subscriber = hub.connect()
     hub.follow(subscriber, 1)
     hub.emit(1, {"type": "delta", "text": "é"})
-    assert subscriber.queue.popleft() == ('{"type":"delta","text":"é","seq":1,"conversation_id":1}')
+    assert subscriber.pending() == [('{"type":"delta","text":"é","seq":1,"conversation_id":1}')]
 
 
 def test_publish_encodes_once_for_every_follower(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +264,7 @@ def test_publish_encodes_once_for_every_follower(monkeypatch: pytest.MonkeyPatch
     for follower in followers:
         hub.follow(follower, 1)
     hub.emit(1, {"type": "delta", "text": "a"})
-    texts = [follower.queue.popleft() for follower in followers]
+    texts = [follower.pending()[0] for follower in followers]
     assert (len(calls), texts[0] is texts[1] is texts[2]) == (1, True)
 
 
@@ -290,7 +287,7 @@ def test_missed_keeps_published_texts() -> None:
     hub.follow(subscriber, 1)
     hub.emit(1, {"type": "turn"})
     hub.emit(1, {"type": "delta", "text": "b"})
-    queued = [subscriber.queue.popleft() for _ in range(2)]
+    queued = subscriber.pending()
     assert hub.missed(1, hub.epoch, 0) == [Published(1, queued[0]), Published(2, queued[1])]
 
 

@@ -14,10 +14,7 @@ DELTAS = 10_000  # one streaming turn of the fan-out bench
 
 def drain(subscriber: Subscriber) -> list[dict[str, Any]]:
     """Everything queued for a subscriber (decoded), emptying its queue."""
-    events = []
-    while subscriber.queue:
-        events.append(json.loads(subscriber.queue.popleft()))
-    return events
+    return [json.loads(text) for text in subscriber.pending()]
 
 
 def test_tabs_a_whole_streaming_turn_behind_are_not_told_to_resync() -> None:

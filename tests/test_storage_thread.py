@@ -135,9 +135,9 @@ def test_hub_publishes_in_seq_order_whoever_finishes_first() -> None:
     hub.follow(subscriber, 1)
     first = hub.next_seq(1)  # taken by a write still being stored
     second = hub.emit(1, {"type": "delta", "text": "b"})  # published by the loop meanwhile
-    assert list(subscriber.queue) == []  # held: the tab would see a gap
+    assert subscriber.pending() == []  # held: the tab would see a gap
     hub.publish(1, {"type": "entry", "seq": first})
-    assert [json.loads(t)["seq"] for t in subscriber.queue] == [first, second["seq"]]
+    assert [json.loads(t)["seq"] for t in subscriber.pending()] == [first, second["seq"]]
     assert hub.shown_seq(1) == second["seq"]
 
 
@@ -148,5 +148,5 @@ def test_hub_fills_a_number_given_back_after_a_later_one() -> None:
     failed = hub.next_seq(1)  # its write failed
     later = hub.emit(1, {"type": "delta", "text": "x"})
     hub.rewind(1, failed)  # cannot be given back: a skip event takes its place
-    events = [json.loads(t) for t in subscriber.queue]
+    events = [json.loads(t) for t in subscriber.pending()]
     assert [(e["type"], e["seq"]) for e in events] == [("skip", failed), ("delta", later["seq"])]

@@ -60,9 +60,8 @@ async def websocket(socket: WebSocket) -> None:
 
 async def _send(socket: WebSocket, subscriber: Subscriber) -> None:
     while True:
-        batch = await subscriber.take(MAX_BATCH)
-        # The queue holds encoded events: a batch is their texts joined, nothing re-encoded.
-        frame = batch[0] if len(batch) == 1 else f"[{','.join(batch)}]"
+        # Encoded events joined, nothing re-encoded; tabs at the same place share the frame.
+        frame = await subscriber.frame(MAX_BATCH)
         try:
             # asyncio's timeout, not anyio's: a third of the cost, paid once per frame per tab.
             async with asyncio.timeout(SEND_TIMEOUT):
