@@ -44,6 +44,7 @@ from app.agents.base import (
     TextDelta,
     TurnDone,
     Usage,
+    WarmsUp,
     received,
 )
 from app.agents.lifetime import Lifetime
@@ -849,7 +850,9 @@ class Supervisor:
 
     async def _warm(self, runner: Runner) -> None:
         try:
-            await self._ensure_agent(runner)
+            agent = await self._ensure_agent(runner)
+            if isinstance(agent, WarmsUp):  # a turn waits for this task, so for this too
+                await agent.warm_up()
         except Exception as error:  # noqa: BLE001 - the message's own turn will say why
             log.info("warming conversation %s failed: %s", runner.conversation_id, error)
 
