@@ -21,8 +21,8 @@ Beside it, as figures (issue 18 asked where the time goes), the same CLI without
 ClaudeSDKClient resumes the session in a fresh CLI (spawn and initialize, timed), waits
 TYPING, then sends two queries; each is timed from query() to its first text delta. The
 CLI's first query after its start is slower than the next ones in the CLI itself (it sends
-no API request in between: the work is its own), which no warm-up that sends nothing to
-the model can take away.
+no API request in between: the work is its own). The relay's warm-up now sends the CLI a
+prompt that a hook stops before the model, which pre-pays part of it (bench/README.md).
 """
 
 from __future__ import annotations
