@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -419,6 +420,7 @@ class Tab:
         self.relay = relay
         self.conversation_id = conversation_id
         self.ws: ClientConnection | None = None
+        self.pending: deque[dict[str, Any]] = deque()  # events read and not yet looked at
 
     async def open(self) -> None:
         """Connect and subscribe (returns once the snapshot arrived)."""
@@ -432,9 +434,12 @@ class Tab:
     async def until(
         self, predicate: Callable[[dict[str, Any]], bool], seconds: float = 120
     ) -> None:
-        """Read events until one satisfies predicate."""
+        """Read events until one satisfies predicate (the rest of its frame is kept)."""
         assert self.ws is not None
         async with asyncio.timeout(seconds):
             while True:
-                if any(predicate(m) for m in messages(await self.ws.recv())):
+                if not self.pending:
+                    self.pending.extend(messages(await self.ws.recv()))
+                # One frame can carry several events (e.g. a delta and the turn's end).
+                if predicate(self.pending.popleft()):
                     return

@@ -186,6 +186,14 @@ class Agent(Protocol):
 
 
 @runtime_checkable
+class WarmsUp(Protocol):
+    """An agent that can pre-pay its first turn's own work without asking the model."""
+
+    async def warm_up(self) -> None:
+        """Do what the first turn of a fresh process would do, short of the model."""
+
+
+@runtime_checkable
 class Receipts(Protocol):
     """An agent whose session records each prompt's id: after a crash it can say what it got.
 

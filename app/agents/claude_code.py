@@ -25,6 +25,10 @@ from claude_agent_sdk import (
     AssistantMessage,
     ClaudeAgentOptions,
     ClaudeSDKClient,
+    HookContext,
+    HookInput,
+    HookJSONOutput,
+    HookMatcher,
     PermissionResultAllow,
     PermissionResultDeny,
     RateLimitEvent,
@@ -86,6 +90,7 @@ SUMMARY_KEYS = ("command", "file_path", "notebook_path", "path", "pattern", "url
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
 CONTROL_TIMEOUT = 15.0
+WARM_UP_REASON = "oarlock warm-up: stopped before the model"
 STDERR_DRAIN = 2.0  # seconds to wait for an ended CLI's last stderr lines
 STDERR_LINES = 3  # how many of them an error line quotes
 STACK_FRAME = re.compile(r"^\s*at\s")  # a JavaScript stack line says nothing to a user
@@ -501,6 +506,8 @@ class ClaudeCodeAgent(TurnFlags):
         self._init_turn_flags()
         self._stderr: deque[str] = deque(maxlen=20)
         self._starting = False  # turn() is (re)starting the CLI
+        # Never typed by anyone: the hook stops exactly this prompt before the model.
+        self._warm_up_prompt = f"oarlock warm-up {uuid.uuid4()}"
 
     @property
     def pid(self) -> int | None:
@@ -561,6 +568,7 @@ class ClaudeCodeAgent(TurnFlags):
             # The relay's own tools are never asked about: _can_use_tool allows them (the SDK
             # refuses an allowed_tools entry that would shadow the callback).
             allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
+            hooks={"UserPromptSubmit": [HookMatcher(hooks=[self._stop_warm_up])]},
         )
         # a custom transport gets no option rewriting: route permission prompts here ourselves
         wire = replace(options, permission_prompt_tool_name="stdio") if ask else options
@@ -594,6 +602,38 @@ class ClaudeCodeAgent(TurnFlags):
         if decision.allow:
             return PermissionResultAllow()
         return PermissionResultDeny(message=decision.message)
+
+    async def _stop_warm_up(
+        self, hook_input: HookInput, tool_use_id: str | None, context: HookContext
+    ) -> HookJSONOutput:
+        """UserPromptSubmit hook: block the warm-up prompt (nothing reaches the model)."""
+        if hook_input.get("prompt") == self._warm_up_prompt:
+            return {"decision": "block", "reason": WARM_UP_REASON}
+        return {}
+
+    async def warm_up(self) -> None:
+        """Run a resumed CLI's prompt path once, stopped by a hook before the model.
+
+        A fresh CLI's first prompt costs ~100 ms more than the next (skills, CLAUDE.md,
+        hooks, first-run code; bench/README.md "Warming"): paid here, while the user types.
+        The model never sees it; the transcript gets one "blocked by hook" system line.
+        """
+        client = self._client
+        if client is None or not self.session_id or self._in_turn or not self.is_alive():
+            return
+        self._in_turn = True
+        try:
+            async with asyncio.timeout(CONTROL_TIMEOUT):
+                await client.query(self._warm_up_prompt)
+                async with contextlib.aclosing(client.receive_messages()) as messages:
+                    async for message in messages:
+                        if isinstance(message, ResultMessage):
+                            break
+        except Exception:  # its messages may still come: the next turn starts a new CLI
+            log.warning("Claude Code warm-up failed", exc_info=True)
+            self._dirty = True
+        finally:
+            self._in_turn = False
 
     def received(self, session_id: str | None, prompt_id: str, since: float) -> bool | None:
         """Whether the session's transcript records the prompt sent with prompt_id."""

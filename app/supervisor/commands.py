@@ -12,7 +12,7 @@ from typing import Any
 from sqlmodel import Session
 
 from app import steer, store
-from app.agents.base import PermissionDecision
+from app.agents.base import PermissionDecision, WarmsUp
 from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
@@ -271,7 +271,9 @@ class Commands(SupervisorState):
 
     async def _warm(self, runner: Runner) -> None:
         try:
-            await self._ensure_agent(runner)
+            agent = await self._ensure_agent(runner)
+            if isinstance(agent, WarmsUp):  # a turn waits for this task, so for this too
+                await agent.warm_up()
         except Exception as error:  # noqa: BLE001 - the message's own turn will say why
             log.info("warming conversation %s failed: %s", runner.conversation_id, error)
 

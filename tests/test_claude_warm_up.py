@@ -1,0 +1,95 @@
+"""The warm-up prompt (issue 18): the real `claude` CLI against the fake Messages API.
+
+A warm-up runs a resumed CLI's prompt path once, stopped by the adapter's UserPromptSubmit
+hook: nothing reaches the model, the next turn is answered as usual, and the model never
+sees the warm-up. Through the relay, a tab's `warm` does it after starting the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from app.agents.claude_code import WARM_UP_REASON, ClaudeCodeAgent
+from tests import test_claude_code as claude_code
+from tests import test_claude_relay as claude_relay
+from tests.agent_turns import done, run_turn
+from tests.fake_anthropic import FakeAnthropic
+from tests.relay import receive, receive_until
+from tests.test_claude_relay import TIMEOUT, StartRelay, agent_pid, create_claude, turn
+
+make_agent = claude_code.make_agent
+home, start = claude_relay.home, claude_relay.start
+MakeAgent = claude_code.MakeAgent
+
+
+def warm_up_lines(root: Path) -> list[dict[str, object]]:
+    """The transcript records of blocked warm-up prompts under root (any session)."""
+    found = []
+    for path in root.glob("**/.claude/projects/*/*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("type") == "system" and WARM_UP_REASON in str(record.get("content")):
+                found.append(record)
+    return found
+
+
+async def test_warm_up_reaches_no_model_and_the_next_turn_is_answered(
+    make_agent: MakeAgent, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    first = make_agent()
+    await first.start()
+    await run_turn(first, "remember the word pelican")
+    session = first.session_id
+    await first.close()
+    sent = len(fake.message_bodies())
+
+    agent: ClaudeCodeAgent = make_agent(session)
+    await agent.start()
+    await agent.warm_up()
+
+    assert len(fake.message_bodies()) == sent  # nothing went to the model
+    assert len(warm_up_lines(tmp_path)) == 1  # the CLI ran the prompt, and its hook stopped it
+    events = await run_turn(agent, "and now?")
+    assert done(events).error is None
+    assert fake.user_texts_sent() == ["remember the word pelican", "and now?"]
+    assert agent.session_id == session
+
+
+async def test_no_warm_up_without_a_session(
+    make_agent: MakeAgent, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    agent = make_agent()
+    await agent.start()
+    await agent.warm_up()  # nothing to resume: a new session is not started by a warm-up
+    assert warm_up_lines(tmp_path) == []
+    assert fake.requests == []
+
+
+def test_tab_warm_up_runs_the_prompt_path_before_the_message(
+    start: StartRelay, fake: FakeAnthropic, home: Path
+) -> None:
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "before")  # a session to resume
+    live.stop()
+    live = start()
+    sent = len(fake.message_bodies())
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert receive(ws)["type"] == "snapshot"
+        ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+        receive_until(ws, lambda m: m.get("agent") == "ready", timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while not warm_up_lines(home):
+            assert time.monotonic() < deadline, "the warm-up prompt never reached the CLI"
+            time.sleep(0.05)
+        pid = agent_pid(live, cid)
+        assert len(fake.message_bodies()) == sent
+    view = turn(live, cid, "after warming")
+    assert view["timeline"][-1]["text"] == "You said: after warming"
+    assert agent_pid(live, cid) == pid  # the warmed CLI answered
+    assert fake.user_texts_sent() == ["before", "after warming"]
+    assert len(warm_up_lines(home)) == 1
