@@ -20,7 +20,7 @@ from tests.relay import receive, receive_until
 from tests.test_claude_relay import TIMEOUT, StartRelay, agent_pid, create_claude, turn
 
 make_agent = claude_code.make_agent
-home, start = claude_relay.home, claude_relay.start
+start = claude_relay.start  # home and fake: conftest
 MakeAgent = claude_code.MakeAgent
 
 
