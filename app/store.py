@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, update
+from sqlalchemy import bindparam, case, delete, func, insert, update
+from sqlalchemy.orm import make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry, Handoff, Pin, utcnow
@@ -80,15 +82,29 @@ def list_conversations(
     return list(session.exec(query.limit(limit)))
 
 
+def _committed(obj: Any, values: dict[str, Any]) -> None:
+    """Give a loaded object the values just written in SQL (nothing left for a flush)."""
+    for name, value in values.items():
+        set_committed_value(obj, name, value)
+
+
+def _raise_seq(seq: int) -> Any:
+    """last_seq raised to seq, never lowered (a portable max: PostgreSQL has no 2-arg max)."""
+    last = col(Conversation.last_seq)
+    return case((last < seq, seq), else_=last)
+
+
 def update_conversation(
     *, session: Session, conversation: Conversation, **changes: Any
 ) -> Conversation:
-    """Change fields of a conversation and save it."""
-    for name, value in changes.items():
-        setattr(conversation, name, value)
-    conversation.updated_at = utcnow()
-    session.add(conversation)
-    session.commit()
+    """Change fields of a conversation and save it (one UPDATE, no flush of the object)."""
+    values = {**changes, "updated_at": utcnow()}
+    session.flush()  # what the caller changed first, then these (they win, as setattr did)
+    session.connection().execute(
+        update(Conversation).where(col(Conversation.id) == conversation.id).values(**values)
+    )
+    session.commit()  # (and whatever else the caller changed in the session)
+    _committed(conversation, values)
     return conversation
 
 
@@ -118,24 +134,38 @@ def add_entry(
     data: dict[str, Any] | None = None,
     touch: bool = True,
 ) -> Entry:
-    """Append an entry at position seq; the conversation remembers its last seq."""
-    entry = Entry(
-        conversation_id=conversation.id or 0,
-        seq=seq,
-        kind=kind,
-        text=storable(text),
-        state=state,
-        data=data or {},
-    )
-    session.add(entry)
-    if is_message(kind, state):
-        _count_messages(session, conversation.id or 0, 1)
-    conversation.last_seq = max(conversation.last_seq, seq)
+    """Append an entry at position seq; the conversation remembers its last seq.
+
+    Core statements, not the ORM's flush and refresh: this is on every turn's path.
+    """
+    cid = conversation.id or 0
+    values: dict[str, Any] = {
+        "conversation_id": cid,
+        "seq": seq,
+        "kind": kind,
+        "text": storable(text),
+        "state": state,
+        "data": data or {},
+        "created_at": utcnow(),
+    }
+    connection = session.connection()
+    entry_id = connection.execute(
+        insert(Entry).values(**values).returning(col(Entry.id))
+    ).scalar_one()
+    changes: dict[str, Any] = {"last_seq": _raise_seq(seq)}
+    if is_message(kind, state):  # in SQL: no stale copy can undo another
+        changes["message_count"] = col(Conversation.message_count) + 1
     if touch:
-        conversation.updated_at = utcnow()
-    session.add(conversation)
+        changes["updated_at"] = values["created_at"]
+    connection.execute(update(Conversation).where(col(Conversation.id) == cid).values(**changes))
     session.commit()
-    session.refresh(entry)
+    entry = Entry(id=entry_id, **values)
+    make_transient_to_detached(entry)  # a stored row, as if loaded: later changes update it
+    session.add(entry)  # in the identity map, as a loaded row would be
+    seen = {"last_seq": max(conversation.last_seq, seq)}
+    if touch:
+        seen["updated_at"] = values["created_at"]
+    _committed(conversation, seen)
     return entry
 
 
@@ -145,21 +175,37 @@ def save_entry(
     """Change an entry; event_seq (the change's number) becomes the conversation's last."""
     # In the session first: an entry a failed write expired reloads its stored values here.
     session.add(entry)
-    before = (entry.conversation_id, is_message(entry.kind, entry.state))
+    values: dict[str, Any] = {}
     for name, value in changes.items():
         if name == "data":
             value = dict(value)
         elif name == "text":
             value = storable(value)
-        setattr(entry, name, value)
-    after = (entry.conversation_id, is_message(entry.kind, entry.state))
+        values[name] = value
+    before = (entry.conversation_id, is_message(entry.kind, entry.state))
+    kind, state = entry.kind, values.get("state", entry.state)
+    after = (values.get("conversation_id", entry.conversation_id), is_message(kind, state))
+    # Core statements (on every turn's path): the ORM's flush costs more than the writes.
+    connection = session.connection()
+    if values:
+        entry_id = entry.id
+        found = connection.execute(
+            update(Entry).where(col(Entry.id) == entry_id).values(**values)
+        ).rowcount
+        if found != 1:  # as the ORM's flush says it
+            session.rollback()
+            raise StaleDataError(f"entry {entry_id} is not stored any more")
     if before != after:
         _count_messages(session, before[0], -int(before[1]))  # PostgreSQL adds no booleans
         _count_messages(session, after[0], int(after[1]))
-    session.add(entry)
-    conversation.last_seq = max(conversation.last_seq, event_seq)
-    session.add(conversation)
+    connection.execute(
+        update(Conversation)
+        .where(col(Conversation.id) == conversation.id)
+        .values(last_seq=_raise_seq(event_seq))
+    )
     session.commit()
+    _committed(entry, values)
+    _committed(conversation, {"last_seq": max(conversation.last_seq, event_seq)})
     return entry
 
 

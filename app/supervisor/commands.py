@@ -68,6 +68,16 @@ class Commands(SupervisorState):
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
+        runner = self.runners.get(conversation.id or 0)
+        idle = runner is not None and (runner.task is None or runner.task.done())
+        if self.cluster is None and idle and runner is not None and not runner.looked:
+            # Its turn begins in this job (a job less on the turn's path); the runner task
+            # that _wake starts takes the prompt. Stored already: a failure here is retried.
+            try:
+                runner.upcoming = None if self._closing else self._next_turn(runner)
+                runner.looked = True
+            except Exception:
+                log.exception("conversation %s: could not begin the turn", conversation.id)
         return entry
 
     def compact(

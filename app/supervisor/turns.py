@@ -345,8 +345,12 @@ class Turns(SupervisorState):
         runner.looked = True
         if runner.upcoming is None and not runner.archived:
             runner.state = TurnState.IDLE  # as _deliver sets it: said now, in this burst
-            with self.session() as session:
-                self.publish_turn(runner.conversation_id, session)
+            if self.cluster is None:  # _next_turn just found the queue empty, in this job
+                idle = {"state": "idle", "queued": 0}
+                self.hub.emit(runner.conversation_id, {"type": "turn", "turn": idle})
+            else:
+                with self.session() as session:
+                    self.publish_turn(runner.conversation_id, session)
             runner.idle_shown = True
 
     def _stop_before_delivery(self, runner: Runner) -> None:
