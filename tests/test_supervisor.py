@@ -110,7 +110,15 @@ def test_message_sent_during_compaction_is_queued(tmp_path: Path) -> None:
             )
         engine.dispose()  # PostgreSQL's connection would otherwise close only when collected
         live.send(cid, "go")
-        compacting = live.wait_for(cid, lambda v: v["turn"]["state"] == "compacting")
+        # The state is set in the job that stores the line: a view read between the two has
+        # the state first (the line then reaches a tab as an event); wait for both.
+        compacting = live.wait_for(
+            cid,
+            lambda v: (
+                v["turn"]["state"] == "compacting"
+                and any(e["kind"] == "line" for e in v["timeline"])
+            ),
+        )
         assert [e["text"] for e in compacting["timeline"] if e["kind"] == "line"] == [
             "Compacting context…"
         ]
