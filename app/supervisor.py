@@ -716,7 +716,9 @@ class Supervisor:
     @staticmethod
     def _still_active(session: Session, conversation: Conversation) -> None:
         """Refuse when a /compact stored since the route read the row archived it."""
-        session.refresh(conversation)  # read in the writer's turn, after every earlier job
+        # Read in the writer's turn, after every earlier job; locked, so that a /compact on
+        # another node moves this message with the queue or comes after it.
+        session.refresh(conversation, with_for_update=True)
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
 
@@ -758,6 +760,8 @@ class Supervisor:
 
     def _retire(self, conversation_id: int) -> None:
         """Stop an archived conversation's agent now; a running turn's loop stops it after."""
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.send("retire", conversation_id)  # its owner runs the agent
         self.storage.soon(self._retire_now, conversation_id)
 
     def _retire_now(self, conversation_id: int) -> None:
@@ -804,6 +808,8 @@ class Supervisor:
         if runner is not None:
             await self._close_agent(runner)
         changed = await self.storage.write(self._delete_rows, conversation)
+        if self.cluster is not None and not self.cluster.holds(cid):
+            self.cluster.send("deleted", cid)  # its owner may still have its agent
         await self.backups.forget(cid)
         self.hub.release(cid)
         self.hub.forget(cid)
@@ -1040,11 +1046,14 @@ class Supervisor:
             self._write_error(runner, runner.failure)
             runner.failure = None
         with self.session() as session:
-            conversation = store.get_conversation(
+            # Locked: a /compact on another node moves the queue before or after, never during.
+            conversation = store.lock_conversation(
                 session=session, conversation_id=runner.conversation_id
             )
             if conversation is None:
                 return None
+            if self.cluster is not None and not self.cluster.still_owner(session, runner):
+                return None  # the lease lapsed (this node stalled): its new owner delivers
             if conversation.status != "active":  # an archived conversation never runs a turn
                 runner.archived = True
                 self._hand_over(session, conversation)
@@ -1361,7 +1370,9 @@ class Supervisor:
             # in one storage job: one read of the conversation, one fsync.
             async for burst in bursts(turn):
                 try:
-                    if any(self._stores(runner, event) for event in burst):
+                    # On a cluster node every burst goes to the writer: a number is a Redis
+                    # round trip there, never taken on the loop.
+                    if self.cluster is not None or any(self._stores(runner, e) for e in burst):
                         if any(isinstance(event, TurnDone) for event in burst):
                             runner.again = False  # the job looks at the queue (_finish_turn)
                         await self._patiently(self._handle_all, runner, burst)

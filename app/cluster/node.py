@@ -41,7 +41,7 @@ from app.summary import SummaryMessage, build_summary
 
 if TYPE_CHECKING:
     from app.models import Conversation
-    from app.supervisor import Supervisor
+    from app.supervisor import Runner, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,27 @@ class ClusterNode:
     def _task(self, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start a task (on the loop: `storage.soon` brings it there from a storage thread)."""
         asyncio.get_running_loop().create_task(start())
+
+    def still_owner(self, session: Any, runner: Runner) -> bool:
+        """In the writer thread, before a turn begins: whether this node still holds the lease.
+
+        A node that stalled (SIGSTOP, a long pause) past its lease may have lost the
+        conversation to another node: then it gives the runner up instead of starting a turn.
+        """
+        cid = runner.conversation_id
+        if leases.still_held(session.connection(), cid, self.node, self.seconds):
+            return True
+        log.warning("node %s lost the lease of conversation %s", self.node, cid)
+        self.held.discard(cid)  # first: its runner starts no other turn
+        self.supervisor.storage.soon(self._task, partial(self._give_up, cid))
+        return False
+
+    async def _give_up(self, conversation_id: int) -> None:
+        """Stop this node's agent of a conversation another node now runs."""
+        runner = self.supervisor.runners.get(conversation_id)
+        if runner is not None:
+            await self.supervisor._interrupt_agent(runner)
+            await self.supervisor._close_agent(runner)
 
     def _find(self, conversation_id: int) -> Conversation | None:
         """A conversation (in a storage thread)."""
@@ -286,6 +307,18 @@ class ClusterNode:
             conversation = await supervisor.storage.read(self._find, cid)
             if conversation is not None and conversation.status == "active":
                 supervisor.warm(conversation)
+        elif op == "retire" and cid in self.held:  # compacted on another node
+            runner = supervisor.runners.get(cid)
+            if runner is not None:
+                runner.archived = True  # released by the reaper once its last turn has ended
+            supervisor._retire_now(cid)
+        elif op == "deleted" and cid in self.held:  # deleted on another node
+            self.held.discard(cid)
+            runner = supervisor.runners.pop(cid, None)
+            if runner is not None:
+                await supervisor._interrupt_agent(runner)
+                await supervisor._close_agent(runner)
+            supervisor.hub.release(cid)
         elif op == "interrupt" and cid in self.held:
             await supervisor.interrupt(cid)
         elif op == "answer" and cid in self.held:
@@ -312,10 +345,7 @@ class ClusterNode:
         for cid in self.held - kept:  # expired under us (a stall longer than the lease)
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
             self.held.discard(cid)  # first: its runner starts no other turn
-            runner = self.supervisor.runners.get(cid)
-            if runner is not None:
-                await self.supervisor._interrupt_agent(runner)
-                await self.supervisor._close_agent(runner)
+            await self._give_up(cid)
         for cid in list(self.held):
             if self._idle(cid):
                 self.held.discard(cid)
