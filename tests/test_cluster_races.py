@@ -153,12 +153,24 @@ def test_a_counter_lost_with_redis_starts_above_every_stored_entry(
     """
     x, _y = two_nodes
     cid = x.create(title="Counted")["id"]
-    assert x.send(cid, "hello").status_code == 202
+    for number in range(5):
+        assert x.send(cid, f"hello {number}").status_code == 202
     x.wait_idle(cid)
     engine = create_engine(x.settings.db_url)
     try:
-        with engine.begin() as db:  # what the two writers' race leaves behind
-            db.execute(sql("UPDATE conversation SET last_seq = 1 WHERE id = :c"), {"c": cid})
+        with engine.begin() as db:  # what the two writers' race leaves behind, made dense:
+            # stored entries at 1..n (no gaps of unstored events) and last_seq under them.
+            c = {"c": cid}
+            db.execute(sql("UPDATE entry SET seq = -seq WHERE conversation_id = :c"), c)
+            db.execute(
+                sql(
+                    "UPDATE entry e SET seq = r.n FROM (SELECT id, row_number() OVER"
+                    " (ORDER BY seq DESC) AS n FROM entry WHERE conversation_id = :c) r"
+                    " WHERE e.id = r.id"
+                ),
+                c,
+            )
+            db.execute(sql("UPDATE conversation SET last_seq = 1 WHERE id = :c"), c)
     finally:
         engine.dispose()
     redis.Redis.from_url(x.settings.redis_url or "").flushall()  # a restart without persistence
