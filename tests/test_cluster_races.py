@@ -27,6 +27,8 @@ from tests.crash import TIMEOUT
 from tests.redis import RedisServer
 from tests.relay import LiveRelay, make_settings
 
+LEASE_SECONDS = 60
+
 
 class Pause:
     """Holds a relay's storage writer at the first SELECT of queued entries once armed."""
@@ -75,6 +77,7 @@ def two_nodes(
                 workspace_roots=[tmp_path],
                 default_cwd=tmp_path / "x" / "work",
                 node_id=name,
+                lease_seconds=LEASE_SECONDS,  # heartbeats 20 s apart: none during a test's turn
             )
             relays.append(LiveRelay(settings).start())
         yield relays[0], relays[1]
@@ -217,3 +220,42 @@ def test_no_blocking_redis_command_runs_on_the_event_loop(
     response = y.http.delete(f"/api/conversations/{cid}")
     assert response.status_code in (200, 204), response.text
     assert [spy.commands for spy in spies] == [[], []]
+
+
+def test_a_node_whose_lease_went_elsewhere_begins_no_turn(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """The fence: the owner checks its lease in the transaction that would begin a turn.
+
+    Here the lease row names another node (what a takeover after a stall longer than the
+    lease leaves) while y, which stalled and woke, still thinks it owns the conversation:
+    its heartbeat is 20 s away, so only the check before the turn can stop it.
+    """
+    _x, y = two_nodes
+    cid = y.create(title="Fenced")["id"]
+    assert y.send(cid, "slow please").status_code == 202
+    y.wait_for(cid, lambda v: v["turn"]["state"] == "running")
+    assert y.send(cid, "first").status_code == 202
+    engine = create_engine(y.settings.db_url)
+    try:
+        with engine.begin() as db:
+            db.execute(
+                sql(
+                    "UPDATE lease SET node = 'z', expires_at = now() + interval '60 seconds'"
+                    " WHERE conversation_id = :c"
+                ),
+                {"c": cid},
+            )
+    finally:
+        engine.dispose()
+
+    def settled(view: dict[str, Any]) -> bool:
+        replied = any(e["kind"] == "agent" and e["state"] == "done" for e in view["timeline"])
+        first = [e for e in view["timeline"] if e["kind"] == "user" and e["text"] == "first"]
+        runner = y.supervisor.runners.get(cid)
+        given_up = cid not in y.supervisor.cluster.held and runner.agent is None
+        return replied and (first[0]["state"] == "sent" or given_up)
+
+    view = y.wait_for(cid, settled)
+    first = [e for e in view["timeline"] if e["kind"] == "user" and e["text"] == "first"]
+    assert first[0]["state"] == "queued"  # left for the lease's holder
