@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.reliability import run_cluster
 
-KILLS = 4  # about a minute on two busy cores
+KILLS = 8  # about a minute and a half on two busy cores
 
 
 def test_killing_cluster_nodes_loses_misorders_and_double_answers_nothing(tmp_path: Path) -> None:
