@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,10 @@ class LoopSpy:
 
         def spy(connection: Any, *args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.loop_thread:
-                self.commands.append(str(args[0]))
+                # The command and the relay's frames that sent it (to tell which path did).
+                frames = [f for f in traceback.extract_stack() if "/app/" in f.filename]
+                where = " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames[-4:]))
+                self.commands.append(f"{args[0]} from {where}")
             return send(connection, *args, **kwargs)
 
         monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", spy)
