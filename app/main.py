@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import select
 from starlette.responses import Response
 
-from app import __version__
+from app import __version__, store
 from app.cluster import install as install_cluster
 from app.cluster import make_hub, setting_error
 from app.config import Settings
@@ -80,6 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     def load_seq(conversation_id: int) -> int:
         with get_session(engine) as session:
+            if settings.redis_url is not None:  # a Redis counter starts above every stored seq
+                return store.seq_floor(session=session, conversation_id=conversation_id)
             seq = session.exec(
                 select(Conversation.last_seq).where(Conversation.id == conversation_id)
             ).first()

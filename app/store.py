@@ -108,6 +108,32 @@ def update_conversation(
     return conversation
 
 
+def lock_conversation(*, session: Session, conversation_id: int) -> Conversation | None:
+    """Read a conversation as committed now and lock its row until the transaction ends.
+
+    SELECT … FOR UPDATE on PostgreSQL (several nodes write one conversation); SQLite has no
+    row locks and needs none: its one writer thread runs these transactions one at a time.
+    """
+    query = (
+        select(Conversation)
+        .where(col(Conversation.id) == conversation_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    return session.exec(query).first()
+
+
+def seq_floor(*, session: Session, conversation_id: int) -> int:
+    """The number a conversation's counter may start from: above every stored entry.
+
+    last_seq alone may lag: two nodes that store entries at once each write the conversation's
+    last_seq from their own copy, and the later commit may lower it.
+    """
+    stored = select(func.max(Entry.seq)).where(Entry.conversation_id == conversation_id)
+    last = select(Conversation.last_seq).where(Conversation.id == conversation_id)
+    return max(session.exec(stored).first() or 0, session.exec(last).first() or 0)
+
+
 def raise_last_seqs(*, session: Session, seqs: dict[int, int]) -> None:
     """Make each conversation's last_seq at least the given one (numbers given out live)."""
     if not seqs:
@@ -344,6 +370,10 @@ def compact_conversation(
     an archived conversation never runs a turn, and the first of them carries the summary.
     Its pins are copied to the successor; carry is the record of what was carried.
     """
+    # The row lock first: a turn beginning on another node (lock_conversation) either ends
+    # before this reads the queue, or waits and then sees the conversation archived. Without
+    # it, a message that node was just delivering moved here after later ones.
+    lock_conversation(session=session, conversation_id=old.id or 0)
     new = Conversation(
         title=title,
         provider=old.provider,

@@ -83,6 +83,7 @@ class Tally:
     answered_twice: int = 0
     integrity_failures: int = 0
     api_twice: int | None = None  # claude only: prompts the Messages API got twice (informative)
+    refused: Counter[int] = field(default_factory=Counter)  # message POSTs answered 4xx/5xx
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def line(self) -> str:
@@ -217,10 +218,12 @@ def workload(
             sent += 1
             text = f"m{round_}-{sender}-{sent}" + (SLOW[provider] if rng.random() < 0.1 else "")
             response = client.post(f"/api/conversations/{target}/messages", json={"text": text})
-            if response.status_code == 202:
-                with tally.lock:
+            with tally.lock:
+                if response.status_code == 202:
                     tally.acked[text] = target
                     tally.order.setdefault((target, sender), []).append(text)
+                else:
+                    tally.refused[response.status_code] += 1
         except (httpx.TransportError, ValueError, KeyError):
             if not keep_on:
                 return  # the relay was killed under us
@@ -616,6 +619,8 @@ def main() -> None:
             tally = run_cluster(args.kills, args.seed, Path(workdir), args.cluster)
         else:
             tally = run(args.kills, args.seed, Path(workdir), args.provider, args.database_url)
+    if tally.refused:  # informative: refused messages were not acknowledged, nor counted
+        print(f"refused message posts by status: {dict(tally.refused)}", file=sys.stderr)
     print(tally.line())
     sys.exit(1 if tally.failures else 0)
 

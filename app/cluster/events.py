@@ -17,9 +17,11 @@ import contextlib
 import json
 import logging
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -87,6 +89,12 @@ class ClusterHub(Hub):
         self._nudge = f"{PREFIX}nudge:{node}"
         self._reader_aio: aioredis.Redis | None = None
         self._counted: set[int] = set()  # conversations whose Redis counter is known to exist
+        # Numbers for events made on the loop are taken here: an INCR is network I/O, never
+        # on the loop. One thread, so they are numbered in the order they were made.
+        self._numbering = ThreadPoolExecutor(1, thread_name_prefix="oarlock-seq")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._background: set[asyncio.Task[Any]] = set()
 
     def _shared_epoch(self) -> str:
         """The cluster's epoch: made by the first node, read by the others."""
@@ -98,6 +106,8 @@ class ClusterHub(Hub):
 
     async def start(self) -> None:
         """Start the writer, the stream reader and the broadcast listener."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._reader_aio = aioredis.Redis.from_url(self.url, socket_connect_timeout=TIMEOUT)
         self._tasks = [
             asyncio.create_task(self._write(), name="cluster-write"),
@@ -109,7 +119,8 @@ class ClusterHub(Hub):
         """Send what is still queued (briefly), stop the tasks, close the connections."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2):
-                await self._drained.wait()
+                await self.flush()
+        self._numbering.shutdown(wait=False, cancel_futures=True)
         for task in self._tasks:
             task.cancel()
         # A task cancelled inside a redis-py read has been seen not to end: wait briefly.
@@ -145,13 +156,38 @@ class ClusterHub(Hub):
         return self.current_seq(conversation_id)
 
     def emit(self, conversation_id: int, event: Event) -> Event:
-        """Number and publish an ephemeral event; without Redis it is dropped (tabs resync)."""
+        """Number and publish an ephemeral event; without Redis it is dropped (tabs resync).
+
+        Made on the loop, it is numbered in the numbering thread and published from there
+        (it carries its seq only then); made in a storage job, at once.
+        """
+        if self._loop_thread is not None and threading.get_ident() == self._loop_thread:
+            self._numbering.submit(self._number_then_publish, conversation_id, event)
+            return event
         try:
             event["seq"] = self.next_seq(conversation_id)
         except (redis.RedisError, OSError) as error:  # what was stored before it stays stored
             log.warning("event of conversation %s not sent: %s", conversation_id, error)
             return event
         return self.publish(conversation_id, event)
+
+    def _number_then_publish(self, conversation_id: int, event: Event) -> None:
+        """In the numbering thread: take the event's number, publish it on the loop."""
+        try:
+            event["seq"] = self.next_seq(conversation_id)
+        except (redis.RedisError, OSError) as error:
+            log.warning("event of conversation %s not sent: %s", conversation_id, error)
+            return
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (stopping)
+            self._loop.call_soon_threadsafe(self.publish, conversation_id, event)
+
+    async def flush(self) -> None:
+        """Wait until every event made so far is numbered and appended to its stream."""
+        with contextlib.suppress(RuntimeError):  # the numbering thread was shut down
+            await asyncio.wrap_future(self._numbering.submit(lambda: None))
+        await asyncio.sleep(0)  # the publishing it handed to the loop runs first
+        await self._drained.wait()
 
     def rewind(self, conversation_id: int, seq: int) -> None:
         """A number taken but not used: another node may hold the next, so fill the hole."""
@@ -406,5 +442,15 @@ class ClusterHub(Hub):
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: its stream and counter go too (ids are never reused)."""
         self._counted.discard(conversation_id)
+        keys = (stream_key(conversation_id), seq_key(conversation_id))
+        if self._loop_thread is not None and threading.get_ident() == self._loop_thread:
+            task = asyncio.get_running_loop().create_task(self._delete(*keys))  # not on the loop
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
         with contextlib.suppress(redis.RedisError, OSError):
-            self.sync.delete(stream_key(conversation_id), seq_key(conversation_id))
+            self.sync.delete(*keys)
+
+    async def _delete(self, *keys: str) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            await self.aio.delete(*keys)

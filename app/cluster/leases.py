@@ -9,7 +9,7 @@ nodes' clocks play no part. These run in worker threads (asyncio.to_thread), off
 from __future__ import annotations
 
 from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 _ACQUIRE = text(
     """
@@ -25,6 +25,13 @@ _RENEW = text(
     """
     UPDATE lease SET expires_at = now() + make_interval(secs => :secs)
     WHERE node = :node AND expires_at >= now()
+    RETURNING conversation_id
+    """
+)
+_RENEW_ONE = text(
+    """
+    UPDATE lease SET expires_at = now() + make_interval(secs => :secs)
+    WHERE conversation_id = :cid AND node = :node AND expires_at >= now()
     RETURNING conversation_id
     """
 )
@@ -69,6 +76,18 @@ def renew(engine: Engine, node: str, seconds: float) -> set[int]:
     with engine.begin() as connection:
         rows = connection.execute(_RENEW, {"node": node, "secs": seconds}).all()
     return {int(row[0]) for row in rows}
+
+
+def still_held(connection: Connection, conversation_id: int, node: str, seconds: float) -> bool:
+    """Extend a node's lease of one conversation, in the caller's transaction; False: lapsed.
+
+    The fence of a node that stalled longer than its lease: what it does as the owner
+    starts only when this holds (the row stays locked until the caller's commit).
+    """
+    row = connection.execute(
+        _RENEW_ONE, {"cid": conversation_id, "node": node, "secs": seconds}
+    ).first()
+    return row is not None
 
 
 def release(engine: Engine, conversation_id: int, node: str) -> None:

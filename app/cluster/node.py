@@ -41,7 +41,7 @@ from app.summary import SummaryMessage, build_summary
 
 if TYPE_CHECKING:
     from app.models import Conversation
-    from app.supervisor import Supervisor
+    from app.supervisor import Runner, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,20 @@ class ClusterNode:
     def _task(self, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start a task (on the loop: `storage.soon` brings it there from a storage thread)."""
         asyncio.get_running_loop().create_task(start())
+
+    def still_owner(self, session: Any, runner: Runner) -> bool:
+        """In the writer thread, before a turn begins: whether this node still holds the lease.
+
+        A node that stalled (SIGSTOP, a long pause) past its lease may have lost the
+        conversation to another node: then it gives the runner up instead of starting a turn.
+        """
+        cid = runner.conversation_id
+        if leases.still_held(session.connection(), cid, self.node, self.seconds):
+            return True
+        log.warning("node %s lost the lease of conversation %s", self.node, cid)
+        self.held.discard(cid)  # first: its runner starts no other turn
+        self.supervisor.storage.soon(self._task, partial(self.supervisor.drop_agent, cid))
+        return False
 
     def _find(self, conversation_id: int) -> Conversation | None:
         """A conversation (in a storage thread)."""
@@ -286,6 +300,11 @@ class ClusterNode:
             conversation = await supervisor.storage.read(self._find, cid)
             if conversation is not None and conversation.status == "active":
                 supervisor.warm(conversation)
+        elif op == "retire" and cid in self.held:  # compacted on another node
+            supervisor.retire_here(cid)
+        elif op == "deleted" and cid in self.held:  # deleted on another node
+            self.held.discard(cid)
+            await supervisor.forget_here(cid)
         elif op == "interrupt" and cid in self.held:
             await supervisor.interrupt(cid)
         elif op == "answer" and cid in self.held:

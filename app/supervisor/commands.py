@@ -148,7 +148,9 @@ class Commands(SupervisorState):
     @staticmethod
     def _still_active(session: Session, conversation: Conversation) -> None:
         """Refuse when a /compact stored since the route read the row archived it."""
-        session.refresh(conversation)  # read in the writer's turn, after every earlier job
+        # Read in the writer's turn, after every earlier job; locked, so that a /compact on
+        # another node moves this message with the queue or comes after it.
+        session.refresh(conversation, with_for_update=True)
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
 
@@ -190,6 +192,8 @@ class Commands(SupervisorState):
 
     def _retire(self, conversation_id: int) -> None:
         """Stop an archived conversation's agent now; a running turn's loop stops it after."""
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            self.cluster.send("retire", conversation_id)  # its owner runs the agent
         self.storage.soon(self._retire_now, conversation_id)
 
     def _retire_now(self, conversation_id: int) -> None:
@@ -236,6 +240,8 @@ class Commands(SupervisorState):
         if runner is not None:
             await self._close_agent(runner)
         changed = await self.storage.write(self._delete_rows, conversation)
+        if self.cluster is not None and not self.cluster.holds(cid):
+            self.cluster.send("deleted", cid)  # its owner may still have its agent
         await self.backups.forget(cid)
         self.hub.release(cid)
         self.hub.forget(cid)

@@ -192,6 +192,21 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         if future is not None and not future.done():
             future.set_result(decision)
 
+    def retire_here(self, conversation_id: int) -> None:
+        """Stop the agent of a conversation compacted on another node, once its turn is over."""
+        runner = self.runners.get(conversation_id)
+        if runner is not None:
+            runner.archived = True  # released by the reaper once its last turn has ended
+        self._retire_now(conversation_id)
+
+    async def forget_here(self, conversation_id: int) -> None:
+        """Drop a conversation deleted on another node: its runner, agent and recent events."""
+        runner = self.runners.pop(conversation_id, None)
+        if runner is not None:
+            await self._interrupt_agent(runner)
+            await self._close_agent(runner)
+        self.hub.release(conversation_id)
+
     async def drop_agent(self, conversation_id: int) -> None:
         """Stop the conversation's turn and agent here (its lease went to another node)."""
         runner = self.runners.get(conversation_id)

@@ -151,11 +151,14 @@ class Turns(SupervisorState):
             self._write_error(runner, runner.failure)
             runner.failure = None
         with self.session() as session:
-            conversation = store.get_conversation(
+            # Locked: a /compact on another node moves the queue before or after, never during.
+            conversation = store.lock_conversation(
                 session=session, conversation_id=runner.conversation_id
             )
             if conversation is None:
                 return None
+            if self.cluster is not None and not self.cluster.still_owner(session, runner):
+                return None  # the lease lapsed (this node stalled): its new owner delivers
             if conversation.status != "active":  # an archived conversation never runs a turn
                 runner.archived = True
                 self._hand_over(session, conversation)
@@ -259,7 +262,9 @@ class Turns(SupervisorState):
             # in one storage job: one read of the conversation, one fsync.
             async for burst in bursts(turn):
                 try:
-                    if any(self._stores(runner, event) for event in burst):
+                    # On a cluster node every burst goes to the writer: a number is a Redis
+                    # round trip there, never taken on the loop.
+                    if self.cluster is not None or any(self._stores(runner, e) for e in burst):
                         if any(isinstance(event, TurnDone) for event in burst):
                             runner.again = False  # the job looks at the queue (_finish_turn)
                         await self._patiently(self._handle_all, runner, burst)

@@ -1,0 +1,265 @@
+"""Races between relay nodes sharing PostgreSQL and Redis (both started by the test).
+
+Two relays run in this process as two cluster nodes. A pause point on one node's database
+engine (a listener that holds its writer thread at one statement) makes a race happen every
+time instead of once in a thousand runs; the code under test runs as it does in production.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import redis.connection
+from sqlalchemy import create_engine, event
+from sqlalchemy import text as sql
+
+from app import db
+from app.migrate import upgrade
+from tests import postgres
+from tests.crash import TIMEOUT
+from tests.redis import RedisServer
+from tests.relay import LiveRelay, make_settings
+
+LEASE_SECONDS = 60
+
+
+class Pause:
+    """Holds a relay's storage writer at the first SELECT of queued entries once armed."""
+
+    def __init__(self, relay: LiveRelay) -> None:
+        self.armed = False
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        event.listen(relay.supervisor.engine, "before_cursor_execute", self._before)
+
+    def _before(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_rest: Any) -> None:
+        values = params.values() if isinstance(params, dict) else ()
+        if (
+            self.armed
+            and threading.current_thread().name == "oarlock-db-writer"
+            and "FROM entry" in statement
+            and "count(" not in statement
+            and "queued" in values
+        ):
+            self.armed = False
+            self.reached.set()
+            self.release.wait(60)
+
+
+@pytest.fixture
+def two_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[LiveRelay, LiveRelay]]:
+    """Two relays (in this process) on one PostgreSQL database and one Redis.
+
+    Their lock timeout is long: a writer held at the pause point keeps its row locks, and a
+    statement waiting for one must wait for the test to let it go, not give up (503).
+    """
+    monkeypatch.setattr(db, "BUSY_TIMEOUT", 60.0)
+    server = RedisServer().start()
+    url = postgres.start().create_database()
+    upgrade(url)
+    relays: list[LiveRelay] = []
+    try:
+        for name in ("x", "y"):
+            data = tmp_path / name
+            settings = make_settings(
+                data,
+                database_url=url,
+                redis_url=server.url,
+                workspace_roots=[tmp_path],
+                default_cwd=tmp_path / "x" / "work",
+                node_id=name,
+                lease_seconds=LEASE_SECONDS,  # heartbeats 20 s apart: none during a test's turn
+            )
+            relays.append(LiveRelay(settings).start())
+        yield relays[0], relays[1]
+    finally:
+        for relay in relays:
+            relay.stop()
+        server.stop()
+        postgres.start().drop_database(url)
+
+
+def timeline(url: str, cid: int) -> list[tuple[int, str, str, str]]:
+    """A conversation's entries as stored: (seq, kind, state, text), by seq."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as db:
+            rows = db.execute(
+                sql(
+                    "SELECT seq, kind, state, text FROM entry"
+                    " WHERE conversation_id = :c ORDER BY seq"
+                ),
+                {"c": cid},
+            ).all()
+    finally:
+        engine.dispose()
+    return [(int(s), str(k), str(st), str(t)) for s, k, st, t in rows]
+
+
+def test_a_compact_on_another_node_never_moves_the_message_the_owner_is_delivering(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """The owner locks the conversation to begin a turn: a /compact elsewhere waits for it.
+
+    Without the lock the /compact moved the message being delivered into the successor,
+    where it landed after the later ones (and with a seq of the old numbering, which a
+    later message then took again: a unique violation).
+    """
+    x, y = two_nodes
+    cid = y.create(title="Raced")["id"]
+    assert y.send(cid, "slow please").status_code == 202  # y runs it (its lease)
+    y.wait_for(cid, lambda v: v["turn"]["state"] == "running")
+    assert y.send(cid, "first").status_code == 202  # queued behind the slow turn
+    assert y.send(cid, "second").status_code == 202
+    pause = Pause(y)
+    pause.armed = True  # y's next look at the queue: the turn that delivers "first"
+    assert pause.reached.wait(TIMEOUT)
+    answer: list[httpx.Response] = []
+    compacting = threading.Thread(
+        target=lambda: answer.append(
+            x.http.post(f"/api/conversations/{cid}/messages", json={"text": "/compact"})
+        )
+    )
+    compacting.start()
+    compacting.join(3)  # with the lock it waits for y; without, it moves the queue now
+    pause.release.set()
+    compacting.join(TIMEOUT)
+    assert answer and answer[0].status_code == 201, answer
+    new = answer[0].json()["compacted_into"]["id"]
+    y.wait_idle(cid)
+    x.wait_idle(new)
+    url = y.settings.db_url
+    old_rows, new_rows = timeline(url, cid), timeline(url, new)
+    assert ("user", "sent", "first") in [(k, st, t) for _s, k, st, t in old_rows]
+    assert [t for _s, k, _st, t in new_rows if k == "user"] == ["second"]
+    for rows in (old_rows, new_rows):  # every user message answered in its own conversation
+        assert all(st == "sent" for _s, k, st, _t in rows if k == "user")
+
+
+def test_a_counter_lost_with_redis_starts_above_every_stored_entry(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """Redis loses its data: the counter starts again above the stored seqs, not last_seq.
+
+    Two nodes storing entries of one conversation at once each write its last_seq from their
+    own copy: the later commit can leave it under a stored seq. Seeded from it, the next
+    message took a stored number (UniqueViolation, 500, the message not acknowledged).
+    """
+    x, _y = two_nodes
+    cid = x.create(title="Counted")["id"]
+    for number in range(5):
+        assert x.send(cid, f"hello {number}").status_code == 202
+    x.wait_idle(cid)
+    engine = create_engine(x.settings.db_url)
+    try:
+        with engine.begin() as db:  # what the two writers' race leaves behind, made dense:
+            # stored entries at 1..n (no gaps of unstored events) and last_seq under them.
+            c = {"c": cid}
+            db.execute(sql("UPDATE entry SET seq = -seq WHERE conversation_id = :c"), c)
+            db.execute(
+                sql(
+                    "UPDATE entry e SET seq = r.n FROM (SELECT id, row_number() OVER"
+                    " (ORDER BY seq DESC) AS n FROM entry WHERE conversation_id = :c) r"
+                    " WHERE e.id = r.id"
+                ),
+                c,
+            )
+            db.execute(sql("UPDATE conversation SET last_seq = 1 WHERE id = :c"), c)
+    finally:
+        engine.dispose()
+    redis.Redis.from_url(x.settings.redis_url or "").flushall()  # a restart without persistence
+    response = x.send(cid, "after the loss")
+    assert response.status_code == 202, response.text
+    seqs = [seq for seq, *_rest in timeline(x.settings.db_url, cid)]
+    assert len(seqs) == len(set(seqs))
+
+
+class LoopSpy:
+    """Records the Redis commands a relay's event-loop thread sends with the blocking client."""
+
+    def __init__(self, relay: LiveRelay, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loop_thread = relay.thread.ident
+        self.commands: list[str] = []
+        send = redis.connection.AbstractConnection.send_command
+
+        def spy(connection: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == self.loop_thread:
+                # The command and the relay's frames that sent it (to tell which path did).
+                frames = [f for f in traceback.extract_stack() if "/app/" in f.filename]
+                where = " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames[-4:]))
+                self.commands.append(f"{args[0]} from {where}")
+            return send(connection, *args, **kwargs)
+
+        monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", spy)
+
+
+def test_no_blocking_redis_command_runs_on_the_event_loop(
+    two_nodes: tuple[LiveRelay, LiveRelay], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Numbers for events made on the loop (agent state, live rendering) come from a thread.
+
+    An INCR is a network round trip (up to its 2 s timeout when Redis is slow): on the loop
+    it froze every socket of the node meanwhile.
+    """
+    x, y = two_nodes
+    spies = [LoopSpy(relay, monkeypatch) for relay in (x, y)]
+    cid = x.create(title="Loop")["id"]
+    with x.socket() as ws:
+        ws.recv(10)  # hello
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert x.send(cid, "a *reply* with **markdown** please").status_code == 202
+        x.wait_idle(cid)
+        assert y.send(cid, "and one more").status_code == 202
+        y.wait_idle(cid)
+    response = y.http.delete(f"/api/conversations/{cid}")
+    assert response.status_code in (200, 204), response.text
+    assert [spy.commands for spy in spies] == [[], []]
+
+
+def test_a_node_whose_lease_went_elsewhere_begins_no_turn(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """The fence: the owner checks its lease in the transaction that would begin a turn.
+
+    Here the lease row names another node (what a takeover after a stall longer than the
+    lease leaves) while y, which stalled and woke, still thinks it owns the conversation:
+    its heartbeat is 20 s away, so only the check before the turn can stop it.
+    """
+    _x, y = two_nodes
+    cid = y.create(title="Fenced")["id"]
+    assert y.send(cid, "slow please").status_code == 202
+    y.wait_for(cid, lambda v: v["turn"]["state"] == "running")
+    assert y.send(cid, "first").status_code == 202
+    engine = create_engine(y.settings.db_url)
+    try:
+        with engine.begin() as db:
+            db.execute(
+                sql(
+                    "UPDATE lease SET node = 'z', expires_at = now() + interval '60 seconds'"
+                    " WHERE conversation_id = :c"
+                ),
+                {"c": cid},
+            )
+    finally:
+        engine.dispose()
+
+    def settled(view: dict[str, Any]) -> bool:
+        replied = any(e["kind"] == "agent" and e["state"] == "done" for e in view["timeline"])
+        first = [e for e in view["timeline"] if e["kind"] == "user" and e["text"] == "first"]
+        runner = y.supervisor.runners.get(cid)
+        given_up = cid not in y.supervisor.cluster.held and runner.agent is None
+        return replied and (first[0]["state"] == "sent" or given_up)
+
+    view = y.wait_for(cid, settled)
+    first = [e for e in view["timeline"] if e["kind"] == "user" and e["text"] == "first"]
+    assert first[0]["state"] == "queued"  # left for the lease's holder
