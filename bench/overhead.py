@@ -9,11 +9,11 @@ relay's adapter uses (stream-json, partial messages, the claude_code system prom
 permission callback): query(), then receive_response() until the ResultMessage.
 
 Both CLIs are warm (two turns each first), both talk to one fake API in its own process,
-and the turns alternate relay, direct, relay, … The relay asks the CLI for its context
-report once per process, after its first turn: the warm-up turns cover it, so no report
-overlaps a timed turn. A run's figure is the ratio of its medians; the row is the median
-of three runs (each with its own relay, CLIs and fake API), since one run of a 30-100 ms
-turn on a shared machine can be lucky.
+and the turns come in pairs, each side going first in every other pair. The relay asks
+the CLI for its context report once per process, after its first turn: the warm-up turns
+cover it, so no report overlaps a timed turn. A run's figure is the ratio of its medians;
+the row is the median of three runs (each with its own relay, CLIs and fake API), since
+one run of a 30-100 ms turn on a shared machine can be lucky.
 """
 
 from __future__ import annotations
@@ -132,8 +132,12 @@ async def measure(turns: int) -> dict[str, list[float]]:
                 await direct.open()
                 for n in range(WARMUP + turns):
                     text = f"Turn {n}: please say hello back."
-                    relay_time = await through.turn(text)
-                    direct_time = await direct.turn(text)
+                    if n % 2:  # each side goes first in half the pairs
+                        direct_time = await direct.turn(text)
+                        relay_time = await through.turn(text)
+                    else:
+                        relay_time = await through.turn(text)
+                        direct_time = await direct.turn(text)
                     if n >= WARMUP:
                         times["relay"].append(relay_time)
                         times["direct"].append(direct_time)
