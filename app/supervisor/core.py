@@ -85,23 +85,23 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
             self._reaper.cancel()
         for read in self._summary_reads:
             read.cancel()
-        warming = [r.warming for r in self.runners.values() if r.warming and not r.warming.done()]
+        warming = [r.warming for r in self.live_runners() if r.warming and not r.warming.done()]
         for task in warming:  # no agent may start after the ones below are closed
             task.cancel()
         if warming:
             await asyncio.wait(warming, timeout=5)
-        for runner in list(self.runners.values()):
+        for runner in self.live_runners():
             if runner.task and not runner.task.done():
                 with contextlib.suppress(Exception):
                     await self._interrupt_agent(runner)
-        tasks = [r.task for r in self.runners.values() if r.task and not r.task.done()]
+        tasks = [r.task for r in self.live_runners() if r.task and not r.task.done()]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=5)
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=2)
-        for runner in self.runners.values():
+        for runner in self.live_runners():
             await self._close_agent(runner)
         await self.backups.drain()
         await self.lifetime.stop()  # and what they left running (tool commands)
@@ -130,11 +130,16 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         """A conversation that must exist, read off the loop."""
         return await self.storage.read(self._fetch, conversation_id)
 
+    def live_runners(self) -> list[Runner]:
+        """The runners now, as a list: storage threads add runners (a message's job wakes its
+        conversation) while the loop goes through them, so never iterate the dict itself."""
+        return list(self.runners.values())
+
     def runner(self, conversation_id: int) -> Runner:
         """The runner of a conversation (created on first use)."""
         runner = self.runners.get(conversation_id)
-        if runner is None:
-            runner = self.runners[conversation_id] = Runner(conversation_id)
+        if runner is None:  # setdefault: a storage thread and the loop may both get here
+            runner = self.runners.setdefault(conversation_id, Runner(conversation_id))
         return runner
 
     # -- what routes and the cluster ask (they never reach into a runner) ---------------------

@@ -201,7 +201,7 @@ class Pool(SupervisorState):
         """Stop the least recently used idle agents until the live ones fit the budget."""
         live = [
             Live(cid, tree_rss(getattr(r.agent, "pid", None)), r.last_used, self._stoppable(r))
-            for cid, r in self.runners.items()
+            for cid, r in list(self.runners.items())  # storage threads add runners
             if r.agent is not None and cid != exclude
         ]
         estimate = largest(agent.rss for agent in live) if incoming else 0
