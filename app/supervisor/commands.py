@@ -238,7 +238,7 @@ class Commands(SupervisorState):
         await self.storage.write(self._refuse_while_busy, conversation, "delete")
         runner = self.runners.pop(cid, None)
         if runner is not None:
-            await self._close_agent(runner)
+            await self._close_agent(runner, publish=False)  # hub.forget drops its stream below
         changed = await self.storage.write(self._delete_rows, conversation)
         if self.cluster is not None and not self.cluster.holds(cid):
             self.cluster.send("deleted", cid)  # its owner may still have its agent

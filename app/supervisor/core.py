@@ -209,7 +209,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         runner = self.runners.pop(conversation_id, None)
         if runner is not None:
             await self._interrupt_agent(runner)
-            await self._close_agent(runner)
+            await self._close_agent(runner, publish=False)  # its stream and counter are gone
         self.hub.release(conversation_id)
 
     async def drop_agent(self, conversation_id: int) -> None:

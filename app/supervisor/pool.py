@@ -172,7 +172,7 @@ class Pool(SupervisorState):
         if runner.agent is not None:
             await runner.agent.interrupt()
 
-    async def _close_agent(self, runner: Runner) -> None:
+    async def _close_agent(self, runner: Runner, *, publish: bool = True) -> None:
         agent, runner.agent = runner.agent, None
         if agent is not None:
             try:
@@ -183,7 +183,8 @@ class Pool(SupervisorState):
                     runner.conversation_id,
                     exc_info=True,
                 )
-            self.publish_agent(runner.conversation_id)
+            if publish:  # not for a deleted conversation: its event would make its stream again
+                self.publish_agent(runner.conversation_id)
 
     def _stoppable(self, runner: Runner) -> bool:
         """An idle agent: no turn, no start, no open question, no background work."""

@@ -1,0 +1,91 @@
+"""Control messages between relay nodes on one PostgreSQL and one Redis (started by the test).
+
+A /compact or a delete on a node that does not run the conversation tells the node that
+does (its lease), which stops the agent or forgets the conversation. Two relays in this
+process, as in tests/test_cluster_races.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from app.cluster.events import seq_key, stream_key
+from tests.crash import TIMEOUT
+from tests.relay import LiveRelay, receive, receive_until
+from tests.test_cluster_races import two_nodes  # noqa: F401 - the fixture
+
+
+def until(condition: Any, what: str) -> None:
+    """Wait for condition() to hold (the other node acts on a message it receives)."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def live_agent(relay: LiveRelay, cid: int) -> bool:
+    """Whether the relay has a live agent for the conversation."""
+    runner = relay.supervisor.runners.get(cid)
+    return runner is not None and runner.agent is not None
+
+
+def test_a_compact_on_another_node_stops_the_owners_agent(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x compacts a conversation y runs: y's agent of the old conversation stops."""
+    x, y = two_nodes
+    cid = y.create(title="Compacted elsewhere")["id"]
+    assert y.send(cid, "hello").status_code == 202  # y takes the lease and runs it
+    y.wait_idle(cid)
+    assert cid in y.supervisor.cluster.held and live_agent(y, cid)
+    response = x.http.post(f"/api/conversations/{cid}/messages", json={"text": "/compact"})
+    assert response.status_code == 201, response.text
+    new = response.json()["compacted_into"]["id"]
+    until(lambda: not live_agent(y, cid), "y's agent of the compacted conversation still runs")
+    assert not live_agent(x, cid)
+    assert x.send(new, "in the successor").status_code == 202
+    x.wait_idle(new)
+
+
+def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x deletes a conversation y runs: y drops runner and agent; its tab gets nothing more."""
+    x, y = two_nodes
+    cid = y.create(title="Deleted elsewhere")["id"]
+    other = y.create(title="Stays")["id"]
+    assert y.send(cid, "hello").status_code == 202
+    y.wait_idle(cid)
+    assert cid in y.supervisor.cluster.held and live_agent(y, cid)
+    with y.socket() as ws:
+        receive(ws)  # hello
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        receive_until(ws, lambda e: e["type"] == "snapshot")
+        response = x.http.delete(f"/api/conversations/{cid}")
+        assert response.status_code in (200, 204), response.text
+        receive_until(ws, lambda e: e["type"] == "conversation_removed", timeout=TIMEOUT)
+        until(lambda: cid not in y.supervisor.runners, "y still has the deleted one's runner")
+        assert cid not in y.supervisor.cluster.held
+        # A marker through the same paths (y's stream reader, then the broadcast channel):
+        # whatever y made of the deleted conversation before it would come first.
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": other}))
+        assert y.send(other, "marker").status_code == 202
+        seen = receive_until(
+            ws,
+            lambda e: (
+                e["type"] == "turn"
+                and e.get("conversation_id") == other
+                and e["turn"] == {"state": "idle", "queued": 0}
+            ),
+            timeout=TIMEOUT,
+        )
+    assert [e for e in seen if e.get("conversation_id") == cid] == []
+    client = redis.Redis.from_url(y.settings.redis_url or "")
+    try:  # nothing of it is made again in Redis (its stream and counter went with it)
+        assert client.exists(stream_key(cid), seq_key(cid)) == 0
+    finally:
+        client.close()
