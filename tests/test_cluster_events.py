@@ -42,14 +42,6 @@ async def test_numbers_are_shared_and_start_above_the_stored_ones(
     assert b.next_seq(2) == 11  # each conversation its own counter
 
 
-@pytest.mark.skip(
-    reason="hangs at teardown about 1 in 2 (or warns of an unclosed socket): with two hubs on "
-    "one loop (redis-py 8.1.0, Python 3.11.7), the first hub's cluster-read (XREAD) and "
-    "cluster-listen (pub/sub listen()) tasks do not end when ClusterHub.stop() cancels them: "
-    "they stay 'cancelling', awaiting a new StreamReader read (reproduced every time when "
-    "stop() comes before the tasks first ran: cancelled while connecting). stop() gives up "
-    "after 2 s and the loop's close waits for them. Cause inside redis-py not found yet"
-)
 async def test_a_node_replays_what_another_published_and_a_trimmed_start_is_a_snapshot(
     hubs: tuple[ClusterHub, ClusterHub],
 ) -> None:

@@ -86,6 +86,7 @@ class ClusterHub(Hub):
         self._drained = asyncio.Event()  # set: the outbox is empty
         self._drained.set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._pubsub: Any = None  # the broadcast subscription (closed when lost, and by stop)
         self._nudge = f"{PREFIX}nudge:{node}"
         self._reader_aio: aioredis.Redis | None = None
         self._counted: set[int] = set()  # conversations whose Redis counter is known to exist
@@ -121,10 +122,18 @@ class ClusterHub(Hub):
             async with asyncio.timeout(2):
                 await self.flush()
         self._numbering.shutdown(wait=False, cancel_futures=True)
-        for task in self._tasks:
-            task.cancel()
-        # A task cancelled inside a redis-py read has been seen not to end: wait briefly.
-        await asyncio.wait(self._tasks, timeout=2)
+        # A cancel that lands while redis-py sets up a connection can be lost (the task goes
+        # on to read again, and its socket outlives the client): cancel until each task has
+        # ended, for at most 2 s.
+        pending = {task for task in self._tasks if not task.done()}
+        deadline = time.monotonic() + 2
+        while pending and time.monotonic() < deadline:
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=0.1)
+        if pending:
+            log.warning("cluster tasks still running after stop: %s", pending)
+        await self._close_pubsub()
         for client in (self.aio, self._reader_aio):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -407,7 +416,7 @@ class ClusterHub(Hub):
         """Pass the conversation-list events of every node to this node's tabs."""
         while True:
             try:
-                pubsub = self.aio.pubsub(ignore_subscribe_messages=True)
+                self._pubsub = pubsub = self.aio.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(BROADCAST)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
@@ -415,7 +424,14 @@ class ClusterHub(Hub):
                         self._broadcast_text(data.decode() if isinstance(data, bytes) else data)
             except (redis.RedisError, OSError) as error:
                 log.warning("broadcast channel lost (%s); listening again", error)
+                await self._close_pubsub()  # its connection, before a new one is made
                 await asyncio.sleep(1)
+
+    async def _close_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
     # -- memory ------------------------------------------------------------------------------
 
