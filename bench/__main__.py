@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from collections.abc import Callable
 
 from bench import (
@@ -74,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for name in names:
         print(f"bench: {name}…", file=sys.stderr)
-        rows += BENCHES[name](args)
+        try:
+            rows += BENCHES[name](args)
+        except Exception as error:  # noqa: BLE001 - one module's crash must not lose the table
+            traceback.print_exc()
+            reason = f"crashed: {type(error).__name__}: {error}"[:200]
+            rows.append(Row(f"`{name}`", None, reason, "runs", False, f"python -m bench {name}"))
     print(table(rows))
     print(
         f"\n{machine()}; load average {start_load:.2f} at the start, "
