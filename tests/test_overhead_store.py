@@ -1,7 +1,5 @@
 """The turn's storage path writes with plain statements: no read-back, no extra round trip."""
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,22 +9,8 @@ from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import col
 
 from app import store
-from app.db import get_session, make_engine
-from app.migrate import upgrade
+from app.db import get_session
 from app.models import Conversation, Entry
-from tests import postgres
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a fresh, migrated SQLite file (or PostgreSQL database)."""
-    url = postgres.database_url(tmp_path) or f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 class Statements:
