@@ -132,8 +132,10 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
 
     def live_runners(self) -> list[Runner]:
         """The runners now, as a list: storage threads add runners (a message's job wakes its
-        conversation) while the loop goes through them, so never iterate the dict itself."""
-        return list(self.runners.values())
+        conversation) while the loop goes through them, so never iterate the dict itself.
+        dict.copy() copies in one step; list(d.items()) builds tuples, and a garbage
+        collection meanwhile can run Python code and let another thread in."""
+        return list(self.runners.copy().values())
 
     def runner(self, conversation_id: int) -> Runner:
         """The runner of a conversation (created on first use)."""

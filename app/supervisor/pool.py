@@ -202,7 +202,7 @@ class Pool(SupervisorState):
         """Stop the least recently used idle agents until the live ones fit the budget."""
         live = [
             Live(cid, tree_rss(getattr(r.agent, "pid", None)), r.last_used, self._stoppable(r))
-            for cid, r in list(self.runners.items())  # storage threads add runners
+            for cid, r in self.runners.copy().items()  # storage threads add runners
             if r.agent is not None and cid != exclude
         ]
         estimate = largest(agent.rss for agent in live) if incoming else 0
@@ -218,7 +218,7 @@ class Pool(SupervisorState):
         while True:
             await asyncio.sleep(max(0.5, min(timeout / 4, 5)))
             now = time.monotonic()
-            for runner in list(self.runners.values()):
+            for runner in list(self.runners.copy().values()):
                 idle = runner.state == TurnState.IDLE and not (
                     runner.task and not runner.task.done()
                 )
@@ -243,7 +243,7 @@ class Pool(SupervisorState):
         go when no runner and no tab needs them, after their last seq is stored.
         """
         released = []
-        for conversation_id, runner in list(self.runners.items()):
+        for conversation_id, runner in self.runners.copy().items():
             busy = (
                 runner.agent is not None
                 or runner.state != TurnState.IDLE
