@@ -73,7 +73,7 @@ class Pages:
             if not page.is_closed():
                 violations = page.evaluate("window.__cspViolations || []")
                 self.problems.extend(f"CSP violation: {v}" for v in violations)
-        assert self.problems == []
+        assert self.problems == [], self.problems  # say what the page complained of
         assert self.dialogs == []
 
     def close(self) -> None:
