@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     default_cwd: Path | None = None
     default_provider: str | None = None
     permission_mode: PermissionMode = "default"
-    # Seconds an idle agent stays warm (bench/README.md: why 120 once warming exists).
+    # Seconds an idle agent stays warm (README.md, "Idle timeout": why 120 once warming exists).
     agent_idle_timeout: float = 120.0
     # Memory live agents may hold: "1500" (MiB), "1.5G"; default: a quarter of the machine's.
     agent_memory: int | None = None
