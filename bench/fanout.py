@@ -7,9 +7,12 @@ yields 10,000 TextDelta events as fast as the loop lets it, each carrying its em
 time. Before them the message's first delta comes alone ("first <time>", not counted):
 the relay stores the message's entry when its first delta arrives, and the counted deltas
 follow once that one is published, as a model's next tokens come long after the relay
-stored the entry. (Until session 5 the 10,000 came at once: the ~1,000-5,000 emitted
-during that database write, 3-110 ms, waited for it and made the 1-client p99; the first
-delta's delay is printed apart, `first`.) The baseline sends a first delta too. The baseline, in its own child process, is a minimal `websockets` server that
+stored the entry. (Until session 5 the 10,000 came at once: those emitted during that
+database write, 8-113 ms in three runs, waited for it, 78-1,810 of them over 5 ms, which
+made the 1-client p99; the first delta's delay is printed apart, `first`.) The baseline
+sends a first delta too, then pauses 1 ms (the least the relay's agent waits).
+
+The baseline, in its own child process, is a minimal `websockets` server that
 produces 10,000 small JSON messages of the same shape, one per loop turn, and batches as
 the relay does (app/hub.py, app/routes/ws.py): each event is encoded once and queued for
 every client; the clients' senders are woken once per burst (while each loop turn brings

@@ -64,7 +64,7 @@ class StreamAgent(BenchAgent):
     It gives the loop a turn between deltas, as an agent reading a pipe does.
 
     The message's first delta ("first <time>") comes alone: the relay stores the message's
-    entry when it arrives (a database write, 3-110 ms in session 5's runs), and a model's
+    entry when it arrives (a database write, 8-113 ms in session 5's runs), and a model's
     next tokens come long after that. The N counted deltas follow once the first is
     published (`published(message_id)`), so they measure the fan-out, not that write
     (bench/fanout.py reports the first delta's delay apart).
