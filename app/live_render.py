@@ -54,6 +54,14 @@ class LiveRender:
             return
         self._start()
 
+    def noted(self) -> bool:
+        """True when more text needs no poke: a rendering is due (timer) or follows this one.
+
+        A poke then changes nothing (the streaming path skips a call per delta). Read from
+        any thread: both states end on the loop only after the text is read again.
+        """
+        return self.timer is not None or (self.busy and self.dirty)
+
     def close(self) -> None:
         """The message is done: render nothing more."""
         self.closed = True

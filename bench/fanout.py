@@ -4,7 +4,15 @@
 
 The relay runs in a child process with the stream bench agent (bench/servers.py), which
 yields 10,000 TextDelta events as fast as the loop lets it, each carrying its emission
-time. The baseline, in its own child process, is a minimal `websockets` server that
+time. Before them the message's first delta comes alone ("first <time>", not counted):
+the relay stores the message's entry when its first delta arrives, and the counted deltas
+follow once that one is published, as a model's next tokens come long after the relay
+stored the entry. (Until session 5 the 10,000 came at once: those emitted during that
+database write, 8-113 ms in three runs, waited for it, 78-1,810 of them over 5 ms, which
+made the 1-client p99; the first delta's delay is printed apart, `first`.) The baseline
+sends a first delta too, then pauses 1 ms (the least the relay's agent waits).
+
+The baseline, in its own child process, is a minimal `websockets` server that
 produces 10,000 small JSON messages of the same shape, one per loop turn, and batches as
 the relay does (app/hub.py, app/routes/ws.py): each event is encoded once and queued for
 every client; the clients' senders are woken once per burst (while each loop turn brings
@@ -65,6 +73,8 @@ BATCH = 256  # events in one frame at most, as app/routes/ws.py's MAX_BATCH
 TIMEOUT = 600.0
 DELTA_TEXT = re.compile(rb'"text":"(\d+\.\d+)"')  # only deltas carry a bare number as text
 DELTA = b'"type":"delta"'
+FIRST = re.compile(rb'"text":"first (\d+\.\d+)"')  # a message's first delta, not counted
+FIRST_WAIT = 0.001  # the baseline's pause after the first delta (the relay's agent's least)
 RENDERED = b'"text":"","html":'  # a delta carrying the rendering (html) of the text so far, no text
 RESYNC = b'"type":"resync"'
 
@@ -83,6 +93,7 @@ class Result:
     events_per_second: float
     p50: float
     p99: float
+    first: float = 0.0  # the delay of the message's first delta (uncounted), the slowest client's
 
 
 async def _collect(ws: ClientConnection, count: int) -> Frames:
@@ -97,8 +108,9 @@ async def _collect(ws: ClientConnection, count: int) -> Frames:
     while seen < count:
         raw = await ws.recv(decode=False)
         frames.append((time.perf_counter(), raw))
-        # The relay's rendering deltas (html, empty text) are not among the `count`.
-        seen += raw.count(DELTA) - raw.count(RENDERED)
+        # Neither the relay's rendering deltas (html, empty text) nor the first delta (it
+        # comes alone, see bench/servers.py's StreamAgent) are among the `count`.
+        seen += raw.count(DELTA) - raw.count(RENDERED) - raw.count(b'"text":"first ')
         if RESYNC in raw:
             raise FellBehind(raw.decode())
     return frames
@@ -107,16 +119,20 @@ async def _collect(ws: ClientConnection, count: int) -> Frames:
 def _result(clients: list[Frames], count: int) -> Result:
     """Events/s and delays of one run, every client's events pooled."""
     delays: list[float] = []
-    first, last = float("inf"), 0.0
+    first, last, first_delay = float("inf"), 0.0, 0.0
     for frames in clients:
         for received, raw in frames:
+            if found := FIRST.search(raw):
+                first_delay = max(first_delay, received - float(found[1]))
             stamps = [float(stamp) for stamp in DELTA_TEXT.findall(raw)]
             if stamps:
                 first = min(first, stamps[0])
                 last = max(last, received)
                 delays += [received - stamp for stamp in stamps]
     assert len(delays) == count * len(clients), (len(delays), count * len(clients))
-    return Result(count / (last - first), percentile(delays, 0.5), percentile(delays, 0.99))
+    return Result(
+        count / (last - first), percentile(delays, 0.5), percentile(delays, 0.99), first_delay
+    )
 
 
 async def _until(ws: ClientConnection, kind: str) -> None:
@@ -233,6 +249,10 @@ async def _baseline_server(port: int) -> None:
 
     async def stream(count: int) -> None:
         clock = time.perf_counter
+        # The first delta alone, as the relay's agent sends it (bench/servers.py's StreamAgent).
+        first = {"type": "delta", "entry_id": 1, "text": f"first {clock():.7f}"}
+        burst.publish(encode(first | {"seq": 0, "conversation_id": 1}))
+        await asyncio.sleep(FIRST_WAIT)
         for seq in range(1, count + 1):
             event = {"type": "delta", "entry_id": 1, "text": f"{clock():.7f}"}
             event |= {"seq": seq, "conversation_id": 1}
@@ -307,6 +327,7 @@ async def measure(repeat: int, count: int) -> dict[int, dict[str, list[Result]]]
                 for name, found in runs.items():
                     shown = ", ".join(
                         f"{r.events_per_second:,.0f}/s p50 {r.p50 * 1e3:.1f} p99 {r.p99 * 1e3:.1f}"
+                        f" first {r.first * 1e3:.1f}"
                         for r in found
                     )
                     print(f"fanout {clients:>3} clients {name:>8}: {shown}", file=sys.stderr)

@@ -19,7 +19,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,10 +40,12 @@ from app.config import Settings
 from app.main import create_app
 from app.migrate import upgrade
 from app.providers import make_agent
+from app.supervisor import Supervisor
 from bench.common import TOKEN
 from tests.stand_in import StandIn
 
 DEFAULT_DELTAS = 10_000
+FIRST_WAIT = 10.0  # seconds the stream agent waits at most for its first delta's publishing
 PROPOSED_INDEX = (  # the index the timeline's state queries need (see bench/README.md)
     "CREATE INDEX IF NOT EXISTS ix_entry_conversation_state_seq"
     " ON entry (conversation_id, state, seq)"
@@ -60,19 +62,34 @@ class StreamAgent(BenchAgent):
     The prompt says how many ("stream 10000"). Each delta's text is time.perf_counter() at
     the moment it is yielded (CLOCK_MONOTONIC: the clients' processes read the same clock).
     It gives the loop a turn between deltas, as an agent reading a pipe does.
+
+    The message's first delta ("first <time>") comes alone: the relay stores the message's
+    entry when it arrives (a database write, 8-113 ms in session 5's runs), and a model's
+    next tokens come long after that. The N counted deltas follow once the first is
+    published (`published(message_id)`), so they measure the fan-out, not that write
+    (bench/fanout.py reports the first delta's delay apart).
     """
 
-    def __init__(self, spec: AgentSpec) -> None:
+    def __init__(
+        self, spec: AgentSpec, published: Callable[[int, str], bool] | None = None
+    ) -> None:
         super().__init__(spec)
         self.turns = 0
+        self.published = published
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
-        """Yield the deltas, then MessageDone and TurnDone."""
+        """Yield the first delta, then (once it is published) the N deltas, then the end."""
         found = re.search(r"\d+", prompt)
         count = int(found[0]) if found else DEFAULT_DELTAS
         self.turns += 1
         message_id = f"bench-{self.spec.conversation_id}-{self.turns}"
         clock = time.perf_counter
+        yield TextDelta(message_id, f"first {clock():.7f}")
+        deadline = clock() + FIRST_WAIT
+        while self.published is not None and clock() < deadline:
+            if self.published(self.spec.conversation_id, message_id):
+                break
+            await asyncio.sleep(0.001)
         for _ in range(count):
             yield TextDelta(message_id, f"{clock():.7f}")
             await asyncio.sleep(0)
@@ -107,12 +124,23 @@ class UsageAgent(BenchAgent):
 AGENTS = {"stream": StreamAgent, "noop": NoopAgent, "usage": UsageAgent}
 
 
-def agent_factory(kind: str) -> Any:
+def agent_factory(kind: str, supervisor: Supervisor | None = None) -> Any:
     """An agent_factory for the supervisor: (provider, spec, settings) -> Agent."""
     if kind == "real":
         return make_agent
 
+    def published(conversation_id: int, message_id: str) -> bool:
+        """True once the message's entry is stored and its first delta reached the tabs."""
+        assert supervisor is not None
+        runner = supervisor.runners.get(conversation_id)
+        streaming = runner.streaming.get(message_id) if runner is not None else None
+        return streaming is not None and (
+            bool(streaming.seqs) and supervisor.hub.shown_seq(conversation_id) >= streaming.seqs[0]
+        )
+
     def factory(_provider: str, spec: AgentSpec, _settings: Settings) -> Agent:
+        if kind == "stream":
+            return StreamAgent(spec, published if supervisor is not None else None)
         return AGENTS[kind](spec)
 
     return factory
@@ -141,7 +169,7 @@ def serve_relay(
         with sqlite3.connect(settings.resolved_data_dir / "oarlock.db") as db:
             db.execute(PROPOSED_INDEX)
     app = create_app(settings)
-    app.state.supervisor.agent_factory = agent_factory(agent)
+    app.state.supervisor.agent_factory = agent_factory(agent, app.state.supervisor)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options(settings))
 
 

@@ -231,6 +231,12 @@ class ClusterHub(Hub):
         self.soon(self._append, conversation_id, event)
         return event
 
+    def publish_delta(self, conversation_id: int, seq: int, entry_id: int, text: str) -> None:
+        """Publish a streamed piece of text through the shared stream, as any event."""
+        self.publish(
+            conversation_id, {"type": "delta", "entry_id": entry_id, "text": text, "seq": seq}
+        )
+
     def _append(self, conversation_id: int, event: Event) -> None:
         self._send(("x", (conversation_id, event["seq"], encode(event))))
         self._watch(conversation_id, event)

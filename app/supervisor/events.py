@@ -198,14 +198,17 @@ class Events(SupervisorState):
                 conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
-        seq = self.hub.next_seq(runner.conversation_id)
-        streaming.parts.append(event.text)
-        streaming.seqs.append(seq)  # a snapshot at a seq shows the text up to it (text_at)
-        delta = {"type": "delta", "entry_id": streaming.entry_id, "text": event.text, "seq": seq}
-        self.hub.publish(runner.conversation_id, delta)
-        if streaming.live is None:
-            streaming.live = self._live_render(runner, event.message_id, streaming)
-        self.storage.soon(streaming.live.poke)  # (its timer is the loop's)
+        cid, text = runner.conversation_id, event.text
+        seq = self.hub.next_seq(cid)
+        # Before it is published: a snapshot at a seq shows the text up to it (text_at).
+        streaming.parts.append(text)
+        streaming.seqs.append(seq)
+        self.hub.publish_delta(cid, seq, streaming.entry_id, text)
+        live = streaming.live
+        if live is None:
+            live = streaming.live = self._live_render(runner, event.message_id, streaming)
+        if not live.noted():  # else a rendering already due will read this text too
+            self.storage.soon(live.poke)  # (its timer is the loop's)
         now = time.monotonic()
         if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
             # A crash-safe checkpoint of the partial text, not a write per delta.
