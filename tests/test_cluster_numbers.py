@@ -10,6 +10,7 @@ import pytest
 
 from app.cluster.events import APPEND_RUN, BROADCAST, STREAM_EVENTS, ClusterHub, _commands, id_pair
 from app.cluster.ordering import Orderer
+from app.hub import RESYNC
 from tests.redis import RedisServer
 
 
@@ -86,3 +87,20 @@ async def test_numbers_taken_for_a_burst_are_its_own_and_the_unused_ones_filled(
     events = [json.loads(text) for text in tab.pending()]
     assert [e["seq"] for e in events] == list(range(11, 18))  # no hole waited for
     assert [e["type"] for e in events] == ["delta"] * 3 + ["skip", "skip"] + ["delta"] * 2
+
+
+async def test_a_hole_waited_for_in_vain_makes_the_tabs_resync(
+    hubs: tuple[ClusterHub, ClusterHub],
+) -> None:
+    a, b = hubs
+    await b.prepare(8)
+    tab = b.connect()
+    b.follow(tab, 8)
+    lost = await asyncio.to_thread(a.next_seq, 8)  # taken by a node that died before appending
+    seq = await asyncio.to_thread(a.next_seq, 8)
+    a.publish(8, {"type": "delta", "entry_id": 1, "text": "after the hole", "seq": seq})
+    async with asyncio.timeout(20):
+        while b.current_seq(8) < seq:  # noqa: ASYNC110 - the reader task (2 s: GAP_WAIT)
+            await asyncio.sleep(0.05)
+    assert lost == seq - 1
+    assert tab.pending() == [RESYNC]  # not the later event alone, with a silent gap
