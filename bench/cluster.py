@@ -106,10 +106,9 @@ async def run_tabs(owner: Relay, viewer: Relay, count: int) -> Result:
         try:
             collected = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         except TimeoutError:
-            # Seen once under load, cause not confirmed. Likely: the viewing node read its
-            # stream more than STREAM_EVENTS behind, the trimmed events became a hole it
-            # skipped, and a tab (a browser would ask again and get a snapshot) waits here
-            # for deltas it never gets.
+            # Before session 5: a node that read its stream more than STREAM_EVENTS behind
+            # skipped the trimmed hole silently. It now tells its tabs to resync (_collect
+            # raises FellBehind); a timeout here is a new fault.
             raise RuntimeError("tabs on the viewing node stopped short of the last delta") from None
     finally:
         for ws in sockets:

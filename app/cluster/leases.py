@@ -11,6 +11,11 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+
+class LeaseLost(Exception):
+    """This node's lease of a conversation lapsed (it stalled): another node may run it now."""
+
+
 _ACQUIRE = text(
     """
     INSERT INTO lease (conversation_id, node, expires_at)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -34,7 +35,7 @@ from app import store
 from app.agents.base import PermissionDecision
 from app.agents.transcript import config_dir
 from app.cluster import leases
-from app.cluster.events import PREFIX, TIMEOUT
+from app.cluster.events import PREFIX, TIMEOUT, ClusterHub
 from app.config import Settings
 from app.providers import agent_env
 from app.summary import SummaryMessage, build_summary
@@ -87,6 +88,13 @@ class ClusterNode:
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
         self._tasks: list[asyncio.Task[None]] = []
         self._claiming: set[int] = set()
+        self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
+
+    def numbers(self, conversation_id: int, count: int) -> contextlib.AbstractContextManager[None]:
+        """Take a burst's count numbers in one Redis round trip (a storage job, before it)."""
+        hub = self.supervisor.hub
+        assert isinstance(hub, ClusterHub)
+        return hub.reserved(conversation_id, count)
 
     def holds(self, conversation_id: int) -> bool:
         """Whether this node runs the conversation (holds its lease)."""
@@ -143,6 +151,18 @@ class ClusterNode:
         self.held.discard(cid)  # first: its runner starts no other turn
         self.supervisor.storage.soon(self._task, partial(self.supervisor.drop_agent, cid))
         return False
+
+    def may_write(self, session: Any, runner: Runner) -> bool:
+        """In the writer thread, before a burst of agent events is stored: whether it may be.
+
+        Leases renewed less than half a lease ago still run (no query); after longer (this
+        node stalled: SIGSTOP, a long pause) the database says, as before a turn.
+        """
+        if runner.conversation_id not in self.held:  # the heartbeat found the lease lapsed
+            return False
+        if time.monotonic() - self.renewed_at < self.seconds / 2:
+            return True
+        return self.still_owner(session, runner)
 
     def _find(self, conversation_id: int) -> Conversation | None:
         """A conversation (in a storage thread)."""
@@ -326,7 +346,9 @@ class ClusterNode:
 
     async def _beat(self) -> None:
         storage = self.supervisor.storage
+        began = time.monotonic()
         kept = await storage.write(leases.renew, self.engine, self.node, self.seconds)
+        self.renewed_at = began
         for cid in self.held - kept:  # expired under us (a stall longer than the lease)
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
             self.held.discard(cid)  # first: its runner starts no other turn

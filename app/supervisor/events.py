@@ -27,6 +27,7 @@ from app.agents.base import (
 )
 from app.backup_files import Job
 from app.backups import PRECOMPACT_AUTO, tool_facts
+from app.cluster.leases import LeaseLost
 from app.compaction import clip_summary, failed_text, finished_text, started_text
 from app.db import write_lock_free
 from app.edits import edit_change
@@ -57,7 +58,13 @@ class Events(SupervisorState):
 
     def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
         """Record a burst of agent events in one storage job: one session, one read of the row."""
-        with self.session() as session:
+        deltas = sum(isinstance(event, TextDelta) for event in events)
+        numbers = contextlib.nullcontext()  # a cluster node: the deltas' numbers in one round trip
+        if self.cluster is not None:
+            numbers = self.cluster.numbers(runner.conversation_id, deltas)
+        with numbers, self.session() as session:
+            if self.cluster is not None and not self.cluster.may_write(session, runner):
+                raise LeaseLost(runner.conversation_id)  # stalled past its lease: store nothing
             conversation: Conversation | None = None
             for event in events:
                 if conversation is None and not isinstance(event, TextDelta):

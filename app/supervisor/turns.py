@@ -14,6 +14,7 @@ from sqlmodel import Session
 
 from app import store
 from app.agents.base import AgentEvent, PermissionDecision, PermissionRequest, Receipts, TurnDone
+from app.cluster.leases import LeaseLost
 from app.db import WRITE_PATIENCE, write_lock_free
 from app.edits import edit_change
 from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
@@ -23,6 +24,8 @@ from app.supervisor.runner import Locked, Runner, TurnState, _settle, failure_re
 from app.views import conversation_view
 
 log = logging.getLogger(__name__)
+
+BURST_AHEAD = 256  # agent events a cluster node reads ahead of those being stored
 
 
 RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
@@ -260,7 +263,10 @@ class Turns(SupervisorState):
                 turn = agent.turn(prompt)
             # The events that arrived while the last burst was being stored are stored together,
             # in one storage job: one read of the conversation, one fsync.
-            async for burst in bursts(turn):
+            # A cluster node's events go on through Redis after the burst's job: the agent is
+            # read no further ahead than BURST_AHEAD events, so none waits behind a backlog.
+            ahead = BURST_AHEAD if self.cluster is not None else 0
+            async for burst in bursts(turn, ahead):
                 try:
                     # On a cluster node every burst goes to the writer: a number is a Redis
                     # round trip there, never taken on the loop.
@@ -271,6 +277,9 @@ class Turns(SupervisorState):
                     else:  # text of messages already stored: published from here
                         for event in burst:
                             self._handle(runner, event)
+                except LeaseLost:  # this node stalled: the new owner closes the turn, not this one
+                    runner.ended = True
+                    return
                 except Exception as error:  # the database failed: this turn cannot be recorded
                     log.exception(
                         "conversation %s: could not store an agent event", runner.conversation_id
@@ -403,18 +412,26 @@ class Turns(SupervisorState):
         runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
 
 
-async def bursts(events: AsyncIterator[AgentEvent]) -> AsyncIterator[list[AgentEvent]]:
+async def bursts(
+    events: AsyncIterator[AgentEvent], limit: int = 0
+) -> AsyncIterator[list[AgentEvent]]:
     """The agent's events in bursts: each time, every event that arrived since the last burst.
 
-    A reader task drains the agent while the consumer stores the previous burst; an error of
-    the agent is raised after the events that came before it.
+    A reader task drains the agent while the consumer stores the previous burst (up to limit
+    events ahead of it, when given); an error of the agent is raised after the events that
+    came before it.
     """
     queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
+    room = asyncio.Event()  # set: the consumer took what was queued
+    room.set()
 
     async def read() -> None:
         try:
             async for event in events:
                 queue.put_nowait(event)
+                if limit and queue.qsize() >= limit:
+                    room.clear()
+                    await room.wait()
                 if isinstance(event, TurnDone):
                     break
         except Exception as error:  # noqa: BLE001 - handed to the consumer, in order
@@ -428,6 +445,7 @@ async def bursts(events: AsyncIterator[AgentEvent]) -> AsyncIterator[list[AgentE
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
+            room.set()
             burst = [i for i in items if i is not None and not isinstance(i, BaseException)]
             if burst:
                 yield burst

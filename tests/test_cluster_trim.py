@@ -1,0 +1,149 @@
+"""A node that reads a conversation's stream after Redis trimmed it tells its tabs to resync.
+
+Two nodes' hubs on a real Redis: node a in the test's loop, node b on a loop of its own in a
+thread, so that b can stall (its loop held, as by a long pause of the process) while a streams
+more events than a stream keeps (MAXLEN ~ STREAM_EVENTS). The events b had not read are gone:
+its tab must get every event or be told to resync, never a silent hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from app.cluster.events import STREAM_EVENTS, ClusterHub, stream_key
+from app.hub import RESYNC, Subscriber
+from tests.redis import RedisServer
+
+T = TypeVar("T")
+STORED = 10  # the database's last_seq of every conversation
+CID = 7
+
+
+class Node(threading.Thread):
+    """A cluster hub running on its own event loop in a thread (a relay node's loop)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.loop = asyncio.new_event_loop()
+        self.started = threading.Event()
+        self.hub: ClusterHub | None = None
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.hub = ClusterHub(lambda _cid: STORED, self.url, "b")
+        self.loop.run_until_complete(self.hub.start())
+        self.started.set()
+        self.loop.run_forever()
+
+    def call(self, fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run a coroutine on the node's loop and return its result."""
+        future: Future[T] = asyncio.run_coroutine_threadsafe(fn(), self.loop)
+        return future.result(timeout=60)
+
+    def stall(self) -> threading.Event:
+        """Hold the node's loop until the returned event is set (nothing runs on it meanwhile)."""
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            held.set()
+            release.wait(60)
+
+        self.loop.call_soon_threadsafe(hold)
+        assert held.wait(10)
+        return release
+
+    def finish(self) -> None:
+        """Stop the hub and the loop."""
+        assert self.hub is not None
+        hub = self.hub
+
+        async def stop() -> None:
+            await hub.stop()
+
+        self.call(stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[tuple[ClusterHub, Node]]:
+    """Node a (this loop) and node b (its own loop), on one Redis."""
+    server = RedisServer().start()
+    a = ClusterHub(lambda _cid: STORED, server.url, "a")
+    b = Node(server.url)
+    try:
+        await a.start()
+        b.start()
+        assert b.started.wait(20)
+        yield a, b
+    finally:
+        await a.stop()
+        if b.is_alive():
+            b.finish()
+        server.stop()
+
+
+def seqs(texts: list[str]) -> list[int]:
+    """The seqs of the events among texts (frames of one event each)."""
+    return [json.loads(text)["seq"] for text in texts if text != RESYNC]
+
+
+async def test_a_tab_on_a_node_that_read_too_late_is_told_to_resync(
+    nodes: tuple[ClusterHub, Node],
+) -> None:
+    a, b = nodes
+    hub = b.hub
+    assert hub is not None
+
+    async def follow() -> Subscriber:
+        await hub.prepare(CID)
+        tab = hub.connect()
+        hub.follow(tab, CID)
+        return tab
+
+    tab = b.call(follow)
+
+    async def delivered() -> int:
+        return hub.current_seq(CID)
+
+    async def taken() -> list[str]:
+        return tab.pending()
+
+    async def until_delivered(seq: int) -> None:
+        async with asyncio.timeout(60):
+            while await asyncio.to_thread(b.call, delivered) < seq:  # noqa: ASYNC110 - b polls
+                await asyncio.sleep(0.05)
+
+    for _ in range(10):
+        a.emit(CID, {"type": "delta", "entry_id": 1, "text": "x"})
+    await a.flush()
+    await until_delivered(STORED + 10)
+    assert seqs(b.call(taken)) == list(range(STORED + 1, STORED + 11))
+
+    release = b.stall()  # node b's loop is held: it reads nothing meanwhile
+    count = 2 * STREAM_EVENTS
+    for _ in range(count):
+        a.emit(CID, {"type": "delta", "entry_id": 1, "text": "y"})
+    await a.flush()
+    last = STORED + 10 + count
+    # The case under test: events after the last one b read were trimmed away.
+    first = redis.Redis.from_url(b.url).xrange(stream_key(CID), count=1)
+    assert int(first[0][1][b"s"]) > STORED + 11 + 256  # (b may get one append's run late)
+    release.set()
+
+    await until_delivered(last)
+    texts = b.call(taken)
+    got = seqs(texts)
+    # Every event after those it had, or a resync (the tab reloads its state: a snapshot).
+    assert RESYNC in texts or got == list(range(STORED + 11, last + 1)), (got[:3], len(got))
+    assert RESYNC in texts  # (every event cannot be: they were trimmed before b read them)
