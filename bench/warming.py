@@ -7,10 +7,11 @@ OARLOCK_AGENT_IDLE_TIMEOUT=5, one conversation followed by one WebSocket as a ta
 is from the POST of a message to the first `delta` of its reply (the first reply text a
 browser shows). Three cases take turns, each after one untimed turn so the session exists:
 
-- warm: the agent has just finished a turn (its CLI is live; REPORT s later: after a new
-  CLI's first turn the relay asks it for its context report once, ~26 `count_tokens`
-  requests that took 1.3-2.3 s here, and a turn sent meanwhile waits behind them: until
-  issue 18 this wait was 0.5 s, and "warm" turns measured 370-730 ms instead of ~60 ms);
+- warm: the agent has just finished a turn (its CLI, which resumed the session, is live;
+  REPORT s later: after a new CLI's first turn the relay asks it for its context report
+  once, ~26 `count_tokens` requests that took 1.3-2.3 s here, and a turn sent meanwhile
+  waits behind them: until issue 18 this wait was 0.5 s, and "warm" turns measured
+  370-730 ms instead of ~60 ms);
 - warming: the agent went to sleep (the tab saw `"agent": "asleep"`), then the tab sends
   `{"type": "warm"}` as the UI does on the first keystroke, and the POST comes 1 s later;
 - cold (a figure, no target): asleep, no warm-up: the CLI starts after the POST.
@@ -153,6 +154,10 @@ async def measure(rounds: int) -> dict[str, list[float]]:
                 await tab.open()
                 try:
                     await tab.first_reply("Start the session.")
+                    # Every warm case then runs on a CLI that resumed the session, as the
+                    # others do (only those carry the warm-up hook), not on the new one.
+                    await tab.asleep()
+                    await tab.first_reply("Resume the session.")
                     for n in range(rounds):
                         # The relay asks a new CLI for its context report after its first
                         # turn: let it end, so that it does not slow the warm turn.

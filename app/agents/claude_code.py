@@ -508,6 +508,7 @@ class ClaudeCodeAgent(TurnFlags):
         self._starting = False  # turn() is (re)starting the CLI
         # Never typed by anyone: the hook stops exactly this prompt before the model.
         self._warm_up_prompt = f"oarlock warm-up {uuid.uuid4()}"
+        self._stops_warm_up = False  # the live CLI has the hook that stops that prompt
 
     @property
     def pid(self) -> int | None:
@@ -568,7 +569,11 @@ class ClaudeCodeAgent(TurnFlags):
             # The relay's own tools are never asked about: _can_use_tool allows them (the SDK
             # refuses an allowed_tools entry that would shadow the callback).
             allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
-            hooks={"UserPromptSubmit": [HookMatcher(hooks=[self._stop_warm_up])]},
+            # Only a resumed CLI is ever warmed up: on the others the hook would cost every
+            # prompt a control round trip for nothing.
+            hooks={"UserPromptSubmit": [HookMatcher(hooks=[self._stop_warm_up])]}
+            if resume
+            else None,
         )
         # a custom transport gets no option rewriting: route permission prompts here ourselves
         wire = replace(options, permission_prompt_tool_name="stdio") if ask else options
@@ -589,6 +594,7 @@ class ClaudeCodeAgent(TurnFlags):
                     raise CLIConnectionError(f"the CLI exited (code {code}): {reason}") from e
             raise
         self._client = client
+        self._stops_warm_up = resume is not None
         self._mapper = EventMapper(resume)
         self._dirty = self._closing = False
 
@@ -617,9 +623,12 @@ class ClaudeCodeAgent(TurnFlags):
         A fresh CLI's first prompt costs ~100 ms more than the next (skills, CLAUDE.md,
         hooks, first-run code; bench/README.md "Warming"): paid here, while the user types.
         The model never sees it; the transcript gets one "blocked by hook" system line.
+        A CLI started without the hook (a new session) is never sent it.
         """
         client = self._client
-        if client is None or not self.session_id or self._in_turn or not self.is_alive():
+        if client is None or not self._stops_warm_up or not self.session_id:
+            return
+        if self._in_turn or not self.is_alive():
             return
         self._in_turn = True
         try:
