@@ -57,16 +57,27 @@ class Events(SupervisorState):
 
     def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
         """Record a burst of agent events in one storage job: one session, one read of the row."""
+        # A message that begins and ends in this burst is stored once, done: no streaming row
+        # first (an INSERT and a commit less), no deltas that its entry replaces at once.
+        whole = {
+            e.message_id
+            for e in events
+            if isinstance(e, MessageDone) and e.message_id not in runner.streaming
+        }
         with self.session() as session:
             conversation: Conversation | None = None
             for event in events:
+                if isinstance(event, TextDelta) and event.message_id in whole:
+                    runner.last_used = time.monotonic()
+                    continue
                 if conversation is None and not isinstance(event, TextDelta):
                     conversation = self._load(session, runner.conversation_id)
                 self._handle(runner, event, session, conversation)
                 if isinstance(event, TurnDone):
+                    # Its last event stored: end it here, in this session (the conversation
+                    # is read already), and look at the queue.
+                    self._finish_turn(runner, session, conversation)
                     break
-        if any(isinstance(event, TurnDone) for event in events):
-            self._finish_turn(runner)  # its last event stored: end it here, one fsync for all
 
     def _handle(
         self,
