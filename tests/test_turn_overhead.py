@@ -35,9 +35,11 @@ class Quick:
         """Nothing to spawn."""
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
-        """Text in two pieces, the message, its usage, the end: no wait between them."""
+        """Usage, text in two pieces, the message, its usage again (as Claude Code's result
+        repeats it), the end: no wait between them."""
         self.turns += 1
         message_id = f"m{self.turns}"
+        yield Usage(100 * self.turns)
         yield TextDelta(message_id, "You said: ")
         yield TextDelta(message_id, prompt)
         yield MessageDone(message_id, f"You said: {prompt}")
@@ -183,3 +185,22 @@ def test_a_failed_end_of_turn_loses_nothing_and_the_queue_moves(
         assert stored is not None and not stored.turn_active
     assert relay.send(cid, "three").status_code == 202  # the runner goes on
     assert relay.wait_idle(cid, timeout=TIMEOUT)["timeline"][-1]["text"] == "You said: three"
+
+
+def test_a_repeated_usage_writes_the_row_once(relay: LiveRelay) -> None:
+    quick_relay(relay)
+    cid = relay.create(title="Usage")["id"]
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith("UPDATE conversation") and "context_tokens" in statement:
+            seen.append(statement)
+
+    event.listen(relay.supervisor.engine, "before_cursor_execute", record)
+    try:
+        assert relay.send(cid, "count").status_code == 202
+        view = relay.wait_idle(cid, timeout=TIMEOUT)
+    finally:
+        event.remove(relay.supervisor.engine, "before_cursor_execute", record)
+    assert view["context_tokens"] == 100
+    assert len(seen) == 1  # the second, unchanged figure changes nothing

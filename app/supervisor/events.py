@@ -144,8 +144,13 @@ class Events(SupervisorState):
                         changes["model"] = event.model
                     if event.model_window:
                         changes["model_window"] = event.model_window
-                    store.update_conversation(session=session, conversation=conversation, **changes)
-                    self.publish_conversation(conversation)
+                    # The turn's result repeats its last message's usage: as read in this job,
+                    # the row has it already (no write, no event; the turn's end touches it).
+                    if any(getattr(conversation, k) != v for k, v in changes.items()):
+                        store.update_conversation(
+                            session=session, conversation=conversation, **changes
+                        )
+                        self.publish_conversation(conversation)
                     self._backup_figure(conversation, event.context_tokens)
                 case CompactionStarted(trigger=trigger):
                     style = compaction_style(conversation.provider)
