@@ -196,9 +196,18 @@ def add_entry(
 
 
 def save_entry(
-    *, session: Session, entry: Entry, conversation: Conversation, event_seq: int, **changes: Any
+    *,
+    session: Session,
+    entry: Entry,
+    conversation: Conversation,
+    event_seq: int,
+    row: dict[str, Any] | None = None,
+    **changes: Any,
 ) -> Entry:
-    """Change an entry; event_seq (the change's number) becomes the conversation's last."""
+    """Change an entry; event_seq (the change's number) becomes the conversation's last.
+
+    row: fields of the conversation changed with it, in the same UPDATE of its row.
+    """
     # In the session first: an entry a failed write expired reloads its stored values here.
     session.add(entry)
     values: dict[str, Any] = {}
@@ -221,17 +230,22 @@ def save_entry(
         if found != 1:  # as the ORM's flush says it
             session.rollback()
             raise StaleDataError(f"entry {entry_id} is not stored any more")
+    counts: dict[int, int] = {}  # message count changes by conversation (in SQL, not a copy)
     if before != after:
-        _count_messages(session, before[0], -int(before[1]))  # PostgreSQL adds no booleans
-        _count_messages(session, after[0], int(after[1]))
+        counts[before[0]] = counts.get(before[0], 0) - int(before[1])  # no booleans in PostgreSQL
+        counts[after[0]] = counts.get(after[0], 0) + int(after[1])
+    for conversation_id, delta in counts.items():
+        if conversation_id != conversation.id:
+            _count_messages(session, conversation_id, delta)
+    own: dict[str, Any] = {**(row or {}), "last_seq": _raise_seq(event_seq)}
+    if counts.get(conversation.id or 0):  # one UPDATE of the conversation's row, not three
+        own["message_count"] = col(Conversation.message_count) + counts[conversation.id or 0]
     connection.execute(
-        update(Conversation)
-        .where(col(Conversation.id) == conversation.id)
-        .values(last_seq=_raise_seq(event_seq))
+        update(Conversation).where(col(Conversation.id) == conversation.id).values(**own)
     )
     session.commit()
     _committed(entry, values)
-    _committed(conversation, {"last_seq": max(conversation.last_seq, event_seq)})
+    _committed(conversation, {**(row or {}), "last_seq": max(conversation.last_seq, event_seq)})
     return entry
 
 

@@ -33,7 +33,7 @@ SEARCHES = re.compile(r"SEARCH \w+ USING (COVERING INDEX|INDEX|INTEGER PRIMARY K
 USER, AGENT = ("user", "Hi", "sent"), ("agent", "*Yo*", "done")
 LIST_QUERIES = 1  # the page
 OPEN_QUERIES = 4  # the conversation, its last entries, its queued messages, their count
-SEND_QUERIES = 5  # the conversation twice (route, writer); message insert (returning), update; turn
+SEND_QUERIES = 4  # the conversation (in the writer); message insert (returning), update; turn
 
 
 class Stalled:

@@ -29,12 +29,12 @@ from app.models import (
 from app.providers import WINDOW_PROVIDERS, default_provider, provider_infos
 from app.routes.deps import fetch_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
+from app.supervisor.commands import DEFAULT_TITLE
 from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
 from app.window import validate_setting
 
 PERMISSION_MODES = ("default", "acceptEdits", "bypassPermissions", "plan")
-DEFAULT_TITLE = "New conversation"
 
 router = APIRouter(prefix="/api")
 SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]
@@ -238,32 +238,45 @@ async def send_message(
     supervisor: SupervisorDep,
 ) -> Any:
     """Store a message and queue it for the agent; `/compact` alone compacts instead."""
-    conversation = await fetch_conversation(supervisor, conversation_id)
     limit = _settings(request).max_message_bytes
-    if len(body.text.encode()) > limit:
-        raise HTTPException(413, f"The message is over the limit of {limit} bytes.")
-    if not body.text.strip():
-        raise HTTPException(422, "The message is empty.")
-    if conversation.status != "active":  # before anything changes, even the title
-        if is_compact_command(body.text) or is_clear_command(body.text):
-            raise HTTPException(409, "This conversation is archived; it cannot be compacted again.")
-        raise HTTPException(409, "This conversation is archived; it can be read, not written.")
+    command = is_compact_command(body.text) or is_clear_command(body.text)
+    problem = _text_problem(body.text, limit)
+    if not command and problem is None:
+        # One writer job reads the conversation, titles it and stores the message: no read
+        # job before it on every message's path.
+        title = _title_from(body.text) if has_visible_character(body.text) else None
+        try:
+            entry = await supervisor.storage.write(
+                supervisor.send, conversation_id, body.text, title
+            )
+        except LookupError:
+            raise HTTPException(404, f"No conversation {conversation_id}.") from None
+        except ConversationError as error:
+            raise HTTPException(409, str(error)) from None
+        return entry_view(entry)
+    conversation = await fetch_conversation(supervisor, conversation_id)
+    if problem is not None:  # after the 404: a missing conversation is said first
+        raise problem
+    if conversation.status != "active":  # before anything changes
+        raise HTTPException(409, "This conversation is archived; it cannot be compacted again.")
     try:
         if is_compact_command(body.text):
             new = await supervisor.storage.write(supervisor.compact, conversation)
             return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
-        if is_clear_command(body.text):  # /compact with the project's latest handoff
-            new = await supervisor.storage.write(supervisor.compact, conversation, handoff=True)
-            return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
-        first = conversation.title == DEFAULT_TITLE and conversation.last_seq == 0
-        if first and has_visible_character(body.text):  # never an invisible title
-            conversation = await supervisor.storage.write(
-                supervisor.update_conversation, conversation, title=_title_from(body.text)
-            )
-        entry = await supervisor.storage.write(supervisor.submit, conversation, body.text)
+        # /clear: /compact with the project's latest handoff
+        new = await supervisor.storage.write(supervisor.compact, conversation, handoff=True)
+        return JSONResponse({"compacted_into": conversation_view(new)}, status_code=201)
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
-    return entry_view(entry)
+
+
+def _text_problem(text: str, limit: int) -> HTTPException | None:
+    """Why a message's text is refused (413 too long, 422 empty), or None."""
+    if len(text.encode()) > limit:
+        return HTTPException(413, f"The message is over the limit of {limit} bytes.")
+    if not text.strip():
+        return HTTPException(422, "The message is empty.")
+    return None
 
 
 def _title_from(text: str) -> str:

@@ -24,6 +24,8 @@ from app.views import conversation_view
 
 log = logging.getLogger(__name__)
 
+DEFAULT_TITLE = "New conversation"  # a conversation's title until its first message names it
+
 
 class Commands(SupervisorState):
     """The commands routes call (mixed into Supervisor)."""
@@ -62,23 +64,75 @@ class Commands(SupervisorState):
         with self.session() as session:
             session.add(conversation)
             self._still_active(session, conversation)
-            entry = self._add(session, conversation, "user", text, state="queued")
-            self._wake(conversation.id or 0)
-            self.publish_turn(conversation.id or 0, session)
+            return self._queue_message(session, conversation, text)
+
+    def send(self, conversation_id: int, text: str, title: str | None = None) -> Entry:
+        """Store a user message by the conversation's id: the route's read, the title and the
+        message in one writer job (LookupError: no such conversation).
+
+        title: the conversation's title if this is its first message (it has no other yet).
+        """
+        if self.cluster is not None:  # its lease is claimed before the message is stored
+            with self.session() as session:
+                conversation = store.get_conversation(
+                    session=session, conversation_id=conversation_id
+                )
+            if conversation is None:
+                raise LookupError(f"No conversation {conversation_id}.")
+            if title is not None and conversation.status == "active" and _untitled(conversation):
+                self.update_conversation(conversation, title=title)
+            return self.submit(conversation, text)
+        with self.session() as session:
+            # Read in the writer's turn, after every earlier job (a /compact among them).
+            found = store.lock_conversation(session=session, conversation_id=conversation_id)
+            if found is None:
+                raise LookupError(f"No conversation {conversation_id}.")
+            if found.status != "active":
+                raise ConversationError(
+                    "This conversation is archived; it can be read, not written."
+                )
+            if title is not None and _untitled(found):
+                store.update_conversation(session=session, conversation=found, title=title)
+                self.publish_conversation(found)
+            return self._queue_message(session, found, text)
+
+    def _queue_message(self, session: Session, conversation: Conversation, text: str) -> Entry:
+        """Store a user message (queued) in the job's session; its turn begins here if idle."""
+        cid = conversation.id or 0
+        entry = self._add(session, conversation, "user", text, state="queued")
+        self._wake(cid)
+        runner = self.runners.get(cid)
+        idle = runner is not None and (runner.task is None or runner.task.done())
+        if not (self.cluster is None and idle and runner is not None and not runner.looked):
+            self._announce_queued(session, conversation)
+            return entry
+        # Its turn begins in this job and session (a job less on the turn's path); the runner
+        # task that _wake starts takes the prompt. Stored already: a failure here is retried.
+        session.expunge(entry)  # the answer shows it as stored (queued), not as then sent
+        try:
+            runner.upcoming = (
+                None if self._closing else self._next_turn(runner, session, conversation)
+            )
+            runner.looked = True
+        except Exception:
+            log.exception("conversation %s: could not begin the turn", cid)
+            runner.upcoming = None
+            try:  # the message is stored: answered all the same, the tabs told if they can be
+                session.rollback()
+                self._announce_queued(session, conversation)
+            except Exception:
+                log.exception("conversation %s: could not publish the turn", cid)
+            return entry
+        if runner.upcoming is None:  # else _begin_turn told the tabs (queued 0), once
+            self._announce_queued(session, conversation)
+        return entry
+
+    def _announce_queued(self, session: Session, conversation: Conversation) -> None:
+        """Tell the tabs the turn state (with the queue's length) and the sidebar's row."""
+        self.publish_turn(conversation.id or 0, session)
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
-        runner = self.runners.get(conversation.id or 0)
-        idle = runner is not None and (runner.task is None or runner.task.done())
-        if self.cluster is None and idle and runner is not None and not runner.looked:
-            # Its turn begins in this job (a job less on the turn's path); the runner task
-            # that _wake starts takes the prompt. Stored already: a failure here is retried.
-            try:
-                runner.upcoming = None if self._closing else self._next_turn(runner)
-                runner.looked = True
-            except Exception:
-                log.exception("conversation %s: could not begin the turn", conversation.id)
-        return entry
 
     def compact(
         self,
@@ -376,3 +430,8 @@ class Commands(SupervisorState):
                 return ToolResult(tool(session, conversation_id, arguments))
 
         return await self.storage.read(read)
+
+
+def _untitled(conversation: Conversation) -> bool:
+    """True for a conversation that has had neither a title nor a message yet."""
+    return conversation.title == DEFAULT_TITLE and conversation.last_seq == 0

@@ -58,7 +58,14 @@ class Events(SupervisorState):
 
     def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
         """Record a burst of agent events in one storage job: one session, one read of the row."""
-        deltas = sum(isinstance(event, TextDelta) for event in events)
+        # A message that begins and ends in this burst is stored once, done: no streaming row
+        # first (an INSERT and a commit less), no deltas that its entry replaces at once.
+        whole = {
+            e.message_id
+            for e in events
+            if isinstance(e, MessageDone) and e.message_id not in runner.streaming
+        }
+        deltas = sum(isinstance(e, TextDelta) and e.message_id not in whole for e in events)
         numbers = contextlib.nullcontext()  # a cluster node: the deltas' numbers in one round trip
         if self.cluster is not None:
             numbers = self.cluster.numbers(runner.conversation_id, deltas)
@@ -67,13 +74,17 @@ class Events(SupervisorState):
                 raise LeaseLost(runner.conversation_id)  # stalled past its lease: store nothing
             conversation: Conversation | None = None
             for event in events:
+                if isinstance(event, TextDelta) and event.message_id in whole:
+                    runner.last_used = time.monotonic()
+                    continue
                 if conversation is None and not isinstance(event, TextDelta):
                     conversation = self._load(session, runner.conversation_id)
                 self._handle(runner, event, session, conversation)
                 if isinstance(event, TurnDone):
+                    # Its last event stored: end it here, in this session (the conversation
+                    # is read already), and look at the queue.
+                    self._finish_turn(runner, session, conversation)
                     break
-        if any(isinstance(event, TurnDone) for event in events):
-            self._finish_turn(runner)  # its last event stored: end it here, one fsync for all
 
     def _handle(
         self,
@@ -140,8 +151,13 @@ class Events(SupervisorState):
                         changes["model"] = event.model
                     if event.model_window:
                         changes["model_window"] = event.model_window
-                    store.update_conversation(session=session, conversation=conversation, **changes)
-                    self.publish_conversation(conversation)
+                    # The turn's result repeats its last message's usage: as read in this job,
+                    # the row has it already (no write, no event; the turn's end touches it).
+                    if any(getattr(conversation, k) != v for k, v in changes.items()):
+                        store.update_conversation(
+                            session=session, conversation=conversation, **changes
+                        )
+                        self.publish_conversation(conversation)
                     self._backup_figure(conversation, event.context_tokens)
                 case CompactionStarted(trigger=trigger):
                     style = compaction_style(conversation.provider)

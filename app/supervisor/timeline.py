@@ -132,15 +132,22 @@ class Timeline(SupervisorState):
         entry: Entry,
         *,
         move: bool = False,
+        row: dict[str, Any] | None = None,
         **changes: Any,
     ) -> Entry:
+        """Change an entry and publish it; row: the conversation's fields changed with it."""
         cid = conversation.id or 0  # read before a failed flush expires it
         seq = self.hub.next_seq(cid)
         if move:  # to the end of the timeline
             changes["seq"] = seq
         try:
             store.save_entry(
-                session=session, entry=entry, conversation=conversation, event_seq=seq, **changes
+                session=session,
+                entry=entry,
+                conversation=conversation,
+                event_seq=seq,
+                row=row,
+                **changes,
             )
         except Exception:
             session.rollback()
@@ -168,11 +175,17 @@ class Timeline(SupervisorState):
         store.delete_entry(session=session, entry=entry)
         self.hub.emit(conversation.id or 0, {"type": "entry_removed", "entry_id": entry_id})
 
-    def publish_turn(self, conversation_id: int, session: Session) -> None:
-        """Tell every tab the turn state and queue length."""
-        self.hub.emit(
-            conversation_id, {"type": "turn", "turn": self.turn_view(conversation_id, session)}
-        )
+    def publish_turn(
+        self, conversation_id: int, session: Session, queued: int | None = None
+    ) -> None:
+        """Tell every tab the turn state and queue length (queued: counted in this transaction
+        already, on a node that runs the conversation)."""
+        if queued is not None and (self.cluster is None or self.cluster.holds(conversation_id)):
+            runner = self.runners.get(conversation_id)
+            turn = {"state": runner.state if runner else "idle", "queued": queued}
+        else:
+            turn = self.turn_view(conversation_id, session)
+        self.hub.emit(conversation_id, {"type": "turn", "turn": turn})
 
     def _publish_turn(self, conversation_id: int) -> None:
         with self.session() as session:

@@ -145,19 +145,31 @@ class Turns(SupervisorState):
             raise Locked
         return fn(*args)
 
-    def _next_turn(self, runner: Runner) -> str | None:
-        """Finish what a failed turn left, then begin the next queued message (None: none)."""
+    def _next_turn(
+        self,
+        runner: Runner,
+        given: Session | None = None,
+        read: Conversation | None = None,
+    ) -> str | None:
+        """Finish what a failed turn left, then begin the next queued message (None: none).
+
+        given: the job's own session (one session per job); read: the conversation as this job
+        just read it, locked (no other writer can change it before this job ends).
+        """
         if runner.ending:
-            self._end_turn(runner)
+            self._end_turn(runner, given)
             runner.ending = False
         if runner.failure is not None:
             self._write_error(runner, runner.failure)
             runner.failure = None
-        with self.session() as session:
-            # Locked: a /compact on another node moves the queue before or after, never during.
-            conversation = store.lock_conversation(
-                session=session, conversation_id=runner.conversation_id
-            )
+        with contextlib.nullcontext(given) if given is not None else self.session() as session:
+            conversation = read
+            if conversation is None:
+                # Locked: a /compact on another node moves the queue before or after, never
+                # during.
+                conversation = store.lock_conversation(
+                    session=session, conversation_id=runner.conversation_id
+                )
             if conversation is None:
                 return None
             if self.cluster is not None and not self.cluster.still_owner(session, runner):
@@ -171,7 +183,7 @@ class Turns(SupervisorState):
             )
             if not queued:
                 return None
-            return self._begin_turn(session, runner, conversation, queued[0])
+            return self._begin_turn(session, runner, conversation, queued[0], len(queued) - 1)
 
     def _hand_over(self, session: Session, archived: Conversation) -> None:
         """Move what an archived conversation still has queued (from an older relay) onward."""
@@ -198,9 +210,17 @@ class Turns(SupervisorState):
         self._wake(successor.id or 0)
 
     def _begin_turn(
-        self, session: Session, runner: Runner, conversation: Conversation, entry: Entry
+        self,
+        session: Session,
+        runner: Runner,
+        conversation: Conversation,
+        entry: Entry,
+        waiting: int | None = None,
     ) -> str:
-        """Mark a message delivered (at the end of the timeline) and build the agent's prompt."""
+        """Mark a message delivered (at the end of the timeline) and build the agent's prompt.
+
+        waiting: how many other messages stay queued, as this transaction read them.
+        """
         command = is_handoff_command(entry.text)
         prompt = HANDOFF_REQUEST if command else entry.text
         data = dict(entry.data)
@@ -216,20 +236,17 @@ class Turns(SupervisorState):
             prompt = first_message(conversation.pending_summary, prompt)
             changes["pending_summary"] = None
             data["summary"] = conversation.pending_summary  # to send again if it never arrived
-        for name, value in changes.items():
-            setattr(conversation, name, value)
-        session.add(conversation)  # saved in the same transaction as the entry
         # The prompt's id is stored before it goes out: after a crash the agent's own record
-        # tells whether it arrived (Receipts).
+        # tells whether it arrived (Receipts). The row's changes: in the same UPDATE.
         runner.prompt_id = data["prompt_uuid"] = str(uuid.uuid4())
-        self._save(session, conversation, entry, move=True, state="sent", data=data)
+        self._save(session, conversation, entry, move=True, row=changes, state="sent", data=data)
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
         runner.state = TurnState.RUNNING
         runner.last_agent_entry = None
         runner.lines_shown.clear()
         runner.retry_line = None
-        self.publish_turn(conversation.id or 0, session)
+        self.publish_turn(conversation.id or 0, session, queued=waiting)
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
@@ -305,14 +322,18 @@ class Turns(SupervisorState):
             )
             await self._close_agent(runner)
 
-    def _end_turn(self, runner: Runner) -> None:
+    def _end_turn(self, runner: Runner, given: Session | None = None) -> None:
+        """Close the turn: what it left open is kept or expired, the row says it ended.
+
+        given: the job's own session (the last burst's: its conversation is read already).
+        """
         runner.state = TurnState.RUNNING  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
         runner.carried_summary = None
         runner.last_used = time.monotonic()
         for future in list(runner.questions.values()):
             self.storage.soon(_settle, future, PermissionDecision(False, "The turn ended."))
-        with self.session() as session:
+        with contextlib.nullcontext(given) if given is not None else self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
             )
@@ -341,20 +362,30 @@ class Turns(SupervisorState):
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
 
-    def _finish_turn(self, runner: Runner) -> None:
-        """End the turn and look at the queue, in the job that stored its last event."""
+    def _finish_turn(
+        self, runner: Runner, session: Session, conversation: Conversation | None
+    ) -> None:
+        """End the turn and look at the queue, in the job (and session) that stored its last
+        event: one session for the burst, the end and the look.
+
+        conversation: as this job read it. Without a cluster no other writer can change it
+        before the job ends (one writer thread): the look needs no second read.
+        """
         try:
-            self._end_turn(runner)
+            self._end_turn(runner, session)
         except Exception:  # retried by _next_turn once the database works
             log.exception("conversation %s: could not close the turn", runner.conversation_id)
+            _rolled_back(session)
             runner.ending = True
         runner.ended = True
         if self._closing:  # no new turn begins once the relay is stopping
             return
         try:
-            runner.upcoming = self._next_turn(runner)
+            read = conversation if self.cluster is None and not runner.ending else None
+            runner.upcoming = self._next_turn(runner, session, read)
         except Exception:  # the runner's loop looks again, and retries
             log.exception("conversation %s: could not look at the queue", runner.conversation_id)
+            _rolled_back(session)
             return
         runner.looked = True
         if runner.upcoming is None and not runner.archived:
@@ -363,8 +394,7 @@ class Turns(SupervisorState):
                 idle = {"state": "idle", "queued": 0}
                 self.hub.emit(runner.conversation_id, {"type": "turn", "turn": idle})
             else:
-                with self.session() as session:
-                    self.publish_turn(runner.conversation_id, session)
+                self.publish_turn(runner.conversation_id, session)
             runner.idle_shown = True
 
     def _stop_before_delivery(self, runner: Runner) -> None:
@@ -410,6 +440,14 @@ class Turns(SupervisorState):
                 },
             )
         runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
+
+
+def _rolled_back(session: Session) -> None:
+    """Make a session that a failed write left usable again (its next write retries)."""
+    try:
+        session.rollback()
+    except Exception:  # the connection itself is gone: the next statement says so
+        log.exception("could not roll back a failed transaction")
 
 
 async def bursts(
