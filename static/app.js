@@ -163,7 +163,7 @@ const notify = new Notify({
 
 // ---- socket ------------------------------------------------------------------------------------
 
-const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false };
+const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false, leaving: false };
 
 function connect() {
   clearTimeout(socket.retry);
@@ -187,10 +187,17 @@ function connect() {
     if (socket.ws !== ws) return;
     socket.ws = null;
     clearInterval(socket.ping);
+    if (socket.leaving) return; // this tab is logging out: its own navigation goes to /login
     byId('connection-status').hidden = false;
+    if (event.code === 4401) { // the relay ended this session (a log out, here or in another tab)
+      // Straight to /login: probing the API first would get a 401 that Chromium logs as a
+      // console error, and a reconnect would be refused (logged too).
+      location.assign('/login');
+      return;
+    }
     // A refused socket (the handshake fails before opening: code 1006 in browsers) may mean
     // the session ended: an API call sends a logged-out tab to /login.
-    if (!opened || [1008, 4401, 4403].includes(event.code)) api('/api/providers').catch(() => {});
+    if (!opened || [1008, 4403].includes(event.code)) api('/api/providers').catch(() => {});
     socket.retry = setTimeout(connect, socket.backoff);
     socket.backoff = Math.min(socket.backoff * 2, 5000);
   });
@@ -1070,6 +1077,8 @@ function setDrawer(open) {
 // ---- wiring and start --------------------------------------------------------------------------
 
 function wire() {
+  // Log out ends this tab's socket before the answer's redirect is read: nothing to do on it.
+  document.querySelector('.logout-form').addEventListener('submit', () => { socket.leaving = true; });
   byId('new-conversation').addEventListener('click', openNewDialog);
   byId('empty-new-conversation').addEventListener('click', openNewDialog);
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
