@@ -35,6 +35,23 @@ const state = {
   reveal: null, // a search hit to scroll to once its conversation is open: { conversationId, entryId }
 };
 
+// Which is newer, an HTTP answer about a conversation or the socket's last word on it? The relay
+// broadcasts every change of a conversation's fields (a turn's begin and end too) after storing
+// it, so an answer whose request went out before the socket's last `conversation` event about
+// that conversation may predate the event: it then only fills in fields the tab lacks. (Applied
+// blindly, an answer computed before a turn began and read after its broadcast kept the sidebar's
+// "running" off for the whole turn.) A later change always comes as a later event.
+const feed = { clock: 0, seen: new Map() }; // events counted; conversation id -> count at its last
+
+/** True when the socket told of this conversation after a request that went out at `asked`. */
+const overtaken = (id, asked) => asked != null && (feed.seen.get(id) || 0) > asked;
+
+/** The conversation as the tab should hold it after this answer (asked: feed.clock at request). */
+function merged(conv, asked) {
+  const old = state.convs.get(conv.id);
+  return overtaken(conv.id, asked) ? { ...conv, ...old } : { ...old, ...conv };
+}
+
 const isArchived = (conv) => Boolean(conv) && conv.status === 'archived';
 const newestFirst = (a, b) =>
   (Date.parse(b.updated_at) || 0) - (Date.parse(a.updated_at) || 0) || b.id - a.id;
@@ -107,10 +124,11 @@ const carryRecords = new CarryRecords();
 const contextModal = new ContextModal({
   onSave: async (id, value) => {
     try {
+      const asked = feed.clock;
       const { data } = await api(`/api/conversations/${id}`, {
         method: 'PATCH', body: { auto_compact_window: value },
       });
-      onConversation(data);
+      onConversation(data, asked);
     } catch (err) {
       toast(`The auto-compact window was not saved: ${err.message}`);
     }
@@ -145,7 +163,7 @@ const notify = new Notify({
 
 // ---- socket ------------------------------------------------------------------------------------
 
-const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false };
+const socket = { ws: null, backoff: 500, retry: 0, ping: 0, helloSeen: false, leaving: false };
 
 function connect() {
   clearTimeout(socket.retry);
@@ -169,10 +187,17 @@ function connect() {
     if (socket.ws !== ws) return;
     socket.ws = null;
     clearInterval(socket.ping);
+    if (socket.leaving) return; // this tab is logging out: its own navigation goes to /login
     byId('connection-status').hidden = false;
+    if (event.code === 4401) { // the relay ended this session (a log out, here or in another tab)
+      // Straight to /login: probing the API first would get a 401 that Chromium logs as a
+      // console error, and a reconnect would be refused (logged too).
+      location.assign('/login');
+      return;
+    }
     // A refused socket (the handshake fails before opening: code 1006 in browsers) may mean
     // the session ended: an API call sends a logged-out tab to /login.
-    if (!opened || [1008, 4401, 4403].includes(event.code)) api('/api/providers').catch(() => {});
+    if (!opened || [1008, 4403].includes(event.code)) api('/api/providers').catch(() => {});
     socket.retry = setTimeout(connect, socket.backoff);
     socket.backoff = Math.min(socket.backoff * 2, 5000);
   });
@@ -223,6 +248,10 @@ function onSocketMessage(message) {
       return;
     case 'conversation':
       if (message.seq == null) { // the global feed: sidebar (and header) only
+        if (message.conversation && message.conversation.id != null) {
+          feed.clock += 1;
+          feed.seen.set(message.conversation.id, feed.clock);
+        }
         onConversation(message.conversation);
         return;
       }
@@ -296,13 +325,14 @@ function isRemoved(conv) {
 }
 
 /** A conversation's fields changed: sidebar, and the header if it is the open one. */
-function onConversation(conv) {
+function onConversation(conv, asked = null) { // asked: feed.clock when an HTTP request went out
   if (!conv || conv.id == null || isRemoved(conv)) return;
-  state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+  const stale = overtaken(conv.id, asked);
+  state.convs.set(conv.id, merged(conv, asked));
   renderLists();
   const cur = state.current;
   if (cur && cur.id === conv.id && cur.conv) {
-    cur.conv = { ...cur.conv, ...conv };
+    cur.conv = stale ? { ...cur.conv, ...conv, ...state.convs.get(conv.id) } : { ...cur.conv, ...conv };
     renderChrome();
     contextModal.refresh(conv.id);
     if ('backup' in conv) backups.changed(conv.id);
@@ -362,9 +392,10 @@ const more = { active: null, archived: null };
 
 async function loadPage(status, before) {
   const cursor = before ? `&before=${encodeURIComponent(before)}` : '';
+  const asked = feed.clock;
   const { data } = await api(`/api/conversations?status=${status}&limit=100${cursor}`);
   for (const conv of data.conversations) {
-    if (!isRemoved(conv)) state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
+    if (!isRemoved(conv)) state.convs.set(conv.id, merged(conv, asked));
   }
   more[status] = data.next;
 }
@@ -497,6 +528,7 @@ async function openConversation(id, { focus = false } = {}) {
   renderLists();
   showView('loading');
   let data;
+  const asked = feed.clock;
   try {
     ({ data } = await api(`/api/conversations/${id}`));
   } catch (err) {
@@ -507,7 +539,7 @@ async function openConversation(id, { focus = false } = {}) {
   }
   if (token !== state.opening) return;
   resetChrome();
-  showConversation(data, { keepScroll: false });
+  showConversation(data, { keepScroll: false, asked });
   const input = byId('message-input');
   input.value = state.drafts.get(id) || '';
   autosize();
@@ -517,16 +549,16 @@ async function openConversation(id, { focus = false } = {}) {
   await revealPending();
 }
 
-/** Render a conversation as GET /api/conversations/{id} (or a snapshot) gives it. */
-function showConversation(data, { keepScroll }) {
+/** Render a conversation as GET /api/conversations/{id} (asked: see merged) or a snapshot gives it. */
+function showConversation(data, { keepScroll, asked = null }) {
   const cur = state.current;
   const { timeline: entries, has_more: hasMore, turn, agent, seq, epoch, ...conv } = data;
-  cur.conv = conv;
+  state.convs.set(conv.id, merged(conv, asked));
+  cur.conv = overtaken(conv.id, asked) ? { ...conv, ...state.convs.get(conv.id) } : conv;
   cur.seq = seq ?? 0;
   cur.epoch = epoch ?? state.epoch;
   cur.loaded = true;
   cur.waiting = false;
-  state.convs.set(conv.id, { ...state.convs.get(conv.id), ...conv });
   renderLists();
   showView('chat');
   pins.load(conv.id, !isArchived(conv)); // again on a snapshot: a pins event may have been missed
@@ -718,8 +750,9 @@ async function stopRename(save) {
   if (!save || !value || !conv || value === conv.title) return;
   title.textContent = value;
   try {
+    const asked = feed.clock;
     const { data } = await api(`/api/conversations/${id}`, { method: 'PATCH', body: { title: value } });
-    onConversation(data);
+    onConversation(data, asked);
   } catch (err) {
     toast(`The title was not saved: ${err.message}`);
     renderChrome();
@@ -1044,6 +1077,8 @@ function setDrawer(open) {
 // ---- wiring and start --------------------------------------------------------------------------
 
 function wire() {
+  // Log out ends this tab's socket before the answer's redirect is read: nothing to do on it.
+  document.querySelector('.logout-form').addEventListener('submit', () => { socket.leaving = true; });
   byId('new-conversation').addEventListener('click', openNewDialog);
   byId('empty-new-conversation').addEventListener('click', openNewDialog);
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));

@@ -43,7 +43,14 @@ class Pages:
         """A new browser (context), logged in with the token, showing path."""
         context = self.browser.new_context(**context_args)
         self.contexts.append(context)
-        page = context.new_page()
+        page = self.watch(context.new_page())
+        page.goto(f"{relay.base}/?token={TOKEN}")
+        if path != "/":
+            page.goto(relay.base + path)
+        return page
+
+    def watch(self, page: Page) -> Page:
+        """Watch a page (one open() made, or another tab of its context) for problems."""
         page.set_default_timeout(T)
         name = f"page{len(self.pages) + 1}"
         page.on(
@@ -58,9 +65,6 @@ class Pages:
         page.on("dialog", self._on_dialog)
         page.add_init_script(CSP_WATCH)
         self.pages.append(page)
-        page.goto(f"{relay.base}/?token={TOKEN}")
-        if path != "/":
-            page.goto(relay.base + path)
         return page
 
     def _on_dialog(self, dialog: Any) -> None:

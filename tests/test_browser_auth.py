@@ -104,7 +104,7 @@ def test_log_out_returns_to_login_and_refuses_the_old_cookie(
 
 def test_log_out_sends_the_browsers_other_tabs_to_login(pages: Pages, relay: LiveRelay) -> None:
     first = pages.open(relay)
-    second = first.context.new_page()
+    second = pages.watch(first.context.new_page())  # its console is checked too
     second.goto(relay.base + "/")
     for page in (first, second):
         expect(by_id(page, "new-conversation")).to_be_visible()

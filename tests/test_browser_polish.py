@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -89,19 +90,26 @@ def test_streaming_reply_is_rendered_as_it_streams(pages: Pages, relay: LiveRela
     pages.assert_clean()
 
 
-async def _stream_markdown(_agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
-    """A reply whose raw HTML and link arrive in pieces."""
-    pieces = ["Here is ", "<img src=x onerror=window.__xss=1> ", "**bold", "** and ", "a list:"]
-    for piece in [*pieces, "\n\n- one\n- two"]:
-        yield TextDelta("s1", piece)
-        await asyncio.sleep(0.15)
-    await asyncio.sleep(3)  # time to look at the partial rendering
-    yield MessageDone("s1", "done")
-    yield TurnDone()
+def _stream_markdown(looked: threading.Event) -> Script:
+    """A reply whose raw HTML and link arrive in pieces; it ends once the test has looked."""
+
+    async def script(_agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+        pieces = ["Here is ", "<img src=x onerror=window.__xss=1> ", "**bold", "** and ", "a list:"]
+        for piece in [*pieces, "\n\n- one\n- two"]:
+            yield TextDelta("s1", piece)
+            await asyncio.sleep(0.15)
+        # The partial rendering stays while the test looks (it was a fixed 3 s: slow, and a
+        # limit on how long the checks could take).
+        await asyncio.to_thread(looked.wait, 60)
+        yield MessageDone("s1", "done")
+        yield TurnDone()
+
+    return script
 
 
 def test_streaming_rendering_stays_sanitized(pages: Pages, relay: LiveRelay) -> None:
-    use_script(relay, _stream_markdown)
+    looked = threading.Event()
+    use_script(relay, _stream_markdown(looked))
     page, cid = open_new(pages, relay)
     send_text(page, "go")
     streaming = page.locator('[data-testid="entry-agent"][data-state="streaming"]')
@@ -110,6 +118,7 @@ def test_streaming_rendering_stays_sanitized(pages: Pages, relay: LiveRelay) -> 
     expect(streaming).to_contain_text("<img src=x onerror=window.__xss=1>")  # shown as text
     assert streaming.locator("img").count() == 0
     assert page.evaluate("window.__xss") is None
+    looked.set()
     relay.wait_idle(cid)
     pages.assert_clean()
 

@@ -301,7 +301,10 @@ def test_offer_queues_text_as_is() -> None:
     ]
 
 
-async def test_burst_wakes_sender_once_with_every_event() -> None:
+async def test_burst_wakes_sender_once_with_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What ends the hold here is a loop turn without a new event, never the clock: with the
+    # real HOLD (0.3 ms) a loaded machine's pause between two loop turns woke it early.
+    monkeypatch.setattr(hub_module, "HOLD", 60.0)
     hub = Hub(loader({}))
     subscriber = hub.connect()
     hub.follow(subscriber, 1)

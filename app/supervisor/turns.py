@@ -21,7 +21,6 @@ from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff
 from app.models import Conversation, Entry
 from app.supervisor.base import SupervisorState
 from app.supervisor.runner import Locked, Runner, TurnState, _settle, failure_reason
-from app.views import conversation_view
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +246,7 @@ class Turns(SupervisorState):
         runner.lines_shown.clear()
         runner.retry_line = None
         self.publish_turn(conversation.id or 0, session, queued=waiting)
-        self.hub.broadcast(
-            {"type": "conversation", "conversation": conversation_view(conversation)}
-        )
+        self.publish_conversation(conversation)  # on its stream too: a snapshot's replay has it
         runner.turn_conversation = conversation
         return prompt
 
@@ -358,9 +355,7 @@ class Turns(SupervisorState):
             runner.tools.clear()
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         # Every tab's sidebar: not running any more, and when it was last active.
-        self.hub.broadcast(
-            {"type": "conversation", "conversation": conversation_view(conversation)}
-        )
+        self.publish_conversation(conversation)  # on its stream too: a snapshot's replay has it
 
     def _finish_turn(
         self, runner: Runner, session: Session, conversation: Conversation | None

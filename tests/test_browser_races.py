@@ -1,0 +1,159 @@
+"""Races between the page's HTTP answers and the socket's events, made deterministic.
+
+Playwright holds an answer the relay already computed (route.fetch) until the socket has told
+the page something newer, then delivers it: the stale answer must not undo the newer event.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from playwright.sync_api import Page, Route, WebSocket, expect
+
+from tests.browser import Pages, T, by_id
+from tests.relay import LiveRelay
+
+
+class Held:
+    """Requests matching pattern: answered by the relay at once, given to the page on release."""
+
+    def __init__(self, page: Page, pattern: re.Pattern[str]) -> None:
+        self.page = page
+        self.pattern = pattern
+        self.waiting: list[tuple[Route, Any]] = []
+        page.route(pattern, self._hold)
+
+    def _hold(self, route: Route) -> None:
+        self.waiting.append((route, route.fetch()))  # computed now, delivered later
+
+    def release(self) -> None:
+        """Deliver what was held and let later requests through."""
+        for route, response in self.waiting:
+            route.fulfill(response=response)
+        self.waiting.clear()
+        self.page.unroute(self.pattern, self._hold)
+
+
+class Frames:
+    """Every event the page's sockets receive, decoded."""
+
+    def __init__(self, page: Page) -> None:
+        self.events: list[dict[str, Any]] = []
+        page.on("websocket", self._watch)
+
+    def _watch(self, ws: WebSocket) -> None:
+        ws.on("framereceived", self._received)
+
+    def _received(self, payload: str | bytes) -> None:
+        message = json.loads(payload)
+        self.events.extend(message if isinstance(message, list) else [message])
+
+    def seen(self, predicate: Callable[[dict[str, Any]], Any]) -> bool:
+        return any(predicate(e) for e in self.events)
+
+    def running(self, cid: int, running: bool) -> bool:
+        """True once the global feed told the page that cid is running (or, after that, not)."""
+        states = [
+            (e.get("conversation") or {}).get("running")
+            for e in self.events
+            if e.get("type") == "conversation"
+            and e.get("seq") is None
+            and (e.get("conversation") or {}).get("id") == cid
+        ]
+        began = states.index(True) if True in states else None
+        if running:
+            return began is not None
+        return began is not None and False in states[began:]
+
+
+def wait_until(page: Page, condition: Callable[[], Any]) -> None:
+    """Poll condition, letting Playwright deliver events (route and socket callbacks) meanwhile."""
+    deadline = time.monotonic() + T / 1000
+    while not condition():
+        assert time.monotonic() < deadline, "the condition was never met"
+        page.wait_for_timeout(20)
+
+
+def after_next_draw(page: Page) -> None:
+    """Return once the page drew its next animation frame (the sidebar draws in one)."""
+    page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+def sidebar_running(page: Page, title: str) -> Any:
+    item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
+    return item.get_by_test_id("conv-running")
+
+
+def pending_question(relay: LiveRelay, cid: int) -> int:
+    """The id of the conversation's unanswered permission question."""
+
+    def question(view: dict[str, Any]) -> Any:
+        return next(
+            (
+                e["id"]
+                for e in view["timeline"]
+                if e["data"].get("type") == "permission" and e["state"] == "pending"
+            ),
+            None,
+        )
+
+    return question(relay.wait_for(cid, lambda v: question(v) is not None))
+
+
+def test_a_list_answered_before_a_turn_began_keeps_the_running_marker(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    busy = relay.create(title="Busy")["id"]
+    other = relay.create(title="Other")["id"]
+    page = pages.open(relay, f"/c/{other}")
+    expect(by_id(page, "title")).to_have_text("Other")
+    frames = Frames(page)
+    listing = Held(page, re.compile(r"/api/conversations\?status=active"))
+    page.reload()
+    wait_until(page, lambda: listing.waiting)  # answered: Busy is not running
+    wait_until(page, lambda: frames.seen(lambda e: e.get("type") == "hello"))
+    assert relay.send(busy, "ask permission").status_code == 202
+    wait_until(page, lambda: frames.running(busy, True))
+    listing.release()
+    # Drawn from the state after the list was applied (the broadcast alone knew only Busy).
+    other_item = page.locator(".conv-item").filter(has=page.get_by_text("Other", exact=True))
+    expect(other_item).to_be_visible()
+    expect(sidebar_running(page, "Busy")).to_be_visible()
+    pages.assert_clean()
+
+
+def test_a_conversation_answered_before_its_turn_ended_does_not_show_it_running(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    busy = relay.create(title="Busy")["id"]
+    # A first turn: the agent's process reports its context once, after it (a later sidebar
+    # event that would hide the race).
+    assert relay.send(busy, "hello").status_code == 202
+    relay.wait_idle(busy)
+    other = relay.create(title="Other")["id"]
+    page = pages.open(relay, f"/c/{other}")
+    expect(by_id(page, "title")).to_have_text("Other")
+    frames = Frames(page)
+    page.reload()
+    expect(by_id(page, "title")).to_have_text("Other")
+    assert relay.send(busy, "ask permission").status_code == 202
+    question = pending_question(relay, busy)
+    expect(sidebar_running(page, "Busy")).to_be_visible()
+    opening = Held(page, re.compile(rf"/api/conversations/{busy}$"))
+    by_id(page, "conversation-item").filter(has_text="Busy").click()
+    wait_until(page, lambda: opening.waiting)  # answered: the turn runs
+    answer = relay.http.post(
+        f"/api/conversations/{busy}/permissions/{question}", json={"allow": False}
+    )
+    assert answer.status_code == 200, answer.text
+    wait_until(page, lambda: frames.running(busy, False))
+    opening.release()
+    expect(by_id(page, "title")).to_have_text("Busy")  # the held answer is applied
+    expect(by_id(page, "stop-button")).to_be_hidden()  # and the events after it: the turn ended
+    after_next_draw(page)  # the sidebar is drawn on the next animation frame
+    expect(sidebar_running(page, "Busy")).to_have_count(0)
+    pages.assert_clean()
