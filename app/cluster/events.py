@@ -107,6 +107,10 @@ class ClusterHub(Hub):
         self._whole: dict[int, bytes | str] = {}
         self._epoch_checked = 0.0  # when the reader last looked at the epoch (monotonic)
         self._live: dict[int, dict[int, list[str]]] = {}  # streaming entries' text, delivered
+        # Streaming entries whose text so far this node lacks (a delta came for one it never
+        # saw begin, or after a lost hole): asked of the owner once, until it sends the text.
+        self._asked: dict[int, set[int]] = {}
+        self.on_lost: Callable[[int], None] | None = None  # ask the owner for the whole texts
         self._states: dict[int, dict[str, Any]] = {}  # the last agent and turn events delivered
         self._outbox: deque[tuple[str, Any]] = deque()  # ("x", (cid, seq, text)) | ("b", text)
         self._ready = asyncio.Event()  # set: the outbox has something
@@ -415,12 +419,18 @@ class ClusterHub(Hub):
         live = self._live.setdefault(conversation_id, {})
         if event["type"] == "entry":
             entry = event.get("entry") or {}
+            self._asked.get(conversation_id, set()).discard(entry.get("id"))
             if entry.get("state") == "streaming":
                 live[entry["id"]] = [entry.get("text") or ""]
             else:
                 live.pop(entry.get("id"), None)
         elif event.get("text") and event.get("entry_id") in live:
             live[event["entry_id"]].append(event["text"])
+        elif event.get("text"):  # more text of a message whose text so far is not known here
+            asked = self._asked.setdefault(conversation_id, set())
+            if event.get("entry_id") not in asked and self.on_lost is not None:
+                asked.add(event.get("entry_id"))
+                self.on_lost(conversation_id)  # its owner sends it whole (an "entry" event)
 
     def live_text(self, conversation_id: int) -> dict[int, str]:
         """The text streamed so far of the conversation's streaming entries, as delivered here."""
@@ -501,7 +511,12 @@ class ClusterHub(Hub):
         self._whole[conversation_id] = self._last_id[conversation_id]
 
     def _resync(self, conversation_id: int) -> None:
-        """Tell this node's tabs of a conversation that events they follow are lost: reload."""
+        """Tell this node's tabs of a conversation that events they follow are lost: reload.
+
+        Streaming texts followed here may lack lost deltas: forgotten, so that the next delta
+        of each asks its owner for the whole text (`on_lost`).
+        """
+        self._live.pop(conversation_id, None)
         for subscriber in self._by_conversation.get(conversation_id, ()):
             subscriber._overflow()  # the one message that makes a tab reload
 
@@ -529,6 +544,7 @@ class ClusterHub(Hub):
             self._last_id.pop(cid, None)
             self._whole.pop(cid, None)
             self._live.pop(cid, None)
+            self._asked.pop(cid, None)
             self._states.pop(cid, None)
             self._seq.pop(cid, None)
         self._counted.clear()
@@ -575,6 +591,7 @@ class ClusterHub(Hub):
         self._last_id.pop(conversation_id, None)
         self._whole.pop(conversation_id, None)
         self._live.pop(conversation_id, None)
+        self._asked.pop(conversation_id, None)
         self._states.pop(conversation_id, None)
         self._counted.discard(conversation_id)
 
