@@ -368,7 +368,7 @@ class ClusterHub(Hub):
         if conversation_id in self._order:  # prepared meanwhile
             return
         if entries:
-            first = min(int(fields[b"s"].split(None, 1)[0]) for _, fields in entries)
+            first = min(int(seq) for _, fields in entries for seq in fields[b"s"].split())
             order = Orderer(first - 1)
         else:  # the database is read in a thread, never on the loop
             loaded = int(base) if base is not None else await self._load_in_thread(conversation_id)
