@@ -106,7 +106,7 @@ async def run_tabs(owner: Relay, viewer: Relay, count: int) -> Result:
         try:
             collected = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         except TimeoutError:
-            # Before session 5: a node that read its stream more than STREAM_EVENTS behind
+            # Before session 5: a node that read its stream more than it keeps behind
             # skipped the trimmed hole silently. It now tells its tabs to resync (_collect
             # raises FellBehind); a timeout here is a new fault.
             raise RuntimeError("tabs on the viewing node stopped short of the last delta") from None

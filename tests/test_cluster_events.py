@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.cluster.events import STREAM_EVENTS, ClusterHub
+from app.cluster.events import STREAM_RUNS, ClusterHub
 from tests.redis import RedisServer
 
 
@@ -46,9 +46,10 @@ async def test_a_node_replays_what_another_published_and_a_trimmed_start_is_a_sn
     hubs: tuple[ClusterHub, ClusterHub],
 ) -> None:
     a, b = hubs
-    count = STREAM_EVENTS + 500
-    for _ in range(count):
+    count = STREAM_RUNS + 500
+    for _ in range(count):  # one stream entry each (a run is packed in one)
         a.emit(7, {"type": "delta", "entry_id": 1, "text": "x"})
+        await a.flush()
     last = 10 + count
     # Appended: a's events are on their way (numbering thread, outbox) until then. A stream
     # read before any arrived is empty while the counter says `last`: b would take them all

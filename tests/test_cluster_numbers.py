@@ -8,24 +8,30 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.cluster.events import APPEND_RUN, BROADCAST, STREAM_EVENTS, ClusterHub, _commands, id_pair
+from app.cluster.events import BROADCAST, RUN_CHARS, RUN_EVENTS, ClusterHub, _commands, id_pair
 from app.cluster.ordering import Orderer
 from app.hub import RESYNC
 from tests.redis import RedisServer
 
 
-def test_each_run_of_one_streams_events_is_one_command_in_order() -> None:
+def test_each_run_of_one_streams_events_is_one_entry_in_order() -> None:
     batch = [("x", (1, 11, "a")), ("x", (1, 12, "b")), ("b", "list"), ("x", (2, 5, "c"))]
     batch += [("x", (1, 13, "d"))]
     assert list(_commands(batch)) == [
-        ("x", "oarlock:events:1", [STREAM_EVENTS, 11, "a", 12, "b"]),
+        ("x", "oarlock:events:1", ["11 12", "a\nb"]),
         ("b", BROADCAST, ["list"]),
-        ("x", "oarlock:events:2", [STREAM_EVENTS, 5, "c"]),
-        ("x", "oarlock:events:1", [STREAM_EVENTS, 13, "d"]),
+        ("x", "oarlock:events:2", ["5", "c"]),
+        ("x", "oarlock:events:1", ["13", "d"]),
     ]
-    long = [("x", (1, n, "t")) for n in range(APPEND_RUN + 1)]
+    long = [("x", (1, n, "t")) for n in range(RUN_EVENTS + 1)]
     runs = list(_commands(long))
-    assert [len(args) for _kind, _key, args in runs] == [1 + 2 * APPEND_RUN, 3]
+    assert [args[0].count(" ") + 1 for _kind, _key, args in runs] == [RUN_EVENTS, 1]
+    big = [
+        ("x", (1, 1, "a" * (RUN_CHARS - 1))),
+        ("x", (1, 2, "bb")),
+        ("x", (1, 3, "c" * RUN_CHARS)),
+    ]
+    assert [args[0] for _kind, _key, args in _commands(big)] == ["1", "2", "3"]
 
 
 def test_stream_ids_compare_as_redis_orders_them() -> None:

@@ -2,7 +2,7 @@
 
 Two nodes' hubs on a real Redis: node a in the test's loop, node b on a loop of its own in a
 thread, so that b can stall (its loop held, as by a long pause of the process) while a streams
-more events than a stream keeps (MAXLEN ~ STREAM_EVENTS). The events b had not read are gone:
+more stream entries than a stream keeps (MAXLEN ~ STREAM_RUNS). The events b had not read are gone:
 its tab must get every event or be told to resync, never a silent hole.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from app.cluster.events import STREAM_EVENTS, ClusterHub, stream_key
+from app.cluster.events import RUN_EVENTS, STREAM_RUNS, ClusterHub, stream_key
 from app.hub import RESYNC, Subscriber
 from tests.redis import RedisServer
 
@@ -131,14 +131,15 @@ async def test_a_tab_on_a_node_that_read_too_late_is_told_to_resync(
     assert seqs(b.call(taken)) == list(range(STORED + 1, STORED + 11))
 
     release = b.stall()  # node b's loop is held: it reads nothing meanwhile
-    count = 2 * STREAM_EVENTS
-    for _ in range(count):
+    count = 2 * STREAM_RUNS
+    for _ in range(count):  # one stream entry each (a run is packed in one)
         a.emit(CID, {"type": "delta", "entry_id": 1, "text": "y"})
-    await a.flush()
+        await a.flush()
     last = STORED + 10 + count
     # The case under test: events after the last one b read were trimmed away.
     first = redis.Redis.from_url(b.url).xrange(stream_key(CID), count=1)
-    assert int(first[0][1][b"s"]) > STORED + 11 + 256  # (b may get one append's run late)
+    # (b may get one entry late)
+    assert int(first[0][1][b"s"].split()[0]) > STORED + 11 + RUN_EVENTS
     release.set()
 
     await until_delivered(last)

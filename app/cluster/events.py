@@ -2,8 +2,9 @@
 
 Numbers: one counter per conversation in Redis (INCR), taken before the database write,
 so the unique (conversation_id, seq) index and every node agree. Events: appended (XADD,
-MAXLEN ~ STREAM_EVENTS) by the node that made them, after its commit; every node reads the
-streams its tabs follow (XREAD) and fans them out locally in seq order (ordering.py). The
+MAXLEN ~ STREAM_RUNS) by the node that made them, after its commit, a run of one stream's
+events packed in one entry (RUN_EVENTS, RUN_CHARS at most); every node reads the streams its
+tabs follow (XREAD) and fans them out locally in seq order (ordering.py). The
 epoch is shared (a Redis key), so a tab that reconnects to another node with (epoch, seq)
 gets exactly what it missed from the stream, or a snapshot once it was trimmed.
 The conversation list goes out on a pub/sub channel (no replay: a tab reloads it when it
@@ -35,7 +36,13 @@ log = logging.getLogger(__name__)
 PREFIX = "oarlock:"
 EPOCH_KEY = PREFIX + "epoch"
 BROADCAST = PREFIX + "broadcast"
-STREAM_EVENTS = 4096  # events kept per conversation stream (approximately: MAXLEN ~)
+# A stream entry packs a run of one conversation's events ("s": their seqs, space separated;
+# "e": their JSON texts, newline separated: JSON text has no raw newline). A reader parses
+# one entry per run, not one per event (redis-py: tens of microseconds an entry).
+STREAM_RUNS = 1024  # entries kept per conversation stream (approximately: MAXLEN ~)
+RUN_EVENTS = 64  # events per entry at most
+RUN_CHARS = 16_384  # characters of event text per entry at most (one larger event: alone)
+READ_COUNT = 256  # entries per stream an XREAD takes at most (the loop is not held longer)
 READ_BLOCK_MS = 1000  # an XREAD waits this long at most (holes are checked in between)
 OUTBOX_MAX = 100_000  # events waiting for Redis before the oldest are dropped (tabs resync)
 TIMEOUT = 2.0  # seconds any Redis command may take
@@ -70,13 +77,6 @@ _TAKE = (
     "if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end "
     "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 )
-# Append a run of one conversation's events in one command: a pipeline of XADDs costs the
-# client a reply to parse per event (tens of microseconds each without hiredis).
-_APPEND = (
-    "for i = 2, #ARGV, 2 do redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', "
-    "'s', ARGV[i], 'e', ARGV[i + 1]) end return #ARGV"
-)
-APPEND_RUN = 256  # events per append command (each command holds Redis for its run)
 # The id of the newest entry trimmed from a stream ("0-0": none; also for no stream).
 _TRIMMED = (
     "local info = redis.pcall('XINFO', 'STREAM', KEYS[1]) "
@@ -107,6 +107,10 @@ class ClusterHub(Hub):
         self._whole: dict[int, bytes | str] = {}
         self._epoch_checked = 0.0  # when the reader last looked at the epoch (monotonic)
         self._live: dict[int, dict[int, list[str]]] = {}  # streaming entries' text, delivered
+        # Streaming entries whose text so far this node lacks (a delta came for one it never
+        # saw begin, or after a lost hole): asked of the owner once, until it sends the text.
+        self._asked: dict[int, set[int]] = {}
+        self.on_lost: Callable[[int], None] | None = None  # ask the owner for the whole texts
         self._states: dict[int, dict[str, Any]] = {}  # the last agent and turn events delivered
         self._outbox: deque[tuple[str, Any]] = deque()  # ("x", (cid, seq, text)) | ("b", text)
         self._ready = asyncio.Event()  # set: the outbox has something
@@ -271,7 +275,12 @@ class ClusterHub(Hub):
     def _stream_top(self, conversation_id: int) -> int:
         tail = self.sync.xrevrange(stream_key(conversation_id), count=64)
         top = contiguous_top(
-            [(int(fields[b"s"]), entry_time(stream_id)) for stream_id, fields in tail], time.time()
+            [
+                (int(seq), entry_time(stream_id))
+                for stream_id, fields in tail
+                for seq in fields[b"s"].split()
+            ],
+            time.time(),
         )
         if top is not None:
             return top
@@ -327,7 +336,12 @@ class ClusterHub(Hub):
                     async with self.aio.pipeline(transaction=False) as pipe:
                         for kind, key, args in _commands(batch):
                             if kind == "x":
-                                pipe.execute_command("EVAL", _APPEND, 1, key, *args)
+                                pipe.xadd(
+                                    key,
+                                    {"s": args[0], "e": args[1]},
+                                    maxlen=STREAM_RUNS,
+                                    approximate=True,
+                                )
                             else:
                                 pipe.publish(BROADCAST, args[0])
                         await pipe.execute()
@@ -354,7 +368,7 @@ class ClusterHub(Hub):
         if conversation_id in self._order:  # prepared meanwhile
             return
         if entries:
-            first = min(int(fields[b"s"]) for _, fields in entries)
+            first = min(int(seq) for _, fields in entries for seq in fields[b"s"].split())
             order = Orderer(first - 1)
         else:  # the database is read in a thread, never on the loop
             loaded = int(base) if base is not None else await self._load_in_thread(conversation_id)
@@ -374,12 +388,18 @@ class ClusterHub(Hub):
         return await asyncio.to_thread(self._load_seq, conversation_id)
 
     def _arrive(self, conversation_id: int, fields: dict[bytes, bytes], at: float) -> None:
+        """Hand on the events of one stream entry (a packed run) that are now in order.
+
+        Those at or below what was delivered are dropped (Orderer.add): an entry that
+        straddles a tab's seq gives it only the events after it.
+        """
         order = self._order.get(conversation_id)
         if order is None:
             return
-        seq, text = int(fields[b"s"]), fields[b"e"].decode()
-        for ready_seq, ready_text in order.add(seq, text, at):
-            self._fan_out(conversation_id, ready_seq, ready_text)
+        texts = fields[b"e"].decode().split("\n")
+        for seq, text in zip(fields[b"s"].split(), texts, strict=True):
+            for ready_seq, ready_text in order.add(int(seq), text, at):
+                self._fan_out(conversation_id, ready_seq, ready_text)
         self._seq[conversation_id] = order.delivered
 
     def _fan_out(self, conversation_id: int, seq: int, text: str) -> None:
@@ -399,12 +419,18 @@ class ClusterHub(Hub):
         live = self._live.setdefault(conversation_id, {})
         if event["type"] == "entry":
             entry = event.get("entry") or {}
+            self._asked.get(conversation_id, set()).discard(entry.get("id"))
             if entry.get("state") == "streaming":
                 live[entry["id"]] = [entry.get("text") or ""]
             else:
                 live.pop(entry.get("id"), None)
         elif event.get("text") and event.get("entry_id") in live:
             live[event["entry_id"]].append(event["text"])
+        elif event.get("text"):  # more text of a message whose text so far is not known here
+            asked = self._asked.setdefault(conversation_id, set())
+            if event.get("entry_id") not in asked and self.on_lost is not None:
+                asked.add(event.get("entry_id"))
+                self.on_lost(conversation_id)  # its owner sends it whole (an "entry" event)
 
     def live_text(self, conversation_id: int) -> dict[int, str]:
         """The text streamed so far of the conversation's streaming entries, as delivered here."""
@@ -419,7 +445,9 @@ class ClusterHub(Hub):
             streams: dict[Any, Any] = {self._nudge: nudge_id}
             streams |= {stream_key(cid): self._last_id[cid] for cid in self._order}
             try:
-                answer = await self._reader_aio.xread(streams, block=READ_BLOCK_MS)
+                answer = await self._reader_aio.xread(
+                    streams, count=READ_COUNT, block=READ_BLOCK_MS
+                )
             except (redis.RedisError, OSError) as error:
                 log.warning("cannot read the event streams (%s)", error)
                 await asyncio.sleep(delay)
@@ -483,7 +511,12 @@ class ClusterHub(Hub):
         self._whole[conversation_id] = self._last_id[conversation_id]
 
     def _resync(self, conversation_id: int) -> None:
-        """Tell this node's tabs of a conversation that events they follow are lost: reload."""
+        """Tell this node's tabs of a conversation that events they follow are lost: reload.
+
+        Streaming texts followed here may lack lost deltas: forgotten, so that the next delta
+        of each asks its owner for the whole text (`on_lost`).
+        """
+        self._live.pop(conversation_id, None)
         for subscriber in self._by_conversation.get(conversation_id, ()):
             subscriber._overflow()  # the one message that makes a tab reload
 
@@ -511,6 +544,7 @@ class ClusterHub(Hub):
             self._last_id.pop(cid, None)
             self._whole.pop(cid, None)
             self._live.pop(cid, None)
+            self._asked.pop(cid, None)
             self._states.pop(cid, None)
             self._seq.pop(cid, None)
         self._counted.clear()
@@ -557,6 +591,7 @@ class ClusterHub(Hub):
         self._last_id.pop(conversation_id, None)
         self._whole.pop(conversation_id, None)
         self._live.pop(conversation_id, None)
+        self._asked.pop(conversation_id, None)
         self._states.pop(conversation_id, None)
         self._counted.discard(conversation_id)
 
@@ -578,22 +613,30 @@ class ClusterHub(Hub):
 
 
 def _commands(batch: list[tuple[str, Any]]) -> Iterator[tuple[str, str, list[Any]]]:
-    """The outbox's items as commands, in order: each run of one stream's events in one.
+    """The outbox's items as commands, in order: each run of one stream's events packed.
 
-    ("x", stream key, [maxlen, seq, text, seq, text...]) or ("b", BROADCAST, [text]).
+    ("x", stream key, [seqs, texts]) (one entry: RUN_EVENTS, RUN_CHARS at most) or
+    ("b", BROADCAST, [text]).
     """
     key: str | None = None
-    args: list[Any] = []
+    seqs: list[str] = []
+    texts: list[str] = []
+    chars = 0
     for kind, payload in batch:
-        if kind == "x" and stream_key(payload[0]) == key and len(args) < 1 + 2 * APPEND_RUN:
-            args += [payload[1], payload[2]]
-            continue
+        if kind == "x" and stream_key(payload[0]) == key:
+            size = len(payload[2])
+            if len(seqs) < RUN_EVENTS and chars + size <= RUN_CHARS:
+                seqs.append(str(payload[1]))
+                texts.append(payload[2])
+                chars += size
+                continue
         if key is not None:
-            yield "x", key, args
+            yield "x", key, [" ".join(seqs), "\n".join(texts)]
             key = None
         if kind == "x":
-            key, args = stream_key(payload[0]), [STREAM_EVENTS, payload[1], payload[2]]
+            key, seqs, texts = stream_key(payload[0]), [str(payload[1])], [payload[2]]
+            chars = len(payload[2])
         else:
             yield "b", BROADCAST, [payload]
     if key is not None:
-        yield "x", key, args
+        yield "x", key, [" ".join(seqs), "\n".join(texts)]

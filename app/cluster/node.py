@@ -53,6 +53,12 @@ MOVED_LINE = (
 )
 
 
+def _logged(job: asyncio.Future[Any]) -> None:
+    """Log a failed background job (its caller does not wait for it)."""
+    if not job.cancelled() and job.exception() is not None:
+        log.error("cluster job failed", exc_info=job.exception())
+
+
 def default_node_id() -> str:
     """This process's name in the cluster: host, pid and a random part (never reused)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -89,6 +95,8 @@ class ClusterNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._claiming: set[int] = set()
         self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
+        if isinstance(supervisor.hub, ClusterHub):
+            supervisor.hub.on_lost = self.resend_text
 
     def numbers(self, conversation_id: int, count: int) -> contextlib.AbstractContextManager[None]:
         """Take a burst's count numbers in one Redis round trip (a storage job, before it)."""
@@ -133,6 +141,19 @@ class ClusterNode:
     def warm(self, conversation_id: int) -> None:
         """Someone types in a conversation this node does not hold: warm it here or there."""
         self.supervisor.storage.soon(self._task, partial(self._warm, conversation_id))
+
+    def resend_text(self, conversation_id: int) -> None:
+        """This node lacks a streaming message's text so far: its owner publishes it whole."""
+        if conversation_id in self.held:
+            self._resend_here(conversation_id)
+        else:
+            self.send("text", conversation_id)
+
+    def _resend_here(self, conversation_id: int) -> None:
+        # In the writer, after the deltas stored before: the text has every delta numbered
+        # below the event's number, and every later delta gets a higher one.
+        job = self.supervisor.storage.submit(self.supervisor.publish_live_text, conversation_id)
+        job.add_done_callback(_logged)
 
     def _task(self, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start a task (on the loop: `storage.soon` brings it there from a storage thread)."""
@@ -325,6 +346,8 @@ class ClusterNode:
         elif op == "deleted" and cid in self.held:  # deleted on another node
             self.held.discard(cid)
             await supervisor.forget_here(cid)
+        elif op == "text" and cid in self.held:  # a node lost some of a streaming text
+            self._resend_here(cid)
         elif op == "interrupt" and cid in self.held:
             await supervisor.interrupt(cid)
         elif op == "answer" and cid in self.held:

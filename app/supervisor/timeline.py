@@ -84,6 +84,14 @@ class Timeline(SupervisorState):
         view["epoch"] = self.hub.epoch
         return view
 
+    def publish_live_text(self, conversation_id: int) -> None:
+        """In the writer: publish each streaming message whole so far (a node lost deltas)."""
+        runner = self.runners.get(conversation_id)
+        for streaming in list(runner.streaming.values()) if runner is not None else []:
+            seq = self.hub.next_seq(conversation_id)  # above every delta in its text
+            entry = entry_view(streaming.entry, streaming.text)
+            self.hub.publish(conversation_id, {"type": "entry", "seq": seq, "entry": entry})
+
     async def view(
         self, conversation_id: int, *, limit: int = TIMELINE_PAGE, before_seq: int | None = None
     ) -> dict[str, Any]:
