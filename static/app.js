@@ -150,7 +150,8 @@ const backups = new Backups({
 const search = new Search({ onOpen: (hit) => openAt(hit) });
 const convActions = new ConvActions({
   get: (id) => state.convs.get(id),
-  changed: (conv) => onConversation(conv),
+  clock: () => feed.clock, // taken before a request: its answer may be older than the socket
+  changed: (conv, asked) => onConversation(conv, asked),
   removed: (id) => onRemoved(id),
   dialogs,
 });

@@ -38,7 +38,7 @@ const exportUrl = (id, format, ancestors) =>
 
 /** The ⋯ menu of sidebar items (one popover, outside the lists: a redraw does not close it). */
 export class ConvActions {
-  /** hooks: get(id) → conv, changed(conv), toast(message), dialogs (app.js's) */
+  /** hooks: get(id) → conv, clock() → the feed count now, changed(conv, asked: clock() before the request), removed(id), dialogs (app.js's) */
   constructor(hooks) {
     this.hooks = hooks;
     this.menu = byId('conv-menu');
@@ -132,8 +132,9 @@ export class ConvActions {
       return;
     }
     try {
+      const asked = this.hooks.clock();
       const { data } = await api(`/api/conversations/${id}`, { method: 'PATCH', body: { title } });
-      this.hooks.changed(data);
+      this.hooks.changed(data, asked);
       this.hooks.dialogs.close(this.renameDialog);
     } catch (err) {
       error.textContent = err.message;
@@ -167,8 +168,9 @@ export class ConvActions {
         await api(`/api/conversations/${pending.id}`, { method: 'DELETE' });
         this.hooks.removed(pending.id);
       } else {
+        const asked = this.hooks.clock();
         const { data } = await api(`/api/conversations/${pending.id}/archive`, { method: 'POST', body: {} });
-        this.hooks.changed(data);
+        this.hooks.changed(data, asked);
       }
       this.hooks.dialogs.close(this.confirmDialog);
     } catch (err) {

@@ -157,3 +157,32 @@ def test_a_conversation_answered_before_its_turn_ended_does_not_show_it_running(
     after_next_draw(page)  # the sidebar is drawn on the next animation frame
     expect(sidebar_running(page, "Busy")).to_have_count(0)
     pages.assert_clean()
+
+
+def test_a_rename_answered_before_a_turn_began_keeps_the_running_marker(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """The ⋯ menu's answers are held to the same rule as the page's own requests."""
+    busy = relay.create(title="Busy")["id"]
+    page = pages.open(relay, f"/c/{busy}")
+    frames = Frames(page)
+    page.reload()  # (a socket opened before Frames is not watched)
+    expect(by_id(page, "title")).to_have_text("Busy")
+    wait_until(page, lambda: frames.seen(lambda e: e.get("type") == "hello"))
+    renaming = Held(page, re.compile(rf"/api/conversations/{busy}$"))
+    item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
+    item.hover()
+    item.get_by_test_id("conv-menu-button").click()
+    by_id(page, "conv-rename").click()
+    by_id(page, "rename-input").fill("Renamed")
+    by_id(page, "rename-save").click()
+    wait_until(page, lambda: renaming.waiting)  # answered: Renamed, not running
+    assert relay.send(busy, "ask permission").status_code == 202
+    wait_until(page, lambda: frames.running(busy, True))
+    renaming.release()
+    expect(by_id(page, "rename-dialog")).to_be_hidden()
+    after_next_draw(page)
+    expect(sidebar_running(page, "Renamed")).to_be_visible()
+    by_id(page, "permission-deny").click()
+    expect(sidebar_running(page, "Renamed")).to_have_count(0)
+    pages.assert_clean()
