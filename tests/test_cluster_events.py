@@ -8,22 +8,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.cluster.events import STREAM_RUNS, ClusterHub
-from tests.redis import RedisServer
+from tests.cluster_hubs import two_hubs
 
 
 @pytest.fixture
 async def hubs() -> AsyncIterator[tuple[ClusterHub, ClusterHub]]:
     """Two nodes' hubs on one Redis; the database's last_seq is 10 for every conversation."""
-    server = RedisServer().start()
-    made = [ClusterHub(lambda _cid: 10, server.url, node) for node in ("a", "b")]
-    try:
-        for hub in made:
-            await hub.start()
-        yield made[0], made[1]
-    finally:
-        for hub in made:
-            await hub.stop()
-        server.stop()
+    async with two_hubs() as (a, b, _url):
+        yield a, b
 
 
 async def until(condition: object, seconds: float = 20) -> None:

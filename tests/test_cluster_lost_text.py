@@ -1,7 +1,7 @@
 """A node that lost deltas of a streaming message (trimmed) gets its whole text from the owner.
 
 Node a (this loop) stands for the owner: it streams one message's deltas; node b (its own
-loop, tests/test_cluster_trim.py) follows it with a tab and is stalled while more entries
+loop, tests/cluster_hubs.py) follows it with a tab and is stalled while more entries
 are appended than its stream keeps. On resuming, b finds the hole and tells its tab to
 resync; its text of the message lacks the lost deltas. b must ask the owner (`on_lost`) and,
 once the owner's whole text arrives, snapshot the message right while it still streams.
@@ -18,8 +18,7 @@ import pytest
 
 from app.cluster.events import STREAM_RUNS, ClusterHub
 from app.hub import RESYNC, Subscriber
-from tests.redis import RedisServer
-from tests.test_cluster_trim import CID, STORED, Node
+from tests.cluster_hubs import CID, STORED, Node, hub_and_node
 
 ENTRY = 1
 
@@ -27,19 +26,8 @@ ENTRY = 1
 @pytest.fixture
 async def nodes() -> AsyncIterator[tuple[ClusterHub, Node]]:
     """Node a (this loop) and node b (its own loop), on one Redis."""
-    server = RedisServer().start()
-    a = ClusterHub(lambda _cid: STORED, server.url, "a")
-    b = Node(server.url)
-    try:
-        await a.start()
-        b.start()
-        assert b.started.wait(20)
-        yield a, b
-    finally:
-        await a.stop()
-        if b.is_alive():
-            b.finish()
-        server.stop()
+    async with hub_and_node() as pair:
+        yield pair
 
 
 def streaming(text: str) -> dict[str, object]:

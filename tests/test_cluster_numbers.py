@@ -11,7 +11,7 @@ import pytest
 from app.cluster.events import BROADCAST, RUN_CHARS, RUN_EVENTS, ClusterHub, _commands, id_pair
 from app.cluster.ordering import Orderer
 from app.hub import RESYNC
-from tests.redis import RedisServer
+from tests.cluster_hubs import two_hubs
 
 
 def test_each_run_of_one_streams_events_is_one_entry_in_order() -> None:
@@ -51,16 +51,8 @@ def test_a_lost_hole_is_skipped_at_once() -> None:
 @pytest.fixture
 async def hubs() -> AsyncIterator[tuple[ClusterHub, ClusterHub]]:
     """Two nodes' hubs on one Redis; the database's last_seq is 10 for every conversation."""
-    server = RedisServer().start()
-    made = [ClusterHub(lambda _cid: 10, server.url, node) for node in ("a", "b")]
-    try:
-        for hub in made:
-            await hub.start()
-        yield made[0], made[1]
-    finally:
-        for hub in made:
-            await hub.stop()
-        server.stop()
+    async with two_hubs() as (a, b, _url):
+        yield a, b
 
 
 async def test_numbers_taken_for_a_burst_are_its_own_and_the_unused_ones_filled(

@@ -10,7 +10,7 @@ import redis
 
 from app.cluster.events import ClusterHub, stream_key
 from app.hub import Subscriber
-from tests.redis import RedisServer
+from tests.cluster_hubs import two_hubs
 from tests.test_cluster_events import until
 
 CID = 7
@@ -19,16 +19,8 @@ CID = 7
 @pytest.fixture
 async def hubs() -> AsyncIterator[tuple[ClusterHub, ClusterHub, str]]:
     """Two nodes' hubs on one Redis (last_seq 10), and its URL."""
-    server = RedisServer().start()
-    made = [ClusterHub(lambda _cid: 10, server.url, node) for node in ("a", "b")]
-    try:
-        for hub in made:
-            await hub.start()
-        yield made[0], made[1], server.url
-    finally:
-        for hub in made:
-            await hub.stop()
-        server.stop()
+    async with two_hubs() as made:
+        yield made
 
 
 async def test_a_burst_is_packed_and_a_resume_inside_an_entry_gets_exactly_the_rest(
