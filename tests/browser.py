@@ -95,6 +95,14 @@ def by_id(page: Page, testid: str) -> Locator:
     return page.get_by_test_id(testid)
 
 
+def item_menu(page: Page, title: str) -> None:
+    """Open the ⋯ menu of the sidebar item with this title."""
+    item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
+    item.hover()
+    item.get_by_test_id("conv-menu-button").click()
+    expect(by_id(page, "conv-menu")).to_be_visible()
+
+
 def send_text(page: Page, text: str) -> None:
     """Type a one-line message in the composer and press Enter."""
     box = by_id(page, "message-input")

@@ -6,11 +6,11 @@ import re
 import time
 from pathlib import Path
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from app import store
 from app.db import get_session
-from tests.browser import Pages, by_id, conv_id
+from tests.browser import Pages, by_id, conv_id, item_menu
 from tests.relay import LiveRelay
 
 FILLER = 260  # more than one timeline page (200): the hit is only reached by loading earlier
@@ -34,14 +34,6 @@ def fill_conversation(relay: LiveRelay, cid: int, needle_at: int, needle: str) -
             if seq == needle_at:
                 found = entry.id or 0
     return found
-
-
-def item_menu(page: Page, title: str) -> None:
-    """Open the ⋯ menu of the sidebar item with this title."""
-    item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
-    item.hover()
-    item.get_by_test_id("conv-menu-button").click()
-    expect(by_id(page, "conv-menu")).to_be_visible()
 
 
 def test_search_opens_the_message_scrolled_and_highlighted(pages: Pages, relay: LiveRelay) -> None:

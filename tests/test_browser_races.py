@@ -14,7 +14,7 @@ from typing import Any
 
 from playwright.sync_api import Page, Route, WebSocket, expect
 
-from tests.browser import Pages, T, by_id
+from tests.browser import Pages, T, by_id, item_menu
 from tests.relay import LiveRelay
 
 
@@ -170,9 +170,7 @@ def test_a_rename_answered_before_a_turn_began_keeps_the_running_marker(
     expect(by_id(page, "title")).to_have_text("Busy")
     wait_until(page, lambda: frames.seen(lambda e: e.get("type") == "hello"))
     renaming = Held(page, re.compile(rf"/api/conversations/{busy}$"))
-    item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
-    item.hover()
-    item.get_by_test_id("conv-menu-button").click()
+    item_menu(page, "Busy")
     by_id(page, "conv-rename").click()
     by_id(page, "rename-input").fill("Renamed")
     by_id(page, "rename-save").click()
