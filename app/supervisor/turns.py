@@ -283,7 +283,7 @@ class Turns(SupervisorState):
             ahead = BURST_AHEAD if self.cluster is not None else 0
             # More text of a stored message, arriving while nothing is being stored, is
             # published by the task reading the agent: no queue, no hop to this one.
-            inline = None if self.cluster is not None else partial(self._inline, runner)
+            inline = None if self.cluster is not None else partial(self._stream_now, runner)
             async for burst in bursts(turn, ahead, inline):
                 try:
                     # On a cluster node every burst goes to the writer: a number is a Redis
@@ -316,13 +316,6 @@ class Turns(SupervisorState):
                 runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
             )
             await self._close_agent(runner)
-
-    def _inline(self, runner: Runner, event: AgentEvent) -> bool:
-        """Handle an event now if it stores nothing (more text of a stored message)."""
-        if self._stores(runner, event):
-            return False
-        self._handle(runner, event)
-        return True
 
     async def _unrecorded(self, runner: Runner, error: Exception) -> None:
         """The database failed an agent event: the turn is stopped, the user told why."""
