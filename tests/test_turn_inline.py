@@ -13,7 +13,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from app.agents.base import Activity, AgentEvent, AgentSpec, MessageDone, TextDelta, TurnDone
+from app.supervisor.turns import Unhandled, bursts
 from tests.relay import LiveRelay, receive, receive_until
 
 TIMEOUT = 30
@@ -148,3 +151,52 @@ def test_deltas_that_come_while_a_storing_event_is_stored_wait_for_it(relay: Liv
         ("agent", "done"),
         ("activity", "Running ls"),
     ]
+
+
+async def pieces(names: list[str], read: list[str]) -> AsyncIterator[AgentEvent]:
+    """An agent's deltas, a loop turn apart; `read` says how far it was read."""
+    for name in names:
+        read.append(name)
+        yield TextDelta(MESSAGE, name)
+        await asyncio.sleep(0)
+
+
+def test_bursts_offers_inline_only_what_comes_while_the_consumer_waits() -> None:
+    handled: list[str] = []
+
+    def inline(event: AgentEvent) -> bool:
+        assert isinstance(event, TextDelta)
+        if event.text.startswith("stored"):
+            return False  # it needs a storage job: queued for the consumer
+        handled.append(event.text)
+        return True
+
+    async def consume() -> list[list[str]]:
+        got = []
+        async for burst in bursts(pieces(["a", "b", "stored", "c", "d"], []), 0, inline):
+            got.append([e.text for e in burst if isinstance(e, TextDelta)])
+            await asyncio.sleep(0.01)  # its job: what comes meanwhile waits, in order
+        return got
+
+    got = asyncio.run(consume())
+    assert handled == ["a", "b"]
+    assert got == [["stored"], ["c", "d"]]
+
+
+def test_bursts_raises_an_inline_failure_in_order_and_reads_no_further() -> None:
+    read: list[str] = []
+
+    def inline(event: AgentEvent) -> bool:
+        assert isinstance(event, TextDelta)
+        if event.text == "b":
+            raise RuntimeError("no room")
+        return True
+
+    async def consume() -> list[list[AgentEvent]]:
+        return [burst async for burst in bursts(pieces(["a", "b", "c"], read), 0, inline)]
+
+    with pytest.raises(Unhandled) as raised:
+        asyncio.run(consume())
+    assert isinstance(raised.value.error, RuntimeError)
+    assert str(raised.value.error) == "no room"
+    assert read == ["a", "b"]
