@@ -88,6 +88,10 @@ class Published(NamedTuple):
     text: str
 
 
+# Builds a Published as Published(seq, text) does, without its __new__ in Python (hot path).
+_published = tuple.__new__
+
+
 class Replay:
     """A conversation's recent events, bounded by count and by characters."""
 
@@ -424,9 +428,9 @@ class Hub:
             self._publish_in_order(conversation_id, event)
             return
         # Exactly what encode() makes of that dict: the same keys, in the same order.
-        encoded = (
-            f'{{"type":"delta","entry_id":{entry_id:d},"text":{_STRING(text)},'
-            f'"seq":{seq:d},"conversation_id":{conversation_id:d}}}'
+        encoded = (  # (ints: as {x:d} writes them, without its format call)
+            f'{{"type":"delta","entry_id":{entry_id},"text":{_STRING(text)},'
+            f'"seq":{seq},"conversation_id":{conversation_id}}}'
         )
         self._fan_out(conversation_id, seq, encoded)  # (watchers are never shown deltas)
 
@@ -465,7 +469,7 @@ class Hub:
         recent = self._recent.get(conversation_id)
         if recent is None:
             recent = self._recent[conversation_id] = Replay()
-        recent.append(Published(seq, text))
+        recent.append(_published(Published, (seq, text)))
         self._published[conversation_id] = self._published.get(conversation_id, 0) + 1
         if conversation_id in self._by_conversation:
             stream = self._streams[conversation_id]

@@ -123,11 +123,13 @@ class Storage:
 
     def soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call fn on the loop: now when on it, after the current job's burst from the writer."""
+        if self.loop is None or threading.get_ident() == self.loop_thread:
+            fn(*args)  # (jobs run in the writer thread, never on the loop's)
+            return
+        # (Looked up only off the loop: a thread that never set .job pays for an exception.)
         job: _Job | None = getattr(self._local, "job", None)
         if job is not None:
             job.effects.append((fn, args))
-        elif self.loop is None or threading.get_ident() == self.loop_thread:
-            fn(*args)
         else:
             self.loop.call_soon_threadsafe(fn, *args)
 

@@ -214,6 +214,24 @@ class Events(SupervisorState):
                 case TurnDone():
                     self._on_turn_done(session, runner, conversation, event)
 
+    def _stream_now(self, runner: Runner, event: AgentEvent) -> bool:
+        """Publish more text of a stored message at once, on the loop, if it stores nothing.
+
+        The hot path of a streaming reply (what `_stores` says false for, as `_handle` would
+        do it); False, and nothing done, for any other event.
+        """
+        if not isinstance(event, TextDelta):
+            return False
+        streaming = runner.streaming.get(event.message_id)
+        if streaming is None:
+            return False
+        now = time.monotonic()
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+            return False  # its checkpoint is due: a write
+        runner.last_used = now
+        self._publish_text(runner, event, streaming)
+        return True
+
     def _on_delta(self, runner: Runner, event: TextDelta) -> None:
         streaming = runner.streaming.get(event.message_id)
         if streaming is None:
@@ -221,6 +239,18 @@ class Events(SupervisorState):
                 conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
+        self._publish_text(runner, event, streaming)
+        now = time.monotonic()
+        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+            # A crash-safe checkpoint of the partial text, not a write per delta.
+            streaming.checkpoint_at = now
+            if self.storage.on_loop():
+                self.storage.submit(self._checkpoint, streaming).add_done_callback(_logged)
+            else:
+                self._checkpoint(streaming)
+
+    def _publish_text(self, runner: Runner, event: TextDelta, streaming: Streaming) -> None:
+        """Number a piece of a streaming message's text, keep it, publish it, have it rendered."""
         cid, text = runner.conversation_id, event.text
         seq = self.hub.next_seq(cid)
         # Before it is published: a snapshot at a seq shows the text up to it (text_at).
@@ -232,14 +262,6 @@ class Events(SupervisorState):
             live = streaming.live = self._live_render(runner, event.message_id, streaming)
         if not live.noted():  # else a rendering already due will read this text too
             self.storage.soon(live.poke)  # (its timer is the loop's)
-        now = time.monotonic()
-        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
-            # A crash-safe checkpoint of the partial text, not a write per delta.
-            streaming.checkpoint_at = now
-            if self.storage.on_loop():
-                self.storage.submit(self._checkpoint, streaming).add_done_callback(_logged)
-            else:
-                self._checkpoint(streaming)
 
     def _checkpoint(self, streaming: Streaming) -> None:
         """Write the partial text; skipped while another program holds the write lock."""

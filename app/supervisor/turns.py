@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from sqlmodel import Session
@@ -280,7 +281,10 @@ class Turns(SupervisorState):
             # A cluster node's events go on through Redis after the burst's job: the agent is
             # read no further ahead than BURST_AHEAD events, so none waits behind a backlog.
             ahead = BURST_AHEAD if self.cluster is not None else 0
-            async for burst in bursts(turn, ahead):
+            # More text of a stored message, arriving while nothing is being stored, is
+            # published by the task reading the agent: no queue, no hop to this one.
+            inline = None if self.cluster is not None else partial(self._stream_now, runner)
+            async for burst in bursts(turn, ahead, inline):
                 try:
                     # On a cluster node every burst goes to the writer: a number is a Redis
                     # round trip there, never taken on the loop.
@@ -294,16 +298,8 @@ class Turns(SupervisorState):
                 except LeaseLost:  # this node stalled: the new owner closes the turn, not this one
                     runner.ended = True
                     return
-                except Exception as error:  # the database failed: this turn cannot be recorded
-                    log.exception(
-                        "conversation %s: could not store an agent event", runner.conversation_id
-                    )
-                    await self._error_line_soon(
-                        runner,
-                        "The relay could not store this turn "
-                        f"({failure_reason(error)}); the turn was stopped.",
-                    )
-                    await self._close_agent(runner)
+                except Exception as error:  # noqa: BLE001 - the database failed: turn not recorded
+                    await self._unrecorded(runner, error)
                     return
                 if any(isinstance(event, TurnDone) for event in burst):
                     break
@@ -312,12 +308,27 @@ class Turns(SupervisorState):
                 # categories are fetched when someone opens the 🧠 modal: refresh_context.)
                 runner.reported_agent = agent
                 runner.reporting = asyncio.create_task(self._report_context(runner, agent))
+        except Unhandled as failed:  # the database failed an event handled inline
+            await self._unrecorded(runner, failed.error)
         except Exception as error:  # noqa: BLE001 - the agent crashed; the next message restarts it
             log.warning("agent of conversation %s failed: %s", runner.conversation_id, error)
             await self._error_line_soon(
                 runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
             )
             await self._close_agent(runner)
+
+    async def _unrecorded(self, runner: Runner, error: Exception) -> None:
+        """The database failed an agent event: the turn is stopped, the user told why."""
+        log.error(
+            "conversation %s: could not store an agent event",
+            runner.conversation_id,
+            exc_info=error,
+        )
+        await self._error_line_soon(
+            runner,
+            f"The relay could not store this turn ({failure_reason(error)}); the turn was stopped.",
+        )
+        await self._close_agent(runner)
 
     def _end_turn(self, runner: Runner, given: Session | None = None) -> None:
         """Close the turn: what it left open is kept or expired, the row says it ended.
@@ -445,22 +456,45 @@ def _rolled_back(session: Session) -> None:
         log.exception("could not roll back a failed transaction")
 
 
+class Unhandled(Exception):
+    """An error of bursts' inline handler (not of the agent), raised by bursts in its place."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def bursts(
-    events: AsyncIterator[AgentEvent], limit: int = 0
+    events: AsyncIterator[AgentEvent],
+    limit: int = 0,
+    inline: Callable[[AgentEvent], bool] | None = None,
 ) -> AsyncIterator[list[AgentEvent]]:
     """The agent's events in bursts: each time, every event that arrived since the last burst.
 
     A reader task drains the agent while the consumer stores the previous burst (up to limit
     events ahead of it, when given); an error of the agent is raised after the events that
     came before it.
+
+    inline: offered each event that arrives while the consumer waits with nothing queued (so
+    every earlier event is handled); it handles the event itself and returns True, or returns
+    False to have it queued as usual. An event it handles costs no queue, no future and no
+    step of the consumer's task. An error it raises is raised here as Unhandled, in order.
     """
     queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
     room = asyncio.Event()  # set: the consumer took what was queued
     room.set()
+    waiting = False  # the consumer waits on an empty queue: nothing is being handled
 
     async def read() -> None:
         try:
             async for event in events:
+                if waiting and inline is not None and not queue.qsize():
+                    try:
+                        if inline(event):
+                            continue
+                    except Exception as error:  # noqa: BLE001 - raised by the consumer, in order
+                        queue.put_nowait(Unhandled(error))
+                        return
                 queue.put_nowait(event)
                 if limit and queue.qsize() >= limit:
                     room.clear()
@@ -475,7 +509,11 @@ async def bursts(
     reader = asyncio.create_task(read(), name="agent-events")
     try:
         while True:
-            items = [await queue.get()]
+            waiting = True
+            try:
+                items = [await queue.get()]
+            finally:
+                waiting = False
             while not queue.empty():
                 items.append(queue.get_nowait())
             room.set()
