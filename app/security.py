@@ -28,6 +28,9 @@ from app.sessions import LIFETIME, Sessions
 log = logging.getLogger(__name__)
 COOKIE = "oarlock_session"  # a session id (app/sessions.py), never the token
 SESSION_SCOPE_KEY = "oarlock.session"  # from _check to __call__: the socket's session
+# A WebSocket's scope carries the server's own send under this key (set by Guard once the
+# handshake passed its checks): the route sends its frames with it, through no wrapper.
+SERVER_SEND_KEY = "oarlock.server_send"
 DATABASE_DOWN = "\0database-down"  # _session_of could not read the sessions (never an id)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 PUBLIC_PATHS = ("/healthz", "/login", "/favicon.ico")
@@ -157,8 +160,16 @@ class Guard:
             await _refuse(scope, receive, send, *login)
             return
         session_id = scope.pop(SESSION_SCOPE_KEY, None)
-        if scope["type"] == "websocket" and session_id and self.sessions is not None:
-            await self._socket_of_session(scope, receive, send, session_id)
+        if scope["type"] == "websocket":
+            # Headers go on HTTP responses only: a socket's messages (a frame per burst of
+            # events per tab) pass unwrapped, and the route skips the framework's wrappers
+            # too (SERVER_SEND_KEY). The middlewares outside this one (Starlette's
+            # ServerErrorMiddleware, BodyLimit) pass a WebSocket's send on unchanged.
+            scope[SERVER_SEND_KEY] = send
+            if session_id and self.sessions is not None:
+                await self._socket_of_session(scope, receive, send, session_id)
+            else:
+                await self.app(scope, receive, send)
             return
         await self.app(scope, receive, _with_headers(send))
 

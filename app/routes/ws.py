@@ -20,7 +20,7 @@ from app.hub import RESYNC, Event, Subscriber
 from app.limits import fit_snapshot
 from app.models import Conversation
 from app.notify import Notifier
-from app.security import COOKIE
+from app.security import COOKIE, SERVER_SEND_KEY, Send
 from app.supervisor import ConversationError, Supervisor
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
@@ -90,12 +90,25 @@ class Stall:
 
 
 async def _send(socket: WebSocket, subscriber: Subscriber, stall: Stall) -> None:
+    """Send the tab its frames, with the server's own send once the socket is accepted.
+
+    Starlette's WebSocket.send_text checks the socket's state and passes the message through
+    the framework's wrappers, which act on HTTP responses only: per frame per tab, that is
+    work for nothing. A server's send raises OSError once the tab is gone (Starlette made
+    that a WebSocketDisconnect): the sender ends, as it did.
+    """
+    send: Send | None = socket.scope.get(SERVER_SEND_KEY)
+    if send is None:  # an app without the Guard (never in create_app)
+        send = socket.send
     clock = stall.loop.time
     while True:
         # Encoded events joined, nothing re-encoded; tabs at the same place share the frame.
         frame = await subscriber.frame(MAX_BATCH)
         stall.since = clock()
-        await socket.send_text(frame)
+        try:
+            await send({"type": "websocket.send", "text": frame})
+        except OSError:
+            return
         stall.since = None
 
 
