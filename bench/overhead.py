@@ -6,7 +6,9 @@ Through the relay: POST a message, then wait on a subscribed WebSocket for the t
 that says idle (nothing queued): user message in, result out, as a browser sees it.
 Directly: the same CLI driven by claude_agent_sdk's ClaudeSDKClient with the options the
 relay's adapter uses (stream-json, partial messages, the claude_code system prompt, the
-permission callback): query(), then receive_response() until the ResultMessage.
+permission callback, the relay's tools as an in-process MCP server loaded up front) and its
+prompt as the adapter sends it (a user message with its own uuid): query(), then
+receive_response() until the ResultMessage.
 
 Both CLIs are warm (two turns each first), both talk to one fake API in its own process,
 and the turns come in pairs, each side going first in every other pair. The relay asks
@@ -23,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,8 @@ from claude_agent_sdk import (
     ResultMessage,
 )
 
+from app.agents.claude_code import _tool_server, _user_message
+from app.tools import ToolResult, relay_tools
 from bench.common import Fake, Relay, Row, Tab, at_most, children, claude_env, median, ms
 
 COMMAND = "python -m bench overhead"
@@ -71,6 +76,14 @@ async def _allow(*_args: Any) -> PermissionResultAllow:
     return PermissionResultAllow()
 
 
+async def _unused(_arguments: dict[str, Any]) -> ToolResult:
+    return ToolResult("not in this bench", is_error=True)
+
+
+# The relay's tools, as the adapter hands them to its CLI (the same --mcp-config).
+TOOLS = relay_tools(save_handoff=_unused, search_archive=_unused, read_archive=_unused)
+
+
 class DirectClaude:
     """The same CLI driven by ClaudeSDKClient in this process."""
 
@@ -84,6 +97,7 @@ class DirectClaude:
                 include_partial_messages=True,
                 system_prompt={"type": "preset", "preset": "claude_code"},
                 env=env,
+                mcp_servers=_tool_server(TOOLS),
             )
         )
 
@@ -94,7 +108,7 @@ class DirectClaude:
     async def turn(self, text: str) -> float:
         """One turn's time: query until the ResultMessage."""
         start = time.perf_counter()
-        await self.client.query(text)
+        await self.client.query(_user_message(text, str(uuid.uuid4())))
         async for message in self.client.receive_response():
             if isinstance(message, ResultMessage):
                 assert not message.is_error, message

@@ -204,3 +204,60 @@ def test_a_repeated_usage_writes_the_row_once(relay: LiveRelay) -> None:
         event.remove(relay.supervisor.engine, "before_cursor_execute", record)
     assert view["context_tokens"] == 100
     assert len(seen) == 1  # the second, unchanged figure changes nothing
+
+
+class HeldSync:
+    """The database's fsync held until released (a slow disk): what waits for it, waits."""
+
+    def __init__(self, relay: LiveRelay) -> None:
+        self.storage = relay.supervisor.storage
+        self.real = self.storage._sync
+        self.holding = threading.Event()  # an fsync has begun and is being held
+        self.release = threading.Event()
+
+    def __enter__(self) -> HeldSync:
+        self.storage._sync = self._sync  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release.set()
+        self.storage._sync = self.real  # type: ignore[method-assign]
+
+    def _sync(self) -> None:
+        self.holding.set()
+        self.release.wait(TIMEOUT)
+        self.real()
+
+
+class Told(Quick):
+    """Quick, saying when a prompt reached it."""
+
+    def __init__(self, spec: AgentSpec, prompted: threading.Event) -> None:
+        super().__init__(spec)
+        self.prompted = prompted
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Say the prompt came, then answer as Quick does."""
+        self.prompted.set()
+        async for each in super().turn(prompt):
+            yield each
+
+
+def test_the_prompt_goes_out_on_commit_while_the_answer_waits_for_the_fsync(
+    relay: LiveRelay,
+) -> None:
+    prompted = threading.Event()
+    relay.supervisor.agent_factory = lambda _provider, spec, _settings: Told(spec, prompted)
+    cid = relay.create(title="Early")["id"]
+    answered: list[int] = []
+    with HeldSync(relay) as held:
+        post = threading.Thread(target=lambda: answered.append(relay.send(cid, "hi").status_code))
+        post.start()
+        assert held.holding.wait(TIMEOUT)
+        # Committed, in the log, safe from a crash of the relay: the agent may have it now.
+        assert prompted.wait(TIMEOUT)
+        assert answered == []  # a power cut could still lose it: not acknowledged yet
+        held.release.set()
+        post.join(TIMEOUT)
+    assert answered == [202]
+    assert relay.wait_idle(cid, timeout=TIMEOUT)["timeline"][-1]["text"] == "You said: hi"
