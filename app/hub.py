@@ -356,6 +356,11 @@ class Hub:
         # path: a call per streamed piece of text, and no watcher wants them) and (None, event)
         # for each broadcast one, after the tabs got it (app/notify.py). They must not raise.
         self.watchers: list[Callable[[int | None, Event], None]] = []
+        # The global feed as this process delivers it to its tabs: how many events so far,
+        # under an id of its own (a restarted relay or another cluster node counts anew).
+        # A list answer and a tab's hello each carry it (see feed()).
+        self._feed_id = secrets.token_hex(6)
+        self._fed = 0
 
     def _known(self, conversation_id: int) -> None:
         """Load a conversation's numbering (read outside the lock: it is database I/O)."""
@@ -492,8 +497,20 @@ class Hub:
         self._watch(None, event)
 
     def _broadcast_text(self, text: str) -> None:
+        self._fed += 1
         for subscriber in self._everyone:
             subscriber.offer(text)
+
+    def feed(self) -> dict[str, Any]:
+        """Where the global feed is now, on this process: {"id", "count"} (read on the loop).
+
+        A tab registered (connect) when the count was c gets every global event counted after c;
+        a conversation list read after the count was c holds every change counted up to c
+        (an event is broadcast after its change is stored). So a tab whose list was read at c
+        and whose socket was registered at h > c may have missed events c+1..h: it reads the
+        list again. Same id and h <= c: nothing was missed.
+        """
+        return {"id": self._feed_id, "count": self._fed}
 
     def connect(self) -> Subscriber:
         """Register a new tab."""

@@ -52,6 +52,21 @@ function merged(conv, asked) {
   return overtaken(conv.id, asked) ? { ...conv, ...old } : { ...old, ...conv };
 }
 
+// Did the page's first lists miss a global event? They may be read before the socket is
+// registered for the global feed: an event broadcast in between reaches neither. The relay
+// counts its global feed; each list answer carries the count before its read, the hello the count
+// at registration (docs/api.md, `feed`). Only a hello past the lists' count (or from another
+// process) means something happened in the gap: the lists are read again, once.
+const gap = { lists: null, hello: null, checked: false }; // the first lists' feeds, the first hello
+
+function checkGap() {
+  if (gap.checked || !gap.lists || !gap.hello) return;
+  gap.checked = true;
+  const hello = gap.hello.feed;
+  const missed = gap.lists.some((f) => !hello || !f || f.id !== hello.id || f.count < hello.count);
+  if (missed) loadLists().catch(() => {});
+}
+
 const isArchived = (conv) => Boolean(conv) && conv.status === 'archived';
 const newestFirst = (a, b) =>
   (Date.parse(b.updated_at) || 0) - (Date.parse(a.updated_at) || 0) || b.id - a.id;
@@ -221,7 +236,12 @@ function onSocketMessage(message) {
       if (byId('composer-error').dataset.offline === 'true') hideComposerError(); // reachable again
       clearInterval(socket.ping);
       socket.ping = setInterval(() => send({ type: 'ping' }), 25000);
-      if (reconnected) loadLists().catch(() => {}); // sidebar events may have been missed
+      if (reconnected) {
+        loadLists().catch(() => {}); // sidebar events may have been missed (asked after this hello)
+      } else {
+        gap.hello = message;
+        checkGap();
+      }
       subscribe(true);
       notify.sendPresence();
       if (warmPending != null && state.current && state.current.id === warmPending) warmAgent();
@@ -399,11 +419,14 @@ async function loadPage(status, before) {
     if (!isRemoved(conv)) state.convs.set(conv.id, merged(conv, asked));
   }
   more[status] = data.next;
+  return data.feed;
 }
 
+/** Read both lists' first pages; returns where the global feed was before each was read. */
 async function loadLists() {
-  await Promise.all([loadPage('active'), loadPage('archived')]);
+  const feeds = await Promise.all([loadPage('active'), loadPage('archived')]);
   renderLists();
+  return feeds;
 }
 
 function moreButton(status) {
@@ -1137,7 +1160,8 @@ async function boot() {
   connect();
   loadProviders().catch(() => {});
   try {
-    await loadLists();
+    gap.lists = await loadLists();
+    checkGap();
   } catch (err) {
     if (err.status !== 401) toast(err.message);
   }

@@ -6,7 +6,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.relay import LiveRelay, make_settings
+from tests.relay import LiveRelay, make_settings, receive, receive_until
 
 DEMO_TAIL = (
     "I am the **demo** agent: I run offline and quote what you send. "
@@ -277,6 +277,31 @@ def test_list_conversations_bad_query_422(relay: LiveRelay) -> None:
     queries = ["status=deleted", "limit=0", "limit=501", "before=x", "before=12", "before=1-x"]
     statuses = [relay.http.get(f"/api/conversations?{q}").status_code for q in queries]
     assert statuses == [422] * len(queries)
+
+
+def test_list_and_hello_carry_the_global_feed_count(relay: LiveRelay) -> None:
+    """A tab compares the two (static/app.js, `gap`): equal counts mean nothing was missed."""
+    with relay.socket() as ws:
+        greeting = receive(ws)
+        quiet = relay.http.get("/api/conversations").json()["feed"]
+        cid = relay.create()["id"]  # one broadcast
+        receive_until(ws, lambda m: m["type"] == "conversation" and m["conversation"]["id"] == cid)
+        moved = relay.http.get("/api/conversations?status=archived").json()["feed"]
+        with relay.socket() as later:
+            again = receive(later)
+    assert greeting["feed"] == quiet  # registered, then the list read: nothing between
+    assert moved == {"id": quiet["id"], "count": quiet["count"] + 1}
+    assert again["feed"] == moved
+
+
+def test_the_global_feed_is_counted_anew_under_a_new_id_after_a_restart(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "relay")
+    feeds = []
+    for _ in range(2):
+        with LiveRelay(settings) as live:
+            feeds.append(live.http.get("/api/conversations").json()["feed"])
+            live.create()
+    assert feeds[0]["id"] != feeds[1]["id"]  # a count from the old process compares with none
 
 
 # -- get ---------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from playwright.sync_api import Page, Route, WebSocket, expect
+from playwright.sync_api import Locator, Page, Request, Route, WebSocket, WebSocketRoute, expect
 
 from tests.browser import Pages, T, by_id, item_menu
-from tests.relay import LiveRelay
+from tests.relay import LiveRelay, receive, receive_until
 
 
 class Held:
@@ -183,4 +183,143 @@ def test_a_rename_answered_before_a_turn_began_keeps_the_running_marker(
     expect(sidebar_running(page, "Renamed")).to_be_visible()
     by_id(page, "permission-deny").click()
     expect(sidebar_running(page, "Renamed")).to_have_count(0)
+    pages.assert_clean()
+
+
+# ---- the lists and the socket's hello: events between them ------------------------------------
+
+
+class Sockets:
+    """The page's WebSockets, each joined to the relay when the test says (held), or at once."""
+
+    def __init__(self, page: Page, *, hold: bool) -> None:
+        self.hold = hold
+        self.routes: list[WebSocketRoute] = []
+        self.hellos = 0  # hellos passed to the page
+        page.route_web_socket(re.compile(r"/ws$"), self._route)
+
+    def _route(self, route: WebSocketRoute) -> None:
+        self.routes.append(route)
+        if not self.hold:
+            self._join(route)
+
+    def connect(self) -> None:
+        """Join the newest socket to the relay: it registers there now, and gets its hello."""
+        self._join(self.routes[-1])
+
+    def _join(self, route: WebSocketRoute) -> None:
+        def forward(message: str | bytes) -> None:
+            decoded = json.loads(message)
+            if isinstance(decoded, dict) and decoded.get("type") == "hello":
+                self.hellos += 1
+            route.send(message)
+
+        route.connect_to_server().on_message(forward)
+
+
+class ListReads:
+    """How many times the page asked for a sidebar list's first page."""
+
+    def __init__(self, page: Page) -> None:
+        self.count = 0
+        page.on("request", self._seen)
+
+    def _seen(self, request: Request) -> None:
+        if re.search(r"/api/conversations\?status=\w+&limit=\d+$", request.url):
+            self.count += 1
+
+
+def broadcast_about(cid: int, **fields: Any) -> Callable[[dict[str, Any]], bool]:
+    """Matches the global feed's event about cid with those fields."""
+
+    def match(message: dict[str, Any]) -> bool:
+        conv = message.get("conversation") or {}
+        return (
+            message.get("type") == "conversation"
+            and message.get("seq") is None
+            and conv.get("id") == cid
+            and all(conv.get(key) == value for key, value in fields.items())
+        )
+
+    return match
+
+
+def sidebar_item(page: Page, title: str) -> Locator:
+    return page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
+
+
+def test_events_between_the_lists_and_the_socket_reach_the_sidebar(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """The lists were read, then a turn began and a conversation was made, then the socket came."""
+    busy = relay.create(title="Busy")["id"]
+    other = relay.create(title="Other")["id"]
+    page = pages.open(relay, f"/c/{other}")
+    expect(by_id(page, "title")).to_have_text("Other")
+    sockets = Sockets(page, hold=True)
+    lists = ListReads(page)
+    page.reload()
+    expect(by_id(page, "title")).to_have_text("Other")  # shown after the lists were applied
+    expect(sidebar_item(page, "Busy")).to_be_visible()
+    assert lists.count == 2
+    wait_until(page, lambda: sockets.routes)  # the page's socket, not yet at the relay
+    with relay.socket() as watcher:
+        receive(watcher)  # hello
+        assert relay.send(busy, "ask permission").status_code == 202  # running until answered
+        newcomer = relay.create(title="Newcomer")["id"]
+        receive_until(watcher, broadcast_about(busy, running=True))
+        receive_until(watcher, broadcast_about(newcomer))  # (made after the turn began)
+    sockets.connect()
+    expect(sidebar_running(page, "Busy")).to_be_visible()
+    expect(sidebar_item(page, "Newcomer")).to_be_visible()
+    assert lists.count == 4  # read again, once
+    pages.assert_clean()
+
+
+def test_a_page_load_reads_the_lists_once_when_nothing_happens_in_between(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    other = relay.create(title="Other")["id"]
+    page = pages.open(relay, f"/c/{other}")
+    expect(by_id(page, "title")).to_have_text("Other")
+    lists = ListReads(page)
+    sockets = Sockets(page, hold=False)
+    for made, hold in (("First", False), ("Second", True)):  # the hello first (usually); last
+        sockets.hold = hold
+        sockets.routes.clear()
+        sockets.hellos = 0
+        lists.count = 0
+        page.reload()
+        expect(by_id(page, "title")).to_have_text("Other")
+        if hold:
+            wait_until(page, lambda: sockets.routes and lists.count == 2)
+            sockets.connect()
+        wait_until(page, lambda: sockets.hellos == len(sockets.routes))
+        relay.create(title=made)  # on the socket, after its hello: the hello was handled
+        expect(sidebar_item(page, made)).to_be_visible()
+        after_next_draw(page)
+        assert lists.count == 2, made
+    pages.assert_clean()
+
+
+def test_events_while_the_socket_was_away_reach_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
+    """A reconnected tab reads the lists after its hello (as before the feed counts)."""
+    busy = relay.create(title="Busy")["id"]
+    other = relay.create(title="Other")["id"]
+    page = pages.open(relay, f"/c/{other}")
+    sockets = Sockets(page, hold=False)
+    page.reload()
+    expect(by_id(page, "title")).to_have_text("Other")
+    relay.create(title="Live")  # the socket is joined: this arrives on it
+    expect(sidebar_item(page, "Live")).to_be_visible()
+    sockets.hold = True
+    sockets.routes[-1].close()  # the page's socket drops; its retry is held
+    expect(by_id(page, "connection-status")).to_be_visible()
+    wait_until(page, lambda: len(sockets.routes) == 2)
+    assert relay.http.patch(f"/api/conversations/{busy}", json={"title": "Renamed"}).is_success
+    assert relay.send(busy, "ask permission").status_code == 202
+    relay.wait_for(busy, lambda v: v["running"])
+    sockets.connect()
+    expect(by_id(page, "connection-status")).to_be_hidden()
+    expect(sidebar_running(page, "Renamed")).to_be_visible()
     pages.assert_clean()

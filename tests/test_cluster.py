@@ -129,6 +129,24 @@ def test_events_reach_every_node_in_order_and_a_resume_elsewhere_gets_what_it_mi
     assert [e["type"] for e in got] == [e["type"] for e in events if e["seq"] > middle]
 
 
+def test_each_node_counts_the_list_events_it_passes_to_its_tabs(nodes: Nodes) -> None:
+    """A list and a hello of one node compare (Hub.feed); another node's counts are its own."""
+    first, second, third = nodes.nodes
+    with open_socket(second) as ws:
+        hello = receive(ws)
+        cid = third.create(provider="demo", title="Counted")  # broadcast by another node
+        receive_until(
+            ws,
+            lambda e: e["type"] == "conversation" and e["conversation"]["id"] == cid,
+            timeout=TIMEOUT,
+        )
+        listed = second.client.get("/api/conversations").json()
+    elsewhere = first.client.get("/api/conversations").json()["feed"]
+    assert [c["id"] for c in listed["conversations"]] == [cid]
+    assert listed["feed"] == {"id": hello["feed"]["id"], "count": hello["feed"]["count"] + 1}
+    assert elsewhere["id"] != listed["feed"]["id"]  # a page whose list came from there rereads
+
+
 def test_kill_9_of_the_owner_mid_turn_hands_the_conversation_to_another_node(
     nodes: Nodes,
 ) -> None:

@@ -71,8 +71,9 @@ def test_hello_then_ping_pong(relay: LiveRelay) -> None:
     with relay.socket() as ws:
         greeting = receive(ws)
         pong = ask(ws, {"type": "ping"})
+    assert set(greeting["feed"]) == {"id", "count"}  # (tests/test_api.py: what it counts)
     assert (greeting, pong) == (
-        {"type": "hello", "epoch": relay.get(cid)["epoch"]},
+        {"type": "hello", "epoch": relay.get(cid)["epoch"], "feed": greeting["feed"]},
         {"type": "pong"},
     )
 

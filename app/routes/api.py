@@ -104,6 +104,8 @@ async def list_conversations(
 ) -> dict[str, Any]:
     """Conversations, most recently updated first, one page at a time (`next` → `before`)."""
     cursor = parse_cursor(before)
+    # Taken before the read: every global event counted up to it is in the page (docs/api.md).
+    feed = supervisor.hub.feed()
 
     def read() -> list[Conversation]:
         with supervisor.session() as session:
@@ -116,6 +118,7 @@ async def list_conversations(
     return {
         "conversations": [conversation_view(c) for c in page],
         "next": make_cursor(last.updated_at, last.id or 0) if last else None,
+        "feed": feed,
     }
 
 

@@ -41,7 +41,9 @@ async def websocket(socket: WebSocket) -> None:
     session_key = notifier.session_key(socket.cookies.get(COOKIE))
     stall: Stall | None = None
     try:
-        await socket.send_json({"type": "hello", "epoch": supervisor.hub.epoch})
+        # The feed as the tab was registered (no await since connect): see Hub.feed.
+        hello = {"type": "hello", "epoch": supervisor.hub.epoch, "feed": supervisor.hub.feed()}
+        await socket.send_json(hello)
         async with anyio.create_task_group() as group:
             stall = Stall(group.cancel_scope.cancel)
 
