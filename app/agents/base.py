@@ -194,14 +194,6 @@ class WarmsUp(Protocol):
 
 
 @runtime_checkable
-class SummarisesContext(Protocol):
-    """An agent whose context report also comes cheap: the window, the parts only estimated."""
-
-    async def context_summary(self) -> dict[str, Any] | None:
-        """context_usage() from the agent's own estimates: no request to the provider's API."""
-
-
-@runtime_checkable
 class Receipts(Protocol):
     """An agent whose session records each prompt's id: after a crash it can say what it got.
 

@@ -742,32 +742,12 @@ class ClaudeCodeAgent(TurnFlags):
             log.warning("interrupt failed", exc_info=True)
 
     async def context_usage(self) -> dict[str, Any] | None:
-        """Return the CLI's context-window report, or None when it cannot say.
-
-        Each part is counted with the API's token-count endpoint (~26 requests, 1-2 s).
-        """
-        return await self._context_report({"subtype": "get_context_usage"})
-
-    async def context_summary(self) -> dict[str, Any] | None:
-        """The same report with the parts estimated by the CLI itself (`detail: "summary"`).
-
-        The window figures (maxTokens, autoCompactThreshold, autocompactSource) are the full
-        report's; it sends no request to the API and takes ~15 ms instead of 1-2 s.
-        """
-        return await self._context_report({"subtype": "get_context_usage", "detail": "summary"})
-
-    async def _context_report(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        client = self._client
-        if client is None or not self.is_alive():
+        """Return the CLI's context-window report, or None when it cannot say."""
+        if self._client is None or not self.is_alive():
             return None
         try:
             async with asyncio.timeout(CONTROL_TIMEOUT):
-                # The SDK's get_context_usage() cannot ask for the summary: the same request,
-                # sent the way it sends it.
-                query = client._query
-                if query is None:
-                    return None
-                return dict(await query._send_control_request(request))
+                return dict(await self._client.get_context_usage())
         except Exception:
             log.warning("get_context_usage failed", exc_info=True)
             return None

@@ -12,13 +12,7 @@ from typing import Any
 
 from app import archive, store
 from app.agent_memory import Live, largest, to_stop, tree_rss
-from app.agents.base import (
-    Agent,
-    AgentSpec,
-    PermissionDecision,
-    PermissionRequest,
-    SummarisesContext,
-)
+from app.agents.base import Agent, AgentSpec, PermissionDecision, PermissionRequest
 from app.limits import give_back_memory
 from app.models import Conversation
 from app.providers import agent_env
@@ -141,22 +135,13 @@ class Pool(SupervisorState):
             # The modal waits for this: a slow agent gets the last report instead.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REFRESH_SECONDS):
-                    await self._report_context(runner, runner.agent, full=True)
+                    await self._report_context(runner, runner.agent)
         return runner.context_report
 
-    async def _report_context(self, runner: Runner, agent: Agent, *, full: bool = False) -> None:
-        """Ask the agent what window it really uses; warn when it disagrees with ours.
-
-        Without full, an agent that can answers from its own estimates: the window is the same,
-        and Claude Code then sends no token-count requests (1-2 s of its CPU after its first
-        turn, ~3 MiB of its memory). The 🧠 modal asks for the full report (refresh_context).
-        """
-        if not full and isinstance(agent, SummarisesContext):
-            asked = agent.context_summary()
-        else:
-            asked = agent.context_usage()
+    async def _report_context(self, runner: Runner, agent: Agent) -> None:
+        """Ask the agent what window it really uses; warn when it disagrees with ours."""
         try:
-            report = await asyncio.wait_for(asked, timeout=15)
+            report = await asyncio.wait_for(agent.context_usage(), timeout=15)
         except Exception as error:  # noqa: BLE001 - the report is informative only
             log.info("no context report for conversation %s: %s", runner.conversation_id, error)
             return
