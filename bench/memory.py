@@ -21,8 +21,10 @@ relay's process tree (relay, its watcher, its agents' process trees) ÷ the rela
 (relay and watcher); the target is (budget + relay) ÷ relay: the budget holds.
 
 Agent: the Claude Code CLI after one turn against the fake Messages API, started by the
-relay (its child) and started directly by ClaudeSDKClient (this process's child); the
-ratio is the relay's CLI ÷ the direct CLI (the relay should add nothing to an agent).
+relay (its child; one per conversation) and started directly by ClaudeSDKClient (this
+process's child), AGENT_PAIRS of each; the ratio is the median relay CLI ÷ the median direct
+CLI (the relay should add nothing to an agent). One CLI read once moved by up to ~9 MiB
+between runs (session 5): each is read AGENT_READS times, SETTLE s after the turns.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from bench.common import (
     at_most,
     children,
     claude_env,
+    median,
     rss_mib,
     seed,
 )
@@ -60,6 +63,9 @@ SENDERS = 4
 AGENT_BUDGET_MIB = 500  # OARLOCK_AGENT_MEMORY of the agents' relays: two CLIs
 AGENT_CONVERSATIONS = (3, 10)
 AGENTS_IDLE = 60.0  # seconds the agents' relays stay idle before their RSS is read
+AGENT_PAIRS = 3  # CLIs started by the relay, and as many directly
+AGENT_READS = 3  # VmRSS reads of each CLI, 1 s apart
+SETTLE = 3.5  # seconds after the last turn: a new CLI's context report is over (bench/warming.py)
 
 
 def load_everything(relay: Relay) -> int:
@@ -178,25 +184,58 @@ def budget_rss() -> dict[int, tuple[float, float, int]]:
     return found
 
 
-async def agent_rss() -> tuple[float, float]:
-    """VmRSS (MiB) of the CLI after one turn: started by the relay, and directly."""
+async def read_each(pids: dict[str, list[int]]) -> dict[str, list[float]]:
+    """Each process's median VmRSS (MiB) over AGENT_READS reads 1 s apart, per side."""
+    reads: dict[int, list[float]] = {pid: [] for found in pids.values() for pid in found}
+    for n in range(AGENT_READS):
+        if n:
+            await asyncio.sleep(1)
+        for pid, found in reads.items():
+            found.append(rss_mib(pid))
+    return {side: [median(reads[pid]) for pid in found] for side, found in pids.items()}
+
+
+async def agent_rss() -> tuple[float, float, list[float], list[float]]:
+    """VmRSS (MiB) of the CLI after one turn, started by the relay and directly: medians.
+
+    AGENT_PAIRS CLIs a side, their turns taking turns; each CLI read AGENT_READS times, 1 s
+    apart, from SETTLE s after the last turn (past a new CLI's context report); a CLI's figure
+    is the median of its reads, a side's the median of its CLIs. Also each CLI's figure.
+    """
     fake = Fake()
     try:
         with tempfile.TemporaryDirectory(prefix="oarlock-memory-cli-") as tmp:
             root = Path(tmp)
             with Relay(root / "data", "real", env=claude_env(root / "home-relay", fake)) as relay:
-                through = RelayClaude(relay)
-                direct = DirectClaude(claude_env(root / "home-direct", fake), root / "direct")
+                through = [RelayClaude(relay) for _ in range(AGENT_PAIRS)]
+                direct = [
+                    DirectClaude(claude_env(root / f"home-direct-{n}", fake), root / f"direct-{n}")
+                    for n in range(AGENT_PAIRS)
+                ]
                 try:
-                    await through.open()
-                    await direct.open()
-                    await through.turn("Please say hello back.")
-                    await direct.turn("Please say hello back.")
-                    await asyncio.sleep(1)  # let both settle after the turn
-                    return rss_mib(through.cli_pid()), rss_mib(direct.cli_pid())
+                    for tab, cli in zip(through, direct, strict=True):
+                        await tab.open()
+                        await cli.open()
+                        await tab.turn("Please say hello back.")
+                        await cli.turn("Please say hello back.")
+                    await asyncio.sleep(SETTLE)
+                    pids = {
+                        "relay": [p for p in children(relay.pid) if _is_claude(p)],
+                        "direct": [p for p in children(os.getpid()) if _is_claude(p)],
+                    }
+                    assert [len(found) for found in pids.values()] == [AGENT_PAIRS] * 2, pids
+                    each = await read_each(pids)
+                    return (
+                        median(each["relay"]),
+                        median(each["direct"]),
+                        each["relay"],
+                        each["direct"],
+                    )
                 finally:
-                    await through.close()
-                    await direct.close()
+                    for tab in through:
+                        await tab.close()
+                    for cli in direct:
+                        await cli.close()
     finally:
         fake.stop()
 
@@ -205,7 +244,7 @@ def run() -> list[Row]:
     """Measure and return the table's rows."""
     empty, loaded = relay_rss()
     few, many, took = touched_rss()
-    relay_cli, direct_cli = asyncio.run(agent_rss())
+    relay_cli, direct_cli, relay_each, direct_each = asyncio.run(agent_rss())
     budgets = budget_rss()
     rows = [
         at_most(
@@ -231,7 +270,11 @@ def run() -> list[Row]:
             "RSS of one live Claude Code CLI after a turn: relay's ÷ ClaudeSDKClient's",
             relay_cli / direct_cli,
             1.1,
-            f"relay's CLI {relay_cli:.0f} MiB, direct CLI {direct_cli:.0f} MiB (per agent)",
+            f"relay's CLI {relay_cli:.0f} MiB, direct CLI {direct_cli:.0f} MiB (medians of "
+            f"{AGENT_PAIRS} CLIs a side, each read {AGENT_READS} times {SETTLE:g}-"
+            f"{SETTLE + AGENT_READS - 1:g} s after the turns; each: relay "
+            f"{', '.join(f'{x:.0f}' for x in relay_each)}, direct "
+            f"{', '.join(f'{x:.0f}' for x in direct_each)} MiB)",
             COMMAND,
         ),
     ]
