@@ -1,3 +1,4 @@
+import gc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,13 @@ def no_env_window(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_healthz_without_auth(anon: httpx.Client) -> None:
     response = anon.get("/healthz")
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+def test_a_running_relay_keeps_what_start_up_built_out_of_the_collectors_walks(
+    relay: LiveRelay,
+) -> None:
+    assert relay.http.get("/healthz").status_code == 200
+    assert gc.get_freeze_count() > 10_000  # the app, its modules' objects, the settings
 
 
 def test_providers_shape(relay: LiveRelay) -> None:
