@@ -27,8 +27,12 @@ async def test_a_burst_is_packed_and_a_resume_inside_an_entry_gets_exactly_the_r
     hubs: tuple[ClusterHub, ClusterHub, str],
 ) -> None:
     a, b, url = hubs
-    for n in range(20):  # made at once: they go out in runs (the writer takes what waits)
+    for n in range(20):
         a.emit(CID, {"type": "delta", "entry_id": 1, "text": f"<{n}>\n"})
+    # Made at once, they go out in runs: the writer takes what waits. Held here (the loop
+    # blocked until the numbering thread has handed all 20 on), the writer finds all of them
+    # waiting; left to timing, a writer faster than the numbering took them one by one.
+    a._numbering.submit(lambda: None).result(timeout=10)
     await a.flush()
     entries = redis.Redis.from_url(url).xrange(stream_key(CID))
     assert len(entries) < 20  # packed (one entry per event before)
