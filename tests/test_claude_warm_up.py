@@ -24,10 +24,20 @@ start = claude_relay.start  # home and fake: conftest
 MakeAgent = claude_code.MakeAgent
 
 
+def _transcripts(root: Path) -> list[Path]:
+    """The CLI transcripts under root, found while the CLI may be running."""
+    for _ in range(100):
+        try:
+            return list(root.glob("**/.claude/projects/*/*.jsonl"))
+        except FileNotFoundError:  # a lock directory the running CLI removed mid-walk
+            continue
+    return list(root.glob("**/.claude/projects/*/*.jsonl"))
+
+
 def warm_up_lines(root: Path) -> list[dict[str, object]]:
     """The transcript records of blocked warm-up prompts under root (any session)."""
     found = []
-    for path in root.glob("**/.claude/projects/*/*.jsonl"):
+    for path in _transcripts(root):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if record.get("type") == "system" and WARM_UP_REASON in str(record.get("content")):
