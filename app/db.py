@@ -7,7 +7,9 @@ import logging
 import os
 import sqlite3
 import stat
+import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -132,21 +134,39 @@ def get_session(engine: Engine) -> Session:
 
 
 def write_lock_free(engine: Engine) -> bool:
-    """True when no other process holds the write lock now (asks without waiting)."""
+    """True when no other process holds the write lock now (asks without waiting).
+
+    Asked before every agent write: on a connection of its own per thread, kept (not one
+    checked out of the pool, its busy timeout set to 0 and back, each time).
+    """
     if engine.dialect.name != "sqlite":
         return True
-    with engine.connect() as connection:
-        raw = connection.connection.driver_connection
-        assert raw is not None
-        raw.execute("PRAGMA busy_timeout=0")
-        try:
-            raw.execute("BEGIN IMMEDIATE")
-            raw.execute("ROLLBACK")
-        except sqlite3.OperationalError:  # "database is locked"
-            return False
-        finally:
-            raw.execute(f"PRAGMA busy_timeout={round(BUSY_TIMEOUT * 1000)}")
+    probe = _probe(engine)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+    except sqlite3.OperationalError:  # "database is locked"
+        return False
     return True
+
+
+_probes = threading.local()  # .by_engine: this thread's probe connection per engine
+
+
+def _probe(engine: Engine) -> sqlite3.Connection:
+    """This thread's connection for asking about the write lock (busy timeout 0)."""
+    by_engine: weakref.WeakKeyDictionary[Engine, sqlite3.Connection] | None = getattr(
+        _probes, "by_engine", None
+    )
+    if by_engine is None:
+        by_engine = _probes.by_engine = weakref.WeakKeyDictionary()
+    probe = by_engine.get(engine)
+    if probe is None:
+        database = make_url(str(engine.url)).database or ":memory:"
+        uri = database.startswith("file:")
+        probe = sqlite3.connect(database, timeout=0, isolation_level=None, uri=uri)
+        by_engine[engine] = probe
+    return probe
 
 
 async def wait_until_writable(engine: Engine, patience: float = WRITE_PATIENCE) -> None:

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, case, delete, func, insert, update
+from sqlalchemy import (
+    Insert,
+    Integer,
+    Select,
+    Update,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    update,
+)
 from sqlalchemy.orm import make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
+from sqlalchemy.orm.util import identity_key
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry, Handoff, Pin, utcnow
@@ -23,13 +36,71 @@ def is_message(kind: str, state: str) -> bool:
     return kind in MESSAGE_KINDS and state != "queued"
 
 
+# Statements on every turn's path, built once: building one costs several times what
+# running it does (SQLAlchemy's coercions and cache key), and a statement object built once
+# keeps its cache key. Values go in as parameters; an UPDATE sets the columns its
+# parameters name besides its own (compiled once per set of names, then cached).
+
+
+@cache
+def _insert_entry() -> Insert:
+    return insert(Entry).returning(col(Entry.id))
+
+
+@cache
+def _update_entry() -> Update:
+    return update(Entry).where(col(Entry.id) == bindparam("_entry_id", type_=Integer()))
+
+
+@cache
+def _update_conversation(raise_seq: bool, count: bool) -> Update:
+    """UPDATE of one conversation (_conversation_id); raise_seq: last_seq raised to _seq, never
+    lowered (a portable max: PostgreSQL has no 2-arg max); count: message_count + _count, in
+    SQL (no stale copy can undo another)."""
+    values: dict[str, Any] = {}
+    if raise_seq:
+        last, seq = col(Conversation.last_seq), bindparam("_seq", type_=Integer())
+        values["last_seq"] = case((last < seq, seq), else_=last)
+    if count:
+        values["message_count"] = col(Conversation.message_count) + bindparam(
+            "_count", type_=Integer()
+        )
+    query = update(Conversation).where(
+        col(Conversation.id) == bindparam("_conversation_id", type_=Integer())
+    )
+    return query.values(values) if values else query
+
+
+@cache
+def _conversation() -> Select[Any]:
+    return select(Conversation).where(
+        col(Conversation.id) == bindparam("_conversation_id", type_=Integer())
+    )
+
+
+@cache
+def _lock_conversation() -> Select[Any]:
+    return _conversation().with_for_update().execution_options(populate_existing=True)
+
+
+@cache
+def _entries_in_state() -> Select[Any]:
+    return (
+        select(Entry)
+        .where(
+            col(Entry.conversation_id) == bindparam("_conversation_id", type_=Integer()),
+            col(Entry.state) == bindparam("_state"),
+        )
+        .order_by(col(Entry.seq))
+    )
+
+
 def _count_messages(session: Session, conversation_id: int, delta: int) -> None:
     """Add delta to a conversation's message count, in SQL (no stale copy can undo another)."""
     if delta:
         session.connection().execute(
-            update(Conversation)
-            .where(col(Conversation.id) == conversation_id)
-            .values(message_count=col(Conversation.message_count) + delta)
+            _update_conversation(False, True),
+            {"_conversation_id": conversation_id, "_count": delta},
         )
 
 
@@ -56,8 +127,10 @@ def create_conversation(
 
 
 def get_conversation(*, session: Session, conversation_id: int) -> Conversation | None:
-    """The conversation with this id, or None."""
-    return session.get(Conversation, conversation_id)
+    """The conversation with this id, or None (the session's own copy, if it has one)."""
+    if session.identity_map.get(identity_key(Conversation, conversation_id)) is not None:
+        return session.get(Conversation, conversation_id)  # (an expired copy reloads there)
+    return session.exec(_conversation(), params={"_conversation_id": conversation_id}).first()
 
 
 def list_conversations(
@@ -88,12 +161,6 @@ def _committed(obj: Any, values: dict[str, Any]) -> None:
         set_committed_value(obj, name, value)
 
 
-def _raise_seq(seq: int) -> Any:
-    """last_seq raised to seq, never lowered (a portable max: PostgreSQL has no 2-arg max)."""
-    last = col(Conversation.last_seq)
-    return case((last < seq, seq), else_=last)
-
-
 def update_conversation(
     *, session: Session, conversation: Conversation, **changes: Any
 ) -> Conversation:
@@ -101,7 +168,7 @@ def update_conversation(
     values = {**changes, "updated_at": utcnow()}
     session.flush()  # what the caller changed first, then these (they win, as setattr did)
     session.connection().execute(
-        update(Conversation).where(col(Conversation.id) == conversation.id).values(**values)
+        _update_conversation(False, False), {**values, "_conversation_id": conversation.id}
     )
     session.commit()  # (and whatever else the caller changed in the session)
     _committed(conversation, values)
@@ -114,13 +181,7 @@ def lock_conversation(*, session: Session, conversation_id: int) -> Conversation
     SELECT … FOR UPDATE on PostgreSQL (several nodes write one conversation); SQLite has no
     row locks and needs none: its one writer thread runs these transactions one at a time.
     """
-    query = (
-        select(Conversation)
-        .where(col(Conversation.id) == conversation_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    return session.exec(query).first()
+    return session.exec(_lock_conversation(), params={"_conversation_id": conversation_id}).first()
 
 
 def seq_floor(*, session: Session, conversation_id: int) -> int:
@@ -175,15 +236,11 @@ def add_entry(
         "created_at": utcnow(),
     }
     connection = session.connection()
-    entry_id = connection.execute(
-        insert(Entry).values(**values).returning(col(Entry.id))
-    ).scalar_one()
-    changes: dict[str, Any] = {"last_seq": _raise_seq(seq)}
-    if is_message(kind, state):  # in SQL: no stale copy can undo another
-        changes["message_count"] = col(Conversation.message_count) + 1
+    entry_id = connection.execute(_insert_entry(), values).scalar_one()
+    changes: dict[str, Any] = {"_conversation_id": cid, "_seq": seq, "_count": 1}
     if touch:
         changes["updated_at"] = values["created_at"]
-    connection.execute(update(Conversation).where(col(Conversation.id) == cid).values(**changes))
+    connection.execute(_update_conversation(True, is_message(kind, state)), changes)
     session.commit()
     entry = Entry(id=entry_id, **values)
     make_transient_to_detached(entry)  # a stored row, as if loaded: later changes update it
@@ -224,9 +281,7 @@ def save_entry(
     connection = session.connection()
     if values:
         entry_id = entry.id
-        found = connection.execute(
-            update(Entry).where(col(Entry.id) == entry_id).values(**values)
-        ).rowcount
+        found = connection.execute(_update_entry(), {**values, "_entry_id": entry_id}).rowcount
         if found != 1:  # as the ORM's flush says it
             session.rollback()
             raise StaleDataError(f"entry {entry_id} is not stored any more")
@@ -237,12 +292,9 @@ def save_entry(
     for conversation_id, delta in counts.items():
         if conversation_id != conversation.id:
             _count_messages(session, conversation_id, delta)
-    own: dict[str, Any] = {**(row or {}), "last_seq": _raise_seq(event_seq)}
-    if counts.get(conversation.id or 0):  # one UPDATE of the conversation's row, not three
-        own["message_count"] = col(Conversation.message_count) + counts[conversation.id or 0]
-    connection.execute(
-        update(Conversation).where(col(Conversation.id) == conversation.id).values(**own)
-    )
+    own: dict[str, Any] = {**(row or {}), "_conversation_id": conversation.id, "_seq": event_seq}
+    own["_count"] = counts.get(conversation.id or 0, 0)  # one UPDATE of its row, not three
+    connection.execute(_update_conversation(True, bool(own["_count"])), own)
     session.commit()
     _committed(entry, values)
     _committed(conversation, {**(row or {}), "last_seq": max(conversation.last_seq, event_seq)})
@@ -276,12 +328,8 @@ def last_entries(
 
 def entries_in_state(*, session: Session, conversation_id: int, state: str) -> list[Entry]:
     """Entries of a conversation in one state (queued messages, streaming text...), by seq."""
-    query = (
-        select(Entry)
-        .where(Entry.conversation_id == conversation_id, Entry.state == state)
-        .order_by(col(Entry.seq))
-    )
-    return list(session.exec(query))
+    params = {"_conversation_id": conversation_id, "_state": state}
+    return list(session.exec(_entries_in_state(), params=params))
 
 
 def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None:
