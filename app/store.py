@@ -8,7 +8,6 @@ from typing import Any
 
 from sqlalchemy import (
     Insert,
-    Integer,
     Select,
     Update,
     bindparam,
@@ -39,7 +38,8 @@ def is_message(kind: str, state: str) -> bool:
 # Statements on every turn's path, built once: building one costs several times what
 # running it does (SQLAlchemy's coercions and cache key), and a statement object built once
 # keeps its cache key. Values go in as parameters; an UPDATE sets the columns its
-# parameters name besides its own (compiled once per set of names, then cached).
+# parameters name besides its own (compiled once per set of names, then cached). A
+# parameter compared with a column takes the column's type (BIGINT: PostgreSQL casts it).
 
 
 @cache
@@ -49,7 +49,7 @@ def _insert_entry() -> Insert:
 
 @cache
 def _update_entry() -> Update:
-    return update(Entry).where(col(Entry.id) == bindparam("_entry_id", type_=Integer()))
+    return update(Entry).where(col(Entry.id) == bindparam("_entry_id"))
 
 
 @cache
@@ -59,23 +59,18 @@ def _update_conversation(raise_seq: bool, count: bool) -> Update:
     SQL (no stale copy can undo another)."""
     values: dict[str, Any] = {}
     if raise_seq:
-        last, seq = col(Conversation.last_seq), bindparam("_seq", type_=Integer())
+        last = col(Conversation.last_seq)
+        seq = bindparam("_seq", type_=last.type)  # (in THEN too: the column's own type)
         values["last_seq"] = case((last < seq, seq), else_=last)
     if count:
-        values["message_count"] = col(Conversation.message_count) + bindparam(
-            "_count", type_=Integer()
-        )
-    query = update(Conversation).where(
-        col(Conversation.id) == bindparam("_conversation_id", type_=Integer())
-    )
+        values["message_count"] = col(Conversation.message_count) + bindparam("_count")
+    query = update(Conversation).where(col(Conversation.id) == bindparam("_conversation_id"))
     return query.values(values) if values else query
 
 
 @cache
 def _conversation() -> Select[Any]:
-    return select(Conversation).where(
-        col(Conversation.id) == bindparam("_conversation_id", type_=Integer())
-    )
+    return select(Conversation).where(col(Conversation.id) == bindparam("_conversation_id"))
 
 
 @cache
@@ -88,7 +83,7 @@ def _entries_in_state() -> Select[Any]:
     return (
         select(Entry)
         .where(
-            col(Entry.conversation_id) == bindparam("_conversation_id", type_=Integer()),
+            col(Entry.conversation_id) == bindparam("_conversation_id"),
             col(Entry.state) == bindparam("_state"),
         )
         .order_by(col(Entry.seq))
