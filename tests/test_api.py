@@ -1,4 +1,5 @@
 import gc
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +108,20 @@ def test_a_running_relay_keeps_what_start_up_built_out_of_the_collectors_walks(
 ) -> None:
     assert relay.http.get("/healthz").status_code == 200
     assert gc.get_freeze_count() > 10_000  # the app, its modules' objects, the settings
+
+
+def test_an_api_request_takes_no_worker_thread(relay: LiveRelay) -> None:
+    # FastAPI runs a plain def dependency in a worker thread: a thread round trip before
+    # every handler (about 1 ms of a message's path under the bench's load).
+    def workers() -> set[int | None]:
+        return {t.ident for t in threading.enumerate() if t.name.startswith("AnyIO worker")}
+
+    before = workers()
+    cid = relay.create(title="threads")["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    assert relay.http.get(f"/api/conversations/{cid}").status_code == 200
+    assert workers() <= before
 
 
 def test_providers_shape(relay: LiveRelay) -> None:

@@ -9,8 +9,9 @@ from app.models import Conversation
 from app.supervisor import Supervisor
 
 
-def supervisor_of(request: Request) -> Supervisor:
-    """The running supervisor."""
+async def supervisor_of(request: Request) -> Supervisor:
+    """The running supervisor (async: FastAPI runs a plain def dependency in a worker
+    thread, a thread round trip before every API request's handler)."""
     supervisor: Supervisor = request.app.state.supervisor
     return supervisor
 
