@@ -112,7 +112,7 @@ def test_a_running_relay_keeps_what_start_up_built_out_of_the_collectors_walks(
 
 def test_an_api_request_takes_no_worker_thread(relay: LiveRelay) -> None:
     # FastAPI runs a plain def dependency in a worker thread: a thread round trip before
-    # every handler (about 1 ms of a message's path under the bench's load).
+    # every handler, on every message's path.
     def workers() -> set[int | None]:
         return {t.ident for t in threading.enumerate() if t.name.startswith("AnyIO worker")}
 
