@@ -220,7 +220,15 @@ def test_no_blocking_redis_command_runs_on_the_event_loop(
         assert x.send(cid, "a *reply* with **markdown** please").status_code == 202
         x.wait_idle(cid)
         assert y.send(cid, "and one more").status_code == 202
-        y.wait_idle(cid)
+
+        # y runs nothing: its idle may be x's last word from before this turn began, so
+        # wait for the answer itself (else the delete can meet x's turn: a 409).
+        def answered(view: dict[str, Any]) -> bool:
+            replies = [e for e in view["timeline"] if e["kind"] == "agent"]
+            done = any("and one more" in e["text"] and e["state"] == "done" for e in replies)
+            return done and view["turn"]["state"] == "idle"
+
+        y.wait_for(cid, answered)
     response = y.http.delete(f"/api/conversations/{cid}")
     assert response.status_code in (200, 204), response.text
     assert [spy.commands for spy in spies] == [[], []]
