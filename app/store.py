@@ -161,6 +161,8 @@ def update_conversation(
 ) -> Conversation:
     """Change fields of a conversation and save it (one UPDATE, no flush of the object)."""
     values = {**changes, "updated_at": utcnow()}
+    if unknown := values.keys() - Conversation.__table__.c.keys():  # (SQL would ignore them)
+        raise ValueError(f"not columns of a conversation: {sorted(unknown)}")
     session.flush()  # what the caller changed first, then these (they win, as setattr did)
     session.connection().execute(
         _update_conversation(False, False), {**values, "_conversation_id": conversation.id}
