@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 
-from app.render import render_markdown
+from app.render import _alignment_as_class, _highlight, _markdown, render_markdown
 from tests.xss_corpus import PAYLOADS
 
 EXECUTABLE = re.compile(
@@ -40,3 +43,43 @@ def test_render_markdown_neutralizes_payload(payload: str) -> None:
     # Whatever survives is text: no executable tag, handler or script URL is left as markup.
     markup = re.sub(r">[^<]*<", "><", f">{html}<")
     assert not EXECUTABLE.search(markup), html
+
+
+def _stock() -> MarkdownIt:
+    """The renderer's Markdown as markdown-it and linkify-it make it, without the quick test."""
+    stock = MarkdownIt("commonmark", {"html": False, "linkify": True, "highlight": _highlight})
+    stock.enable(["table", "strikethrough", "linkify"])
+    stock.linkify.set({"fuzzy_link": False, "fuzzy_email": False})
+    stock.core.ruler.push("alignment_as_class", _alignment_as_class)
+    return stock
+
+
+LINKY = [
+    "see https://example.com/a?b=c, then",
+    "HTTP://EXAMPLE.COM and Https://x.org/y",
+    "ftp://files.example.net/pub",
+    "protocol-relative //cdn.example.com/lib.js here",
+    "mail mailto:someone@example.com or MAILTO:Other@Example.com",
+    "bare someone@example.com and app.py and www.example.com",
+    "a path // comment and http:not-a-link and mailto:",
+    "<https://auto.example> and [text](http://x.y)",
+    "`https://in.code` and\n\n```\nhttp://in.block\n```",
+    "0.1234567" * 2000,
+]
+
+
+@pytest.mark.parametrize("text", LINKY)
+def test_links_are_found_as_linkify_it_finds_them(text: str) -> None:
+    assert _markdown.render(text) == _stock().render(text)
+
+
+PIECES = [
+    "http", "HTTPS", "ftp", ":", "/", "//", "mailto", "MailTo", "@", "example.com",
+    " ", "\n", "\n\n", ".", "a", "`", "*", "<", ">", "[x](", ")", "-", "_", "1",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(PIECES), max_size=40).map("".join))
+def test_the_quick_test_changes_no_rendering(text: str) -> None:
+    assert _markdown.render(text) == _stock().render(text)
