@@ -104,9 +104,11 @@ class Replay:
     def append(self, published: Published) -> None:
         """Keep an event, forgetting the oldest beyond the bounds (the newest always stays)."""
         events = self.events
+        if len(events) >= REPLAY_EVENTS:  # (a full replay while streaming: one out, one in)
+            self.chars -= len(events.popleft().text)
         events.append(published)
         self.chars += len(published.text)
-        while len(events) > 1 and (len(events) > REPLAY_EVENTS or self.chars > REPLAY_CHARS):
+        while self.chars > REPLAY_CHARS and len(events) > 1:
             self.chars -= len(events.popleft().text)
 
 
@@ -481,7 +483,8 @@ class Hub:
             stream.append(text)  # once, however many tabs: each has its place in the stream
             if len(stream.texts) > 2 * SUBSCRIBER_QUEUE:
                 self._trim(conversation_id)
-            self._wake_soon(conversation_id)
+            if conversation_id not in self._waking:  # (else a wake-up is held already)
+                self._wake_soon(conversation_id)
 
     def emit(self, conversation_id: int, event: Event) -> Event:
         """Number an ephemeral event (not stored) and publish it."""
