@@ -786,7 +786,8 @@ async function stopRename(save) {
 // ---- composer ----------------------------------------------------------------------------------
 
 const input = byId('message-input');
-let sending = false;
+// Messages taken from the composer, posted one at a time in order: the first is on its way.
+const outbox = [];
 
 function autosize() {
   input.style.height = 'auto';
@@ -807,7 +808,7 @@ function updateComposer() {
   const label = busy ? 'Queue' : 'Send';
   if (send.textContent !== label) send.textContent = label;
   send.title = busy ? 'The agent is busy: the message waits its turn' : '';
-  send.disabled = sending || !cur || !cur.loaded || isArchived(cur.conv) || !input.value.trim();
+  send.disabled = !cur || !cur.loaded || isArchived(cur.conv) || !input.value.trim();
   byId('compact-hint').hidden = !(busy && input.value.startsWith('/'));
 }
 
@@ -825,7 +826,7 @@ function hideComposerError() {
 function trySend() {
   const cur = state.current;
   const text = input.value;
-  if (!cur || !cur.loaded || sending || isArchived(cur.conv) || !text.trim()) return;
+  if (!cur || !cur.loaded || isArchived(cur.conv) || !text.trim()) return;
   closeMenu();
   if (text.trim() === '/compact') {
     compactPreview.open(cur.id); // the preview: the exact carry-over, editable (steer.js)
@@ -835,20 +836,46 @@ function trySend() {
     openClear(cur.id);
     return;
   }
-  postMessage(text);
+  // The composer empties at once: what is typed next is a new message. One the relay does not
+  // take is given back (giveBack); one sent while another is on its way waits for it.
+  input.value = '';
+  state.drafts.delete(cur.id);
+  autosize();
+  enqueue(cur.id, text, true);
 }
 
-async function postMessage(text) {
-  const cur = state.current;
-  const id = cur.id;
-  sending = true;
-  updateComposer();
+/** Send a message after those on their way (fromComposer: taken from the composer). */
+function enqueue(id, text, fromComposer = false) {
+  outbox.push({ id, text, fromComposer });
+  if (outbox.length === 1) sendOutbox(); // else the loop below is at work
+}
+
+async function sendOutbox() {
+  while (outbox.length) {
+    const { id, text, fromComposer } = outbox[0];
+    const taken = await postMessage(text, id, fromComposer);
+    outbox.shift();
+    if (taken) continue;
+    // Not taken: it and the ones after it go back to their composers, in order, unsent (a
+    // button's /clear or /handoff goes nowhere: the button is still there).
+    const back = new Map();
+    for (const message of [{ id, text, fromComposer }, ...outbox.splice(0)]) {
+      if (!message.fromComposer) continue;
+      back.set(message.id, [...(back.get(message.id) || []), message.text]);
+    }
+    for (const [where, texts] of back) giveBack(where, texts.join('\n'));
+  }
+}
+
+// True once the relay took the message. fromComposer: the composer gave it (and was emptied;
+// sendOutbox gives it back if it was not taken).
+async function postMessage(text, id, fromComposer) {
   hideComposerError();
   try {
     const { data } = await api(`/api/conversations/${id}/messages`, { method: 'POST', body: { text } });
-    state.drafts.delete(id);
+    if (!fromComposer) state.drafts.delete(id); // (the composer's was emptied as it was sent)
     if (state.current && state.current.id === id) {
-      if (input.value === text) input.value = '';
+      if (!fromComposer && input.value === text) input.value = '';
       autosize();
       // The socket usually brings the entry first; if not, show it now (it is queued).
       if (data && data.id != null && data.kind && !timeline.has(data.id)) timeline.upsert(data);
@@ -858,13 +885,26 @@ async function postMessage(text) {
       onConversation(data.compacted_into);
       navigate(data.compacted_into.id, { focus: true });
     }
+    return true;
   } catch (err) {
     if (state.current && state.current.id === id) showComposerError(err.message, err.status === 0);
     else toast(err.message);
-  } finally {
-    sending = false;
-    updateComposer();
+    return false;
   }
+}
+
+// A message the relay did not take goes back where it was written, after what went back before
+// it and before anything typed since.
+function giveBack(id, text) {
+  const cur = state.current;
+  if (cur && cur.id === id) {
+    input.value = input.value ? `${text}\n${input.value}` : text;
+    autosize();
+    updateComposer();
+    return;
+  }
+  const draft = state.drafts.get(id);
+  state.drafts.set(id, draft ? `${text}\n${draft}` : text);
 }
 
 // The "/" command menu.
@@ -991,7 +1031,7 @@ const clearDialog = new ClearDialog(dialogs, (convId) => {
   const cur = state.current;
   if (!cur || !cur.loaded || cur.id !== convId) return;
   if (input.value.trim() === '/clear') input.value = '/clear';
-  postMessage('/clear');
+  enqueue(convId, '/clear');
 });
 /** Ask the /clear question, saying which pinned messages go along (SPEC §8). */
 function openClear(convId) {
@@ -1006,7 +1046,7 @@ byId('context-button').addEventListener('click', () => {
 // The context-watch bar: Save a handoff sends /handoff, Start fresh asks the /clear question.
 byId('watch-handoff').addEventListener('click', () => {
   const cur = state.current;
-  if (cur && cur.loaded && !isArchived(cur.conv)) postMessage('/handoff');
+  if (cur && cur.loaded && !isArchived(cur.conv)) enqueue(cur.id, '/handoff');
 });
 byId('watch-fresh').addEventListener('click', () => {
   const cur = state.current;

@@ -19,8 +19,8 @@ def test_message_queued_before_compact_is_answered_in_the_new_conversation(
         send_text(page, "slow please")
         expect(page.locator('[data-testid="entry-agent"][data-state="streaming"]')).to_have_count(1)
         expect(by_id(page, "send-button")).to_have_text("Queue")
-        # The composer takes the next message once this one is answered (it empties then):
-        # the socket's events can come before the 202, which waits for the fsync.
+        # The composer empties as a message is sent; one sent before the 202 (which waits for
+        # the fsync) is posted after it.
         expect(by_id(page, "message-input")).to_have_value("")
 
         send_text(page, "queued before compact")
