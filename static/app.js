@@ -841,6 +841,7 @@ function trySend() {
   input.value = '';
   state.drafts.delete(cur.id);
   autosize();
+  updateComposer();
   enqueue(cur.id, text, true);
 }
 
@@ -890,6 +891,8 @@ async function postMessage(text, id, fromComposer) {
     if (state.current && state.current.id === id) showComposerError(err.message, err.status === 0);
     else toast(err.message);
     return false;
+  } finally {
+    updateComposer();
   }
 }
 

@@ -58,6 +58,7 @@ def test_a_message_typed_while_one_is_on_its_way_is_sent_after_it(
 
     send_text(page, "first, on a slow network")
     expect(box).to_have_value("")  # emptied at once: what is typed next is a new message
+    expect(by_id(page, "send-button")).to_be_disabled()  # nothing to send in it now
     send_text(page, "second, typed meanwhile")
     expect(box).to_have_value("")
     page.wait_for_timeout(300)
