@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.browser import Pages, by_id, send_text, user_bubble
 from tests.relay import LiveRelay
@@ -48,13 +48,17 @@ def _user_texts(relay: LiveRelay, cid: int) -> list[str]:
     return [e["text"] for e in relay.get(cid)["timeline"] if e["kind"] == "user"]
 
 
+def _composer(pages: Pages, relay: LiveRelay, title: str) -> tuple[int, Page, Network, Locator]:
+    """A new conversation open in a page whose message POSTs are watched; its composer."""
+    cid = relay.create(title=title)["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    return cid, page, Network(page), by_id(page, "message-input")
+
+
 def test_a_message_typed_while_one_is_on_its_way_is_sent_after_it(
     pages: Pages, relay: LiveRelay
 ) -> None:
-    cid = relay.create(title="Type ahead")["id"]
-    page = pages.open(relay, f"/c/{cid}")
-    network = Network(page)
-    box = by_id(page, "message-input")
+    cid, page, network, box = _composer(pages, relay, "Type ahead")
 
     send_text(page, "first, on a slow network")
     expect(box).to_have_value("")  # emptied at once: what is typed next is a new message
@@ -80,18 +84,16 @@ def test_a_message_typed_while_one_is_on_its_way_is_sent_after_it(
 def test_a_refused_message_goes_back_to_the_composer_with_the_one_after_it(
     pages: Pages, relay: LiveRelay
 ) -> None:
-    cid = relay.create(title="Refused")["id"]
-    page = pages.open(relay, f"/c/{cid}")
-    network = Network(page)
-    box = by_id(page, "message-input")
+    cid, page, network, box = _composer(pages, relay, "Refused")
 
     send_text(page, "refused first")
     send_text(page, "waiting second")
     expect(box).to_have_value("")
+    box.press_sequentially("typed meanwhile")  # not sent: it stays below what comes back
     network.release(refused=True)
     expect(by_id(page, "composer-error")).to_contain_text(REFUSAL)
-    # Both back where they were written, in order; the second was never sent.
-    expect(box).to_have_value("refused first\nwaiting second")
+    # Both back where they were written, in order, the second never sent; nothing typed lost.
+    expect(box).to_have_value("refused first\nwaiting second\ntyped meanwhile")
     expect(by_id(page, "send-button")).to_be_enabled()
     page.wait_for_timeout(300)
     assert network.posted == ["refused first"]

@@ -187,8 +187,8 @@ def test_a_node_takes_only_conversations_whose_directory_it_has(
     first = nodes.nodes[0]
     cid = fourth.create(provider="demo", title="Own dir", cwd=str(own / "project"))
     first.send(cid, "only node four can run me")  # node 1 cannot: it wakes the others
-    # The answer, not only idle: node 1's view of a turn run elsewhere is read from PostgreSQL
-    # statement by statement, and once gave the turn's end with a timeline read just before it.
+    # The answer, not only idle: node 1 once said idle with the answer not yet in its view
+    # (a guess at why: its view is read statement by statement under READ COMMITTED).
     view = first.wait_for(cid, lambda v: answered(v, "only node four can run me"))
     assert first.wait_idle(cid)["turn"] == {"state": "idle", "queued": 0}
     assert answered(view, "only node four can run me")
