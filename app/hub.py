@@ -374,6 +374,10 @@ class Hub:
                     self._shown[conversation_id] = loaded
                     self._touched[conversation_id] = time.monotonic()
 
+    def knows(self, conversation_id: int) -> bool:
+        """Whether a conversation's numbering is loaded (prime would read nothing)."""
+        return conversation_id in self._seq
+
     def next_seq(self, conversation_id: int) -> int:
         """Take the next sequence number of a conversation."""
         if conversation_id not in self._seq:  # (a call less per delta once it is known)

@@ -1,7 +1,10 @@
 import json
+import threading
 from typing import Any
 
+import httpx
 import pytest
+from sqlalchemy import event as sql_event
 from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import ClientConnection
 
@@ -387,3 +390,44 @@ def test_streamed_turn_arrives_complete_whatever_the_framing(relay: LiveRelay) -
     seqs = [event["seq"] for event in events]
     assert seqs == list(range(snapshot["seq"] + 1, view["seq"] + 1))
     assert replay(snapshot["timeline"], events) == view["timeline"]
+
+
+def test_a_change_made_while_the_snapshot_is_read_reaches_the_tab(relay: LiveRelay) -> None:
+    """The snapshot reads the conversation's row after its seq: a change committed between
+    them is in the row or follows it, never left out of both (the tab would show the old
+    title, or a turn's old context figure, until the next change)."""
+    cid = relay.create(title="Before")["id"]
+    relay.get(cid)  # numbered by the hub (the usual case: a conversation in use)
+    reads: list[str] = []
+
+    def rename_during_the_read(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        # The first read of the row by a reader thread, once the tab subscribed: rename the
+        # conversation (committed and published) before that read goes on.
+        reader = threading.current_thread().name.startswith("oarlock-db-read")
+        if armed.is_set() and reader and "FROM conversation" in statement and not reads:
+            reads.append(statement)
+            with httpx.Client(base_url=relay.base, headers=relay.http.headers) as client:
+                changed = client.patch(f"/api/conversations/{cid}", json={"title": "After"})
+            assert changed.status_code == 200, changed.text
+
+    armed = threading.Event()
+    engine = relay.supervisor.engine
+    sql_event.listen(engine, "after_cursor_execute", rename_during_the_read)
+    try:
+        with relay.socket() as ws:
+            hello(ws)
+            armed.set()
+            ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+            answers = receive_until(ws, lambda m: m["type"] == "snapshot")
+            # Everything published before the ping reaches the tab before its pong.
+            ws.send(json.dumps({"type": "ping"}))
+            answers += receive_until(ws, lambda m: m["type"] == "pong")
+    finally:
+        sql_event.remove(engine, "after_cursor_execute", rename_during_the_read)
+    assert reads, "the snapshot's read was not seen"
+    title = None  # what the tab shows: the snapshot, then each change after it, in order
+    for message in answers:
+        kind, conversation = message["type"], message.get("conversation", {})
+        if kind == "snapshot" or (kind == "conversation" and conversation["id"] == cid):
+            title = conversation["title"]
+    assert title == "After"

@@ -216,6 +216,10 @@ class ClusterHub(Hub):
             for seq in range(span[0], span[1] + 1):
                 self.rewind(conversation_id, seq)
 
+    def knows(self, conversation_id: int) -> bool:
+        """Whether this node set the conversation's counter already (prime would do nothing)."""
+        return conversation_id in self._counted
+
     def prime(self, conversation_id: int) -> None:
         """In a storage thread: set a missing counter from the database now, not on the loop."""
         if conversation_id in self._counted:

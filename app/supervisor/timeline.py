@@ -39,7 +39,7 @@ class Timeline(SupervisorState):
 
     def snapshot(
         self,
-        conversation: Conversation,
+        conversation_id: int,
         session: Session,
         *,
         limit: int = TIMELINE_PAGE,
@@ -47,10 +47,10 @@ class Timeline(SupervisorState):
     ) -> dict[str, Any]:
         """A conversation with its latest timeline page and turn; live text included.
 
-        Its seq is the last one published, read before the database: every event up to it is
-        in what is read after, and a later one reaches a tab that follows from that seq.
+        Its seq is the last one published, read before the database (the conversation's row
+        included): every event up to it is in what is read after, and a later one reaches a
+        tab that follows from that seq. LookupError: no such conversation.
         """
-        conversation_id = conversation.id or 0
         self.hub.prime(conversation_id)
         shown = self.hub.shown_seq(conversation_id)
         runner = self.runners.get(conversation_id)
@@ -61,6 +61,7 @@ class Timeline(SupervisorState):
         live = {s.entry_id: s.text_at(shown) for s in streaming}
         if self.cluster is not None:  # the text as delivered here up to seq, owner or not
             live = self.hub.live_text(conversation_id)
+        conversation = self._load(session, conversation_id)
         entries = store.last_entries(
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
@@ -98,9 +99,12 @@ class Timeline(SupervisorState):
         """The snapshot of a conversation, read in a storage thread (LookupError: none)."""
 
         def read() -> dict[str, Any]:
+            if not self.hub.knows(conversation_id):
+                # Loading it numbers it (an existing conversation only); read again below.
+                with self.session() as session:
+                    self._load(session, conversation_id)
             with self.session() as session:
-                conversation = self._load(session, conversation_id)
-                return self.snapshot(conversation, session, limit=limit, before_seq=before_seq)
+                return self.snapshot(conversation_id, session, limit=limit, before_seq=before_seq)
 
         return await self.storage.read(read)
 
