@@ -542,8 +542,12 @@ class Hub:
     def missed(
         self, conversation_id: int, epoch: str | None, seq: int | None
     ) -> list[Published] | None:
-        """Events after seq, or None when they cannot be replayed exactly."""
-        if epoch != self.epoch or seq is None:
+        """Events after seq, or None when they cannot be replayed exactly.
+
+        On the loop: a conversation whose numbering is not loaded here (released since the
+        caller primed it) has nothing kept to replay, and loading it would read the database.
+        """
+        if epoch != self.epoch or seq is None or conversation_id not in self._seq:
             return None
         current = self.shown_seq(conversation_id)
         if seq == current:

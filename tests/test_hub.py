@@ -129,7 +129,19 @@ def test_missed_up_to_date_is_empty() -> None:
 
 def test_missed_without_events_at_loaded_seq_is_empty() -> None:
     hub = Hub(loader({4: 10}))
+    hub.prime(4)  # as the socket's route does, in a storage thread
     assert missed(hub, 4, hub.epoch, 10) == []
+
+
+def test_missed_of_a_conversation_not_loaded_is_none_and_reads_nothing() -> None:
+    # Released between the route's prime (a storage thread) and its replay (the loop): a
+    # snapshot, read in a thread, not a load of its numbering on the loop.
+    load = loader({4: 10})
+    hub = Hub(load)
+    hub.prime(4)
+    hub.release(4)
+    load.calls.clear()
+    assert (missed(hub, 4, hub.epoch, 10), load.calls) == (None, [])
 
 
 def test_missed_older_than_kept_is_none() -> None:
