@@ -93,10 +93,14 @@ format: $(VENV)/.installed-test
 
 # Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
 # running that the asyncio tests after it could not start theirs in.
+# Each run spreads its tests over TEST_WORKERS processes (pytest-xdist; one per core by
+# default): most tests wait on a CLI, a server or a browser, not on the CPU.
+TEST_WORKERS ?= auto
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 test: $(VENV)/.installed-test chromium postgresql redis copilot-cli lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore-glob="tests/test_browser*.py"
-	OARLOCK_TEST_DB=postgres $(VENV)/bin/pytest -q -p no:cacheprovider $(POSTGRES_TESTS)
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser*.py
+	$(PYTEST) --ignore-glob="tests/test_browser*.py"
+	OARLOCK_TEST_DB=postgres $(PYTEST) $(POSTGRES_TESTS)
+	$(PYTEST) tests/test_browser*.py
 
 bench: $(VENV)/.installed-test
 	$(PY) -m bench
