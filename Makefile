@@ -94,7 +94,7 @@ format: $(VENV)/.installed-test
 # Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
 # running that the asyncio tests after it could not start theirs in.
 # Each run spreads its tests over TEST_WORKERS processes (pytest-xdist; one per core by
-# default): most tests wait on a CLI, a server or a browser, not on the CPU.
+# default; each process starts its own PostgreSQL and Redis): see README.md for the times.
 TEST_WORKERS ?= auto
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 test: $(VENV)/.installed-test chromium postgresql redis copilot-cli lint

@@ -547,6 +547,8 @@ class Hub:
         On the loop: a conversation whose numbering is not loaded here (released since the
         caller primed it) has nothing kept to replay, and loading it would read the database.
         """
+        # (Not knows(): on a cluster node _seq holds what it read of the stream, which is what
+        # a replay needs, while knows() says whether it set the shared counter.)
         if epoch != self.epoch or seq is None or conversation_id not in self._seq:
             return None
         current = self.shown_seq(conversation_id)
