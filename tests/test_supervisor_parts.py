@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from app.agents.base import AgentSpec, PermissionDecision, PermissionRequest, TurnDone
 from app.agents.common import DENIED, TurnFlags, ask_user, one_line, shorten, summarize
 from app.supervisor import Runner, Supervisor, TurnState
@@ -93,3 +95,24 @@ def test_turn_flags_hand_pending_events_over_once() -> None:
     flags._pending.append(TurnDone())
     assert len(flags._take_pending()) == 1
     assert flags._take_pending() == []
+
+
+def test_a_question_waits_for_its_call_row_only_until_it_is_stored() -> None:
+    async def check() -> None:
+        runner = Runner(1)
+        waiting = asyncio.create_task(runner.until_call_stored("toolu_1"))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # the call's row is not stored yet
+        runner.call_stored("toolu_2")  # another call's row
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        runner.call_stored("toolu_1")
+        await asyncio.wait_for(waiting, 1)
+        assert not runner.call_waiters
+        await asyncio.wait_for(runner.until_call_stored("toolu_2"), 1)  # stored before: at once
+        with pytest.raises(TimeoutError):  # a call never announced: the caller's timeout
+            async with asyncio.timeout(0.01):
+                await runner.until_call_stored("toolu_3")
+        assert not runner.call_waiters  # nothing left behind
+
+    asyncio.run(check())

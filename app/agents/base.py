@@ -131,6 +131,9 @@ class PermissionRequest:
     tool_name: str
     tool_input: dict[str, Any]
     tool_id: str | None = None
+    # The agent announced this call (an Activity "call" event) before asking: the question
+    # is stored after that call's row, so it follows what the agent said before the call.
+    announced: bool = False
 
 
 @dataclass(frozen=True)

@@ -603,7 +603,10 @@ class ClaudeCodeAgent(TurnFlags):
     ) -> PermissionResultAllow | PermissionResultDeny:
         if is_relay_tool(tool_name):
             return PermissionResultAllow()
-        request = PermissionRequest(tool_name, tool_input, context.tool_use_id)
+        # Claude Code writes the call's assistant message before this request (a subagent's
+        # calls are not shown: EventMapper.feed).
+        announced = context.agent_id is None
+        request = PermissionRequest(tool_name, tool_input, context.tool_use_id, announced)
         decision = await ask_user(self.spec, request)
         if decision.allow:
             return PermissionResultAllow()

@@ -59,12 +59,14 @@ class Events(SupervisorState):
     def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
         """Record a burst of agent events in one storage job: one session, one read of the row."""
         # A message that begins and ends in this burst is stored once, done: no streaming row
-        # first (an INSERT and a commit less), no deltas that its entry replaces at once.
-        whole = {
-            e.message_id
+        # first (an INSERT and a commit less), no deltas that its entry replaces at once. It
+        # is stored where its first delta is: before a tool call that came with it.
+        first = {
+            e.message_id: e
             for e in events
             if isinstance(e, MessageDone) and e.message_id not in runner.streaming
         }
+        whole = set(first)
         deltas = sum(isinstance(e, TextDelta) and e.message_id not in whole for e in events)
         numbers = contextlib.nullcontext()  # a cluster node: the deltas' numbers in one round trip
         if self.cluster is not None:
@@ -76,7 +78,11 @@ class Events(SupervisorState):
             for event in events:
                 if isinstance(event, TextDelta) and event.message_id in whole:
                     runner.last_used = time.monotonic()
-                    continue
+                    if (done := first.pop(event.message_id, None)) is None:
+                        continue  # stored already, at the message's first delta
+                    event = done
+                elif isinstance(event, MessageDone) and event.message_id in whole - set(first):
+                    continue  # stored at its first delta
                 if conversation is None and not isinstance(event, TextDelta):
                     conversation = self._load(session, runner.conversation_id)
                 self._handle(runner, event, session, conversation)
@@ -127,6 +133,7 @@ class Events(SupervisorState):
                     runner.tools[event.tool_id] = self._add(
                         session, conversation, "activity", event.summary, state="running", data=data
                     )
+                    self.storage.soon(runner.call_stored, event.tool_id)  # its question may follow
                 case Activity(phase="result"):
                     entry = runner.tools.pop(event.tool_id, None)
                     data = {

@@ -127,3 +127,25 @@ class Runner:
     looked: bool = False  # ... and looked at the queue: its answer is `upcoming`
     upcoming: str | None = None
     idle_shown: bool = False  # ... and, the queue being empty, told the tabs the turn is idle
+    calls: set[str] = field(default_factory=set)  # this turn's tool calls with a stored row
+    call_waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+
+    def call_stored(self, tool_id: str) -> None:
+        """A tool call's row is stored (on the loop, after its job): its question may follow."""
+        self.calls.add(tool_id)
+        waiter = self.call_waiters.pop(tool_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def until_call_stored(self, tool_id: str) -> None:
+        """Return once the call's row is stored (every event before it is then stored too)."""
+        if tool_id in self.calls:
+            return
+        waiter = self.call_waiters.get(tool_id)
+        if waiter is None:
+            waiter = self.call_waiters[tool_id] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.shield(waiter)
+        finally:
+            if self.call_waiters.get(tool_id) is waiter and not waiter.done():
+                del self.call_waiters[tool_id]

@@ -30,6 +30,7 @@ BURST_AHEAD = 256  # agent events a cluster node reads ahead of those being stor
 
 RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
 RETRY_MAX_SECONDS = 30.0
+ANNOUNCE_WAIT = 5.0  # the longest a question waits for the row of the call it is about
 
 
 class Turns(SupervisorState):
@@ -364,6 +365,7 @@ class Turns(SupervisorState):
                 runner.compaction = None
             runner.compaction_began = None
             runner.tools.clear()
+            self.storage.soon(runner.calls.clear)
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         # Every tab's sidebar: not running any more, and when it was last active.
         self.publish_conversation(conversation)  # on its stream too: a snapshot's replay has it
@@ -416,7 +418,23 @@ class Turns(SupervisorState):
                 self.publish_conversation(conversation)
 
     async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
-        """Put a permission question in the timeline and wait for the first answer."""
+        """Put a permission question in the timeline and wait for the first answer.
+
+        A question about an announced call waits (ANNOUNCE_WAIT at most) for that call's row:
+        the agent's events before the call may still be queued behind a storage job while
+        its question comes on its own, and stored first it would stand above the text that
+        led to it.
+        """
+        if request.announced and request.tool_id:
+            try:
+                async with asyncio.timeout(ANNOUNCE_WAIT):
+                    await runner.until_call_stored(request.tool_id)
+            except TimeoutError:
+                log.warning(
+                    "conversation %s: asked about tool call %s before announcing it",
+                    runner.conversation_id,
+                    request.tool_id,
+                )
         future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
         await self._patiently(self._question, runner, request, future)
         return await future
