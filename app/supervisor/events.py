@@ -81,7 +81,11 @@ class Events(SupervisorState):
                     if (done := first.pop(event.message_id, None)) is None:
                         continue  # stored already, at the message's first delta
                     event = done
-                elif isinstance(event, MessageDone) and event.message_id in whole - set(first):
+                elif (
+                    isinstance(event, MessageDone)
+                    and event.message_id in whole
+                    and event.message_id not in first
+                ):
                     continue  # stored at its first delta
                 if conversation is None and not isinstance(event, TextDelta):
                     conversation = self._load(session, runner.conversation_id)
