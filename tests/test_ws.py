@@ -1,5 +1,6 @@
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -9,7 +10,7 @@ from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import ClientConnection
 
 from app.routes import ws as ws_route
-from tests.relay import LiveRelay, receive, receive_until
+from tests.relay import LiveRelay, make_settings, receive, receive_until
 
 NOT_OBJECT = {"type": "error", "detail": "Messages must be JSON objects."}
 BAD_SUBSCRIBE = {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
@@ -163,13 +164,16 @@ def test_fanout_two_clients_same_events(relay: LiveRelay) -> None:
     )
 
 
-def test_fanout_events_rebuild_timeline(relay: LiveRelay) -> None:
-    cid = relay.create()["id"]
-    with relay.socket() as ws:
-        snapshot = subscribe(ws, cid)["conversation"]
-        relay.send(cid, "use a tool")
-        events = numbered(receive_until(ws, is_idle_turn), cid)
-    view = relay.get(cid)
+def test_fanout_events_rebuild_timeline(tmp_path: Path) -> None:
+    # The reply's pieces 0.1 s apart: streamed, never whole in one burst (which is stored once,
+    # without deltas) unless a storage job stalls for 0.3 s; at the tests' 5 ms it did once.
+    with LiveRelay(make_settings(tmp_path / "data", demo_delay=0.1)) as relay:
+        cid = relay.create()["id"]
+        with relay.socket() as ws:
+            snapshot = subscribe(ws, cid)["conversation"]
+            relay.send(cid, "use a tool")
+            events = numbered(receive_until(ws, is_idle_turn), cid)
+        view = relay.get(cid)
     assert replay(snapshot["timeline"], events) == view["timeline"]
     assert {m["type"] for m in events} == {"entry", "delta", "turn", "conversation", "agent"}
 
