@@ -407,7 +407,16 @@ class Hub:
         return self._shown[conversation_id]
 
     def prime(self, conversation_id: int) -> None:
-        """Load a conversation's numbering now (in a storage thread), not later on the loop."""
+        """Load a conversation's numbering now (in a storage thread), not later on the loop.
+
+        A conversation loaded already counts as used now: the caller goes on with it on the
+        loop, and the idle sweep must not release it in between (a read on the loop, or a
+        snapshot where a replay would do).
+        """
+        if conversation_id in self._seq:
+            with self.lock:
+                if conversation_id in self._seq:  # (released meanwhile: loaded anew below)
+                    self._touched[conversation_id] = time.monotonic()
         self._known(conversation_id)
 
     def publish(self, conversation_id: int, event: Event) -> Event:

@@ -1,5 +1,6 @@
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -142,6 +143,18 @@ def test_missed_of_a_conversation_not_loaded_is_none_and_reads_nothing() -> None
     hub.release(4)
     load.calls.clear()
     assert (missed(hub, 4, hub.epoch, 10), load.calls) == (None, [])
+
+
+def test_prime_of_a_loaded_conversation_keeps_it_from_the_idle_sweep() -> None:
+    # A route primes a conversation in a storage thread, then goes on with it on the loop: one
+    # untouched for longer than the idle timeout must not be released in between.
+    hub = Hub(loader({4: 10}))
+    hub.prime(4)
+    hub._touched[4] = 0.0  # used long ago
+    swept_before = time.monotonic() - 1.0
+    assert hub.idle(swept_before) == {4: 10}
+    hub.prime(4)
+    assert hub.idle(swept_before) == {}
 
 
 def test_missed_older_than_kept_is_none() -> None:
