@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -111,9 +112,13 @@ def create_app(settings: Settings) -> FastAPI:
         gc.freeze()
         await hub.start()
         await supervisor.start()
+        sessions: Sessions | None = app.state.sessions
+        checking = None if sessions is None else asyncio.create_task(sessions.check_forever())
         try:
             yield
         finally:
+            if checking is not None:
+                checking.cancel()
             app.state.notifier.mute()
             await supervisor.stop()
             await app.state.notifier.close()

@@ -7,20 +7,27 @@ and a copy of the database alone cannot be used to log in.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from sqlalchemy import delete
 from sqlalchemy.engine import Engine
-from sqlmodel import select
+from sqlmodel import col, select
 
 from app.db import get_session
 from app.models import LoginSession
 
+log = logging.getLogger(__name__)
+
 LIFETIME = 30 * 24 * 3600  # seconds: the cookie's Max-Age
+# Seconds between two looks at the sessions that have sockets open: one ended elsewhere (a
+# log out on another node, expiry) has its sockets closed within this.
+CHECK_SECONDS = 2.0
 
 
 class Sessions:
@@ -73,8 +80,49 @@ class Sessions:
 
     def close_sockets(self, session_id: str) -> None:
         """Close the sockets a session opened (on the event loop)."""
-        for callback in list(self._watchers.pop(self.key(session_id), ())):
+        self._close(self.key(session_id))
+
+    def _close(self, key: str) -> None:
+        for callback in list(self._watchers.pop(key, ())):
             callback()
+
+    def live(self, keys: Collection[str]) -> set[str]:
+        """Those of the stored keys that belong to live sessions (database I/O)."""
+        if not keys:
+            return set()
+        with get_session(self.engine) as db:
+            found = db.exec(
+                select(LoginSession.key).where(
+                    col(LoginSession.key).in_(list(keys)),
+                    LoginSession.expires_at > int(time.time()),
+                )
+            ).all()
+        return set(found)
+
+    async def check(self) -> None:
+        """Close the open sockets of sessions that ended since they were opened.
+
+        This process closes its own at once on log out; this finds the others: a log out on
+        another node of a cluster, a session that expired while its tab stayed open.
+        """
+        for key in [key for key, watchers in self._watchers.items() if not watchers]:
+            del self._watchers[key]  # their sockets closed
+        keys = list(self._watchers)
+        if not keys:
+            return
+        live = await asyncio.to_thread(self.live, keys)
+        for key in keys:
+            if key not in live:
+                self._close(key)
+
+    async def check_forever(self, every: float = CHECK_SECONDS) -> None:
+        """check(), every few seconds, for the life of the relay."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.check()
+            except Exception:  # the database is away: the next look retries
+                log.warning("cannot check the open sockets' sessions", exc_info=True)
 
     def watch(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:
         """Call callback when the session ends; returns the function that stops watching."""

@@ -16,11 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from app.logs import redact
+from app.sessions import CHECK_SECONDS
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,6 +199,40 @@ def test_logout_closes_the_sessions_open_sockets(relay: LiveRelay) -> None:
         "Logged out.",
         True,
     )
+
+
+def test_sockets_of_a_session_ended_elsewhere_are_closed(relay: LiveRelay) -> None:
+    """Another node's log out deletes the row in the shared database; expiry passes its time.
+
+    Neither goes through this process's /logout: its periodic look at the sessions with open
+    sockets closes them (4401), and only them.
+    """
+    ended, expired, kept = relay.login(), relay.login(), relay.login()
+    sessions = relay.app.state.sessions
+    url = f"ws://127.0.0.1:{relay.settings.port}/ws"
+    with (
+        connect(url, additional_headers={"Cookie": ended, "Origin": relay.base}) as first,
+        connect(url, additional_headers={"Cookie": expired, "Origin": relay.base}) as second,
+        connect(url, additional_headers={"Cookie": kept, "Origin": relay.base}) as third,
+    ):
+        sockets = (first, second, third)
+        assert ['"hello"' in str(ws.recv(timeout=10)) for ws in sockets] == [True] * 3
+        sessions.remove(ended.split("=", 1)[1])  # as another node's /logout does
+        with relay.app.state.engine.begin() as db:
+            db.execute(
+                text("UPDATE login_session SET expires_at = :past WHERE key = :key"),
+                {"past": int(time.time()) - 1, "key": sessions.key(expired.split("=", 1)[1])},
+            )
+        closed = []
+        for ws in (first, second):
+            with pytest.raises(ConnectionClosed) as caught:
+                ws.recv(timeout=CHECK_SECONDS + 10)
+            assert caught.value.rcvd is not None
+            closed.append((caught.value.rcvd.code, caught.value.rcvd.reason))
+        third.send('{"type": "ping"}')
+        assert '"pong"' in str(third.recv(timeout=10))
+    assert closed == [(4401, "Logged out.")] * 2
+    assert api(relay, kept) == 200
 
 
 def test_logout_needs_the_relays_origin(relay: LiveRelay) -> None:

@@ -49,3 +49,22 @@ def test_pages_on_two_nodes_follow_a_turn_and_its_takeover(pages: Pages, tmp_pat
             expect(user_bubble(page, "after the crash")).to_have_count(1)
             expect(streaming(page)).to_have_count(0)
         pages.assert_clean()
+
+
+def test_log_out_on_one_node_sends_the_browsers_tab_on_another_to_login(
+    pages: Pages, tmp_path: Path
+) -> None:
+    """One browser, one session (the cookie is the host's, whatever the port), a tab on each of
+    two nodes: Log out in one closes the other's socket too, from the other node."""
+    with cluster(tmp_path) as nodes:
+        first, second = nodes.start(2)
+        one = pages.open(at(first))
+        other = pages.watch(one.context.new_page())
+        other.goto(at(second).base + "/")
+        for page in (one, other):
+            expect(page.get_by_test_id("new-conversation")).to_be_visible()
+        one.get_by_test_id("logout").click()
+        expect(one).to_have_url(f"{at(first).base}/login")
+        # No request of its own: the socket closed by the second node sends it to /login.
+        expect(other).to_have_url(f"{at(second).base}/login", timeout=15_000)
+        pages.assert_clean()
