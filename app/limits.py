@@ -31,6 +31,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SNAPSHOT_CHARS = 1024 * 1024  # a socket's snapshot holds the newest entries that fit in this
 WS_MAX_MESSAGE = 64 * 1024  # bytes uvicorn accepts in one WebSocket message (ws.py allows 16 KiB)
+# Seconds an idle kept-alive connection stays open. uvicorn's 5 s is exactly httpx's own
+# expiry: a request sent as the relay closed the connection was lost (reset, or no answer).
+# Longer than the clients' (httpx 5 s, aiohttp 15 s) and proxies' (nginx upstream 60 s).
+KEEP_ALIVE_SECONDS = 75
 
 
 class Refused(HTTPException):
@@ -193,10 +197,14 @@ class TimedHttpProtocol(HttpToolsProtocol):
 
 
 def protocol_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's HTTP protocol with the head timeout, and the WebSocket message limit."""
+    """uvicorn's HTTP protocol with the head timeout, keep-alive, the WebSocket message limit."""
     protocol = type("TimedHttpProtocol", (TimedHttpProtocol,), {})
     protocol.head_timeout = settings.request_timeout
-    return {"http": protocol, "ws_max_size": WS_MAX_MESSAGE}
+    return {
+        "http": protocol,
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+        "ws_max_size": WS_MAX_MESSAGE,
+    }
 
 
 def fit_snapshot(view: dict[str, Any], chars: int = SNAPSHOT_CHARS) -> dict[str, Any]:

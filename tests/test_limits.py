@@ -185,6 +185,24 @@ def test_half_sent_head_on_a_kept_alive_connection_gets_408(
         assert closed(sock)
 
 
+def test_an_idle_kept_alive_connection_outlasts_the_clients_expiry(
+    served: tuple[Relay, httpx.Client],
+) -> None:
+    """httpx drops an idle connection after 5 s: the relay must not close it first.
+
+    At uvicorn's own 5 s, a request sent on it as the relay closed it got a reset or
+    no answer at all (seen in CI: `httpx.ReadError: Connection reset by peer`).
+    """
+    relay, _client = served
+    with connection(relay) as sock:
+        sock.sendall(head("GET", "/healthz"))
+        assert response(sock)[0] == 200
+        time.sleep(6)
+        sock.sendall(head("GET", "/healthz"))
+        status, _headers, body = response(sock)
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
+
+
 def test_connection_that_sends_nothing_is_closed_silently(
     served: tuple[Relay, httpx.Client],
 ) -> None:
