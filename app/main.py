@@ -113,16 +113,21 @@ def create_app(settings: Settings) -> FastAPI:
         await hub.start()
         await supervisor.start()
         sessions: Sessions | None = app.state.sessions
-        checking = None if sessions is None else asyncio.create_task(sessions.check_forever())
+        # Stopped, not cancelled: a query under way in a worker thread ends before the engine.
+        stop_checking = asyncio.Event()
+        checking = (
+            None if sessions is None else asyncio.create_task(sessions.check_forever(stop_checking))
+        )
         try:
             yield
         finally:
-            if checking is not None:
-                checking.cancel()
+            stop_checking.set()
             app.state.notifier.mute()
             await supervisor.stop()
             await app.state.notifier.close()
             await hub.stop()
+            if checking is not None:
+                await checking
             engine.dispose()
             gc.unfreeze()  # (an app in a longer-lived process, as in the tests)
 

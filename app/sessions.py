@@ -115,10 +115,14 @@ class Sessions:
             if key not in live:
                 self._close(key)
 
-    async def check_forever(self, every: float = CHECK_SECONDS) -> None:
-        """check(), every few seconds, for the life of the relay."""
+    async def check_forever(self, stop: asyncio.Event, every: float = CHECK_SECONDS) -> None:
+        """check(), every few seconds, until stop is set (a look under way finishes first)."""
         while True:
-            await asyncio.sleep(every)
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+                return
+            except TimeoutError:
+                pass
             try:
                 await self.check()
             except Exception:  # the database is away: the next look retries
