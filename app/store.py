@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -310,6 +311,14 @@ def delete_entry(*, session: Session, entry: Entry) -> None:
 def get_entry(*, session: Session, entry_id: int) -> Entry | None:
     """The entry with this id, or None."""
     return session.get(Entry, entry_id)
+
+
+def answered_questions(*, session: Session, entry_ids: Collection[int]) -> list[Entry]:
+    """Those of these permission questions that have their answer."""
+    if not entry_ids:
+        return []
+    query = select(Entry).where(col(Entry.id).in_(list(entry_ids)), Entry.state != "pending")
+    return list(session.exec(query).all())
 
 
 def last_entries(

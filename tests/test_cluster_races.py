@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +32,27 @@ from tests.relay import LiveRelay, make_settings
 LEASE_SECONDS = 60
 
 
-class Pause:
-    """Holds a relay's storage writer at the first SELECT of queued entries once armed."""
+def queued_select(statement: str, params: Any) -> bool:
+    """The first SELECT of queued entries (a message's delivery)."""
+    values = params.values() if isinstance(params, dict) else ()
+    return "FROM entry" in statement and "count(" not in statement and "queued" in values
 
-    def __init__(self, relay: LiveRelay) -> None:
+
+class Pause:
+    """Holds a relay's storage writer at the first statement that matches, once armed."""
+
+    def __init__(self, relay: LiveRelay, match: Callable[[str, Any], bool] = queued_select) -> None:
         self.armed = False
+        self.match = match
         self.reached = threading.Event()
         self.release = threading.Event()
         event.listen(relay.supervisor.engine, "before_cursor_execute", self._before)
 
     def _before(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_rest: Any) -> None:
-        values = params.values() if isinstance(params, dict) else ()
         if (
             self.armed
             and threading.current_thread().name == "oarlock-db-writer"
-            and "FROM entry" in statement
-            and "count(" not in statement
-            and "queued" in values
+            and self.match(statement, params)
         ):
             self.armed = False
             self.reached.set()
@@ -62,8 +67,16 @@ def two_nodes(
 
     Their lock timeout is long: a writer held at the pause point keeps its row locks, and a
     statement waiting for one must wait for the test to let it go, not give up (503).
+    Heartbeats are 20 s apart: none during a test's turn.
     """
     monkeypatch.setattr(db, "BUSY_TIMEOUT", 60.0)
+    with started_nodes(tmp_path, LEASE_SECONDS) as nodes:
+        yield nodes
+
+
+@contextmanager
+def started_nodes(tmp_path: Path, lease_seconds: float) -> Iterator[tuple[LiveRelay, LiveRelay]]:
+    """Relays x and y on a new PostgreSQL database and a new Redis, stopped afterwards."""
     server = RedisServer().start()
     url = postgres.start().create_database()
     upgrade(url)
@@ -78,7 +91,7 @@ def two_nodes(
                 workspace_roots=[tmp_path],
                 default_cwd=tmp_path / "x" / "work",
                 node_id=name,
-                lease_seconds=LEASE_SECONDS,  # heartbeats 20 s apart: none during a test's turn
+                lease_seconds=lease_seconds,
             )
             relays.append(LiveRelay(settings).start())
         yield relays[0], relays[1]

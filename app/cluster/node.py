@@ -41,7 +41,7 @@ from app.providers import agent_env
 from app.summary import SummaryMessage, build_summary
 
 if TYPE_CHECKING:
-    from app.models import Conversation
+    from app.models import Conversation, Entry
     from app.supervisor import Runner, Supervisor
 
 log = logging.getLogger(__name__)
@@ -386,6 +386,29 @@ class ClusterNode:
         for cid in await storage.read(leases.waiting, self.engine, self.node):
             if cid in self.held and not self.supervisor.delivering(cid):
                 self.supervisor.wake(cid)
+        await self._settle_answered()
+
+    async def _settle_answered(self) -> None:
+        """Settle open questions here that were answered on a node whose notice was lost."""
+        runners = self.supervisor.runners
+        asked = {
+            entry_id: cid
+            for cid in self.held
+            if (runner := runners.get(cid)) is not None
+            for entry_id in runner.questions
+        }
+        if not asked:
+            return
+        for entry in await self.supervisor.storage.read(self._answered, list(asked)):
+            decision = PermissionDecision(
+                entry.state == "allowed", str(entry.data.get("answer_message") or "")
+            )
+            self.supervisor.settle_question(asked[entry.id or 0], entry.id or 0, decision)
+
+    def _answered(self, entry_ids: list[int]) -> list[Entry]:
+        """The stored answers of these questions (in a storage thread)."""
+        with self.supervisor.session() as session:
+            return store.answered_questions(session=session, entry_ids=entry_ids)
 
     def _idle(self, conversation_id: int) -> bool:
         """Nothing of the conversation is live here: its lease can go back."""

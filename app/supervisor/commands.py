@@ -367,8 +367,11 @@ class Commands(SupervisorState):
     def answer(
         self, conversation: Conversation, entry_id: int, decision: PermissionDecision
     ) -> Entry:
-        """Answer a permission question; the first answer wins."""
+        """Answer a permission question; the first answer wins (on any node)."""
         with self.session() as session:
+            session.add(conversation)
+            # Locked: answers taken on two nodes at once come one after the other.
+            session.refresh(conversation, with_for_update=True)
             entry = store.get_entry(session=session, entry_id=entry_id)
             if entry is None or entry.conversation_id != conversation.id:
                 raise LookupError("No such question in this conversation.")
@@ -376,10 +379,13 @@ class Commands(SupervisorState):
                 raise LookupError("That entry is not a permission question.")
             if entry.state != "pending":
                 raise ConversationError(f"This question was already answered ({entry.state}).")
-            future = self.runner(conversation.id or 0).questions.pop(entry_id, None)
+            runner = self.runners.get(conversation.id or 0)  # (none on another node)
+            future = runner.questions.pop(entry_id, None) if runner is not None else None
             state = "allowed" if decision.allow else "denied"
-            session.add(conversation)
-            self._save(session, conversation, entry, state=state, data=entry.data)
+            data = entry.data
+            if decision.message:  # the owner settles with it if the notice below is lost
+                data = {**data, "answer_message": decision.message}
+            self._save(session, conversation, entry, state=state, data=data)
         if future is not None:
             self.storage.soon(_settle, future, decision)
         elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):

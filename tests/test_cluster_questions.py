@@ -1,0 +1,98 @@
+"""A permission question answered on a node that does not run the agent (PostgreSQL + Redis).
+
+The answer is stored where it is taken and reaches the owner on the control channel, which
+delivers at most once: a notice lost on the way is made up for by the owner's heartbeat, and
+answers taken on two nodes at once come one after the other (the first wins, the other 409).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from app.cluster.node import CONTROL
+from tests.crash import TIMEOUT
+from tests.relay import LiveRelay
+from tests.test_browser_races import pending_question
+from tests.test_cluster_races import Pause, started_nodes, two_nodes  # noqa: F401 - fixture
+
+QUICK_LEASE = 3.0  # seconds: a heartbeat every second
+
+
+@pytest.fixture
+def quick_nodes(tmp_path: Path) -> Iterator[tuple[LiveRelay, LiveRelay]]:
+    """Nodes x and y whose heartbeats come every second."""
+    with started_nodes(tmp_path, QUICK_LEASE) as nodes:
+        yield nodes
+
+
+def answer(relay: LiveRelay, cid: int, entry_id: int, **body: Any) -> httpx.Response:
+    return relay.http.post(f"/api/conversations/{cid}/permissions/{entry_id}", json=body)
+
+
+def tool_output(view: dict[str, Any]) -> Any:
+    """The output of the demo's tool call, which ran (or not) after the answer."""
+    return next(e["data"]["output"] for e in view["timeline"] if e["data"].get("type") == "tool")
+
+
+def test_an_answer_whose_notice_is_lost_still_reaches_the_owner(
+    quick_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """y runs the agent; x takes the answer while nobody listens on the control channel."""
+    x, y = quick_nodes
+    cid = y.create(title="Asked on y")["id"]
+    assert y.send(cid, "ask permission").status_code == 202
+    question = pending_question(y, cid)
+    assert cid in y.supervisor.cluster.held
+    client = redis.Redis.from_url(y.settings.redis_url or "")
+    try:
+        # Every node's subscription dropped (they subscribe again a second later): x's
+        # notice to y is published to nobody.
+        client.client_kill_filter(_type="pubsub")
+        assert client.pubsub_numsub(CONTROL) == [(CONTROL.encode(), 0)]
+        response = answer(x, cid, question, allow=False, message="not on a Friday")
+        assert response.status_code == 200, response.text
+    finally:
+        client.close()
+    view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert tool_output(view) == "not on a Friday"
+    assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["denied"]
+
+
+def test_answers_on_two_nodes_at_once_the_first_wins(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x's answer is held between reading the question and storing its answer; y answers."""
+    x, y = two_nodes
+    cid = y.create(title="Asked twice")["id"]
+    assert y.send(cid, "ask permission").status_code == 202
+    question = pending_question(y, cid)
+    pause = Pause(x, lambda statement, _params: statement.startswith("UPDATE entry"))
+    pause.armed = True
+    first: list[httpx.Response] = []
+    allowing = threading.Thread(target=lambda: first.append(answer(x, cid, question, allow=True)))
+    allowing.start()
+    try:
+        assert pause.reached.wait(TIMEOUT), "x's answer never came to storing"
+        second: list[httpx.Response] = []
+        denying = threading.Thread(
+            target=lambda: second.append(answer(y, cid, question, allow=False))
+        )
+        denying.start()
+        time.sleep(1)  # y's answer, unless it waits for x's, is taken by now
+    finally:
+        pause.release.set()
+    allowing.join(TIMEOUT)
+    denying.join(TIMEOUT)
+    assert [first[0].status_code, second[0].status_code] == [200, 409], second[0].text
+    assert second[0].json() == {"detail": "This question was already answered (allowed)."}
+    view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["allowed"]
+    assert tool_output(view) == "created demo.txt (not really: this is the demo)"
