@@ -147,7 +147,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.token = token
     app.state.limiter = FailureLimiter()
     app.state.sessions = None if token is None else Sessions(engine, token)
-    app.state.notifier = Notifier(settings, engine, hub, app.state.sessions)
+    app.state.notifier = Notifier(
+        settings,
+        engine,
+        hub,
+        app.state.sessions,
+        runs_here=None if supervisor.cluster is None else supervisor.cluster.holds,
+    )
     app.add_middleware(
         Guard,
         token=token,

@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -66,9 +66,17 @@ class Notifier:
     """Turns hub events into notify events and Web Pushes."""
 
     def __init__(
-        self, settings: Settings, engine: Engine, hub: Hub, sessions: Sessions | None
+        self,
+        settings: Settings,
+        engine: Engine,
+        hub: Hub,
+        sessions: Sessions | None,
+        runs_here: Callable[[int], bool] | None = None,
     ) -> None:
         self.engine = engine
+        # Whether this node runs a conversation's turns (in a cluster, holds its lease): only
+        # the node that ran a turn tells of its end, not one that stored a message meanwhile.
+        self.runs_here = runs_here
         self.hub = hub
         self.sessions = sessions
         self.vapid = push.load_or_create_vapid(settings.resolved_data_dir)
@@ -128,6 +136,8 @@ class Notifier:
         if kind == "conversation" and conversation_id is None:
             view = event.get("conversation") or {}
             cid = view.get("id")
+            if self.runs_here is not None and not (isinstance(cid, int) and self.runs_here(cid)):
+                return
             if view.get("running"):
                 self._running.add(cid)
             elif cid in self._running:

@@ -89,3 +89,28 @@ def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
         assert client.exists(stream_key(cid), seq_key(cid)) == 0
     finally:
         client.close()
+
+
+def test_a_turn_is_notified_once_whichever_node_took_its_messages(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """y runs the turns, some of whose messages come through x: one "Turn finished" a turn."""
+    x, y = two_nodes
+    cid = y.create(title="Notified once")["id"]
+    with x.socket() as ws:
+        receive(ws)  # hello
+        assert y.send(cid, "slow please").status_code == 202
+        y.wait_for(cid, lambda view: view["turn"]["state"] == "running")
+        assert x.send(cid, "queued through x").status_code == 202  # x sees it running
+        y.wait_idle(cid)
+        assert x.send(cid, "through x while idle").status_code == 202
+        y.wait_idle(cid)
+        seen = []
+        while True:  # until nothing more comes
+            try:
+                seen.append(receive(ws, timeout=3))
+            except TimeoutError:
+                break
+    notified = [e for e in seen if e["type"] == "notify"]
+    # Three turns ran, each ended once (before: x told of a fourth when its idle message came).
+    assert [(e["title"], e["body"]) for e in notified] == [("Notified once", "Turn finished")] * 3
