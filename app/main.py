@@ -28,6 +28,7 @@ from app.db import ensure_private_dir, get_session, make_engine
 from app.limits import BodyLimit
 from app.models import Conversation
 from app.notify import Notifier
+from app.push import load_or_create_vapid, vapid_from_token
 from app.resources import resource_dir
 from app.routes import api, backups, imports, pages, push, search, steer, ws
 from app.security import (
@@ -152,6 +153,10 @@ def create_app(settings: Settings) -> FastAPI:
         engine,
         hub,
         app.state.sessions,
+        # A cluster's nodes derive one key from their token; one node keeps its own.
+        vapid_from_token(token)
+        if supervisor.cluster is not None and token is not None
+        else load_or_create_vapid(settings.resolved_data_dir),
         runs_here=None if supervisor.cluster is None else supervisor.cluster.holds,
     )
     app.add_middleware(

@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httpx
+from py_vapid import Vapid02
 from sqlalchemy import delete, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import select
@@ -71,6 +72,7 @@ class Notifier:
         engine: Engine,
         hub: Hub,
         sessions: Sessions | None,
+        vapid: Vapid02,
         runs_here: Callable[[int], bool] | None = None,
     ) -> None:
         self.engine = engine
@@ -79,7 +81,7 @@ class Notifier:
         self.runs_here = runs_here
         self.hub = hub
         self.sessions = sessions
-        self.vapid = push.load_or_create_vapid(settings.resolved_data_dir)
+        self.vapid = vapid
         self.public_key = push.application_server_key(self.vapid)
         extra = tuple(name.lower().strip(".") for name in settings.push_services)
         self.services = push.PUSH_SERVICES + extra

@@ -18,8 +18,9 @@ from urllib.parse import urlsplit
 
 import http_ece
 import httpx
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from py_vapid import Vapid02
 
 from app.security import is_loopback
@@ -70,6 +71,22 @@ def load_or_create_vapid(data_dir: Path) -> Vapid02:
     if path.stat().st_mode & 0o077:
         path.chmod(0o600)
     return Vapid02.from_pem(path.read_bytes())
+
+
+# The order of P-256's group: a private key is a number from 1 to this minus 1.
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def vapid_from_token(token: str) -> Vapid02:
+    """The VAPID key derived from the token: every node of a cluster has the same.
+
+    A browser subscribes with the key of the node its page came from, and the node that
+    runs the conversation signs the push: a key per node made push services refuse it.
+    HKDF-SHA256 gives 48 bytes, reduced to a key with a bias under 2**-64 (FIPS 186-5, A.2.1).
+    """
+    material = HKDF(algorithm=hashes.SHA256(), length=48, salt=None, info=b"oarlock VAPID key")
+    number = int.from_bytes(material.derive(token.encode()), "big") % (P256_ORDER - 1) + 1
+    return Vapid02(private_key=ec.derive_private_key(number, ec.SECP256R1()))
 
 
 def application_server_key(vapid: Vapid02) -> str:

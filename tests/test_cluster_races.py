@@ -75,7 +75,9 @@ def two_nodes(
 
 
 @contextmanager
-def started_nodes(tmp_path: Path, lease_seconds: float) -> Iterator[tuple[LiveRelay, LiveRelay]]:
+def started_nodes(
+    tmp_path: Path, lease_seconds: float, **overrides: Any
+) -> Iterator[tuple[LiveRelay, LiveRelay]]:
     """Relays x and y on a new PostgreSQL database and a new Redis, stopped afterwards."""
     server = RedisServer().start()
     url = postgres.start().create_database()
@@ -92,6 +94,7 @@ def started_nodes(tmp_path: Path, lease_seconds: float) -> Iterator[tuple[LiveRe
                 default_cwd=tmp_path / "x" / "work",
                 node_id=name,
                 lease_seconds=lease_seconds,
+                **overrides,
             )
             relays.append(LiveRelay(settings).start())
         yield relays[0], relays[1]

@@ -17,7 +17,14 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.db import get_session
 from app.models import PushSubscription
-from app.push import PUSH_SERVICES, endpoint_problem, key_problem, load_or_create_vapid
+from app.push import (
+    PUSH_SERVICES,
+    application_server_key,
+    endpoint_problem,
+    key_problem,
+    load_or_create_vapid,
+    vapid_from_token,
+)
 from tests.fake_push import FakeBrowser, PushLog, push_service
 from tests.relay import LiveRelay, make_settings, receive_until
 
@@ -90,6 +97,17 @@ def test_vapid_key_is_created_private_and_kept(tmp_path: Path) -> None:
     again = load_or_create_vapid(tmp_path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert again.private_pem() == first.private_pem()
+
+
+def test_a_cluster_vapid_key_comes_from_the_token() -> None:
+    """The same on every node with the token, another with another token; it signs."""
+    key = application_server_key(vapid_from_token("token-one-0123456789"))
+    assert application_server_key(vapid_from_token("token-one-0123456789")) == key
+    assert application_server_key(vapid_from_token("token-two-0123456789")) != key
+    vapid = vapid_from_token("token-one-0123456789")
+    headers = vapid.sign({"aud": "https://push.example", "sub": "mailto:a@example.org"})
+    assert Vapid02.verify(headers["Authorization"])
+    assert headers["Authorization"].split("k=")[1] == key
 
 
 # -- a relay and a fake push service ---------------------------------------------------------------
