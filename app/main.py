@@ -158,6 +158,7 @@ def create_app(settings: Settings) -> FastAPI:
         if supervisor.cluster is not None and token is not None
         else load_or_create_vapid(settings.resolved_data_dir),
         runs_here=None if supervisor.cluster is None else supervisor.cluster.holds,
+        shared=None if supervisor.cluster is None else supervisor.cluster.presence,
     )
     app.add_middleware(
         Guard,

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from py_vapid import Vapid02
@@ -34,6 +34,9 @@ from app.db import get_session
 from app.hub import Event, Hub, Subscriber
 from app.models import LoginSession, PushSubscription
 from app.sessions import Sessions
+
+if TYPE_CHECKING:
+    from app.cluster.presence import Presence
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +77,13 @@ class Notifier:
         sessions: Sessions | None,
         vapid: Vapid02,
         runs_here: Callable[[int], bool] | None = None,
+        shared: Presence | None = None,
     ) -> None:
         self.engine = engine
         # Whether this node runs a conversation's turns (in a cluster, holds its lease): only
         # the node that ran a turn tells of its end, not one that stored a message meanwhile.
         self.runs_here = runs_here
+        self.shared = shared  # in a cluster: the visible tabs of every node
         self.hub = hub
         self.sessions = sessions
         self.vapid = vapid
@@ -113,10 +118,17 @@ class Notifier:
             self._visible[subscriber] = session_key
         else:
             self._visible.pop(subscriber, None)
+        self._share()
 
     def forget(self, subscriber: Subscriber) -> None:
         """A tab closed its socket."""
-        self._visible.pop(subscriber, None)
+        if subscriber in self._visible:
+            del self._visible[subscriber]
+            self._share()
+
+    def _share(self) -> None:
+        if self.shared is not None:
+            self.shared.changed(set(self._visible.values()))
 
     def endpoint_problem(self, endpoint: str) -> str | None:
         """Why pushes may not go to this endpoint (app/push.py's rule), or None."""
@@ -200,6 +212,8 @@ class Notifier:
 
     async def _push(self, body: dict[str, Any], looking: set[str | None]) -> None:
         data = json.dumps(body, ensure_ascii=False).encode()
+        if self.shared is not None:
+            looking |= await self.shared.looking()
         # One browser after the other: a user has a few, and each waits at most push.TIMEOUT.
         for row in await asyncio.to_thread(self.targets, looking):
             problem = self.endpoint_problem(row.endpoint)

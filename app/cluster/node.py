@@ -36,6 +36,7 @@ from app.agents.base import PermissionDecision
 from app.agents.transcript import config_dir
 from app.cluster import leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub
+from app.cluster.presence import Presence
 from app.config import Settings
 from app.providers import agent_env
 from app.summary import SummaryMessage, build_summary
@@ -92,6 +93,7 @@ class ClusterNode:
         self.seconds = settings.lease_seconds
         self.held: set[int] = set()
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
+        self.presence = Presence(self.redis, self.node, self.seconds)
         self._tasks: list[asyncio.Task[None]] = []
         self._claiming: set[int] = set()
         self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
@@ -368,6 +370,7 @@ class ClusterNode:
             await asyncio.sleep(self.seconds / 3)
 
     async def _beat(self) -> None:
+        await self.presence.write()  # renewed: a node that stops is forgotten after a lease
         storage = self.supervisor.storage
         began = time.monotonic()
         kept = await storage.write(leases.renew, self.engine, self.node, self.seconds)
