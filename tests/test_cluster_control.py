@@ -51,6 +51,20 @@ def test_a_compact_on_another_node_stops_the_owners_agent(
     x.wait_idle(new)
 
 
+def test_an_archive_on_another_node_stops_the_owners_agent(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x archives a conversation y runs: y's agent stops (before: it lived out the idle timeout)."""
+    x, y = two_nodes
+    cid = y.create(title="Archived elsewhere")["id"]
+    assert y.send(cid, "hello").status_code == 202
+    y.wait_idle(cid)
+    assert cid in y.supervisor.cluster.held and live_agent(y, cid)
+    response = x.http.post(f"/api/conversations/{cid}/archive")
+    assert response.status_code == 200, response.text
+    until(lambda: not live_agent(y, cid), "y's agent of the archived conversation still runs")
+
+
 def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
     two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
 ) -> None:

@@ -278,9 +278,12 @@ class Commands(SupervisorState):
             raise ConversationError("This conversation is already archived.")
         self._refuse_while_busy(conversation, "archive")
         conversation = self.update_conversation(conversation, status="archived")
-        runner = self.runners.get(conversation.id or 0)
+        cid = conversation.id or 0
+        runner = self.runners.get(cid)
         if runner is not None:
             runner.archived = True  # released by the reaper
+        if self.cluster is not None and not self.cluster.holds(cid):
+            self.cluster.send("retire", cid)  # its owner's agent stops as well
         return conversation
 
     async def delete(self, conversation: Conversation) -> None:
