@@ -146,7 +146,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.hub = hub
     app.state.supervisor = supervisor
     app.state.token = token
-    app.state.limiter = FailureLimiter()
+    app.state.limiter = (
+        FailureLimiter() if supervisor.cluster is None else supervisor.cluster.limiter
+    )
     app.state.sessions = None if token is None else Sessions(engine, token)
     app.state.notifier = Notifier(
         settings,

@@ -11,11 +11,12 @@ import json
 import time
 from typing import Any
 
+import httpx
 import redis
 
 from app.cluster.events import seq_key, stream_key
 from tests.crash import TIMEOUT
-from tests.relay import LiveRelay, receive, receive_until
+from tests.relay import TOKEN, LiveRelay, receive, receive_until
 from tests.test_cluster_races import two_nodes  # noqa: F401 - the fixture
 
 
@@ -128,3 +129,26 @@ def test_a_turn_is_notified_once_whichever_node_took_its_messages(
     notified = [e for e in seen if e["type"] == "notify"]
     # Three turns ran, each ended once (before: x told of a fourth when its idle message came).
     assert [(e["title"], e["body"]) for e in notified] == [("Notified once", "Turn finished")] * 3
+
+
+def test_failed_tokens_are_counted_over_every_node(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """Ten wrong tokens spread over x and y: the eleventh, on either, gets 429."""
+    x, y = two_nodes
+    answers = []
+    for n in range(11):
+        node = (x, y)[n % 2]
+        with httpx.Client(base_url=node.base, timeout=30) as client:
+            answers.append(
+                client.get("/api/conversations", headers={"Authorization": f"Bearer no{n}"})
+            )
+    assert [r.status_code for r in answers] == [401] * 10 + [429]
+    assert answers[-1].json() == {"detail": "Too many failed attempts; wait a minute."}
+    with httpx.Client(base_url=y.base, timeout=30) as client:  # the right token still gets in
+        assert (
+            client.get(
+                "/api/conversations", headers={"Authorization": f"Bearer {TOKEN}"}
+            ).status_code
+            == 200
+        )

@@ -36,6 +36,7 @@ from app.agents.base import PermissionDecision
 from app.agents.transcript import config_dir
 from app.cluster import leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub
+from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
 from app.config import Settings
 from app.providers import agent_env
@@ -94,6 +95,7 @@ class ClusterNode:
         self.held: set[int] = set()
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
         self.presence = Presence(self.redis, self.node, self.seconds)
+        self.limiter = SharedFailureLimiter(self.redis)
         self._tasks: list[asyncio.Task[None]] = []
         self._claiming: set[int] = set()
         self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
