@@ -66,6 +66,21 @@ def test_an_archive_on_another_node_stops_the_owners_agent(
     until(lambda: not live_agent(y, cid), "y's agent of the archived conversation still runs")
 
 
+def test_the_context_modal_on_another_node_says_a_turn_runs(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """y runs a turn; the 🧠 modal opened through x says the change waits for it."""
+    x, y = two_nodes
+    cid = y.create(title="Modal elsewhere")["id"]
+    assert y.send(cid, "slow please").status_code == 202
+    y.wait_for(cid, lambda view: view["turn"]["state"] == "running")
+    note = x.http.get(f"/api/conversations/{cid}/context").json()["note"]
+    assert note == "Applies after the current turn."
+    y.wait_idle(cid)
+    note = x.http.get(f"/api/conversations/{cid}/context").json()["note"]
+    assert note == "Applies on the next message (the session restarts once)."
+
+
 def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
     two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
 ) -> None:

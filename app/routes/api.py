@@ -227,7 +227,7 @@ async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep
     return context_view(
         conversation,
         env_value=os.environ.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW"),
-        turn_running=supervisor.turn_running(conversation_id),
+        turn_running=supervisor.turn_running(conversation),
         background_work=supervisor.background_work(conversation_id),
         agent_report=report,
     )

@@ -146,8 +146,14 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
 
     # -- what routes and the cluster ask (they never reach into a runner) ---------------------
 
-    def turn_running(self, conversation_id: int) -> bool:
-        """True while this node runs a turn of the conversation (the 🧠 modal's word)."""
+    def turn_running(self, conversation: Conversation) -> bool:
+        """True while a turn of the conversation runs (the 🧠 modal's word).
+
+        Its runner says, or, when another node of a cluster runs it, the stored flag.
+        """
+        conversation_id = conversation.id or 0
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            return conversation.turn_active
         runner = self.runners.get(conversation_id)
         return bool(runner and runner.state != TurnState.IDLE)
 
