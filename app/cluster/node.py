@@ -395,13 +395,7 @@ class ClusterNode:
 
     async def _settle_answered(self) -> None:
         """Settle open questions here that were answered on a node whose notice was lost."""
-        runners = self.supervisor.runners
-        asked = {
-            entry_id: cid
-            for cid in self.held
-            if (runner := runners.get(cid)) is not None
-            for entry_id in runner.questions
-        }
+        asked = self.supervisor.open_questions(self.held)
         if not asked:
             return
         for entry in await self.supervisor.storage.read(self._answered, list(asked)):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
@@ -195,6 +195,15 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
     ) -> Entry:
         """Store a line in the conversation's timeline and publish it."""
         return self._line(session, conversation, text, level=level, data=data)
+
+    def open_questions(self, conversation_ids: Iterable[int]) -> dict[int, int]:
+        """The permission questions runners here wait on: entry id to conversation id."""
+        return {
+            entry_id: cid
+            for cid in conversation_ids
+            if (runner := self.runners.get(cid)) is not None
+            for entry_id in runner.questions
+        }
 
     def settle_question(
         self, conversation_id: int, entry_id: int, decision: PermissionDecision
