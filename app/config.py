@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     database_url: str | None = None  # default: sqlite under data_dir
     token: str | None = None  # default: generated into data_dir/token on first start
+    backups_dir: Path | None = None  # default: data_dir/backups (shared storage in a cluster)
     no_auth: bool = False  # only honoured on a loopback host
     # Lists come from the environment as comma-separated strings (not JSON).
     # Extra Host names and Origins to accept (reverse proxies, a server's name).
@@ -109,6 +110,13 @@ class Settings(BaseSettings):
     def resolved_data_dir(self) -> Path:
         """The data directory as an absolute path."""
         return self.data_dir.expanduser().resolve()
+
+    @property
+    def resolved_backups_dir(self) -> Path:
+        """Where the conversations' backups are written, as an absolute path."""
+        if self.backups_dir is None:
+            return self.resolved_data_dir / "backups"
+        return self.backups_dir.expanduser().resolve()
 
     @property
     def db_url(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +18,11 @@ import redis
 from app.cluster.events import seq_key, stream_key
 from tests.crash import TIMEOUT
 from tests.relay import TOKEN, LiveRelay, receive, receive_until
-from tests.test_cluster_races import two_nodes  # noqa: F401 - the fixture
+from tests.test_cluster_races import (  # noqa: F401 - two_nodes: the fixture
+    LEASE_SECONDS,
+    started_nodes,
+    two_nodes,
+)
 
 
 def until(condition: Any, what: str) -> None:
@@ -167,3 +172,26 @@ def test_failed_tokens_are_counted_over_every_node(
             ).status_code
             == 200
         )
+
+
+def test_backups_on_shared_storage_are_seen_through_every_node(tmp_path: Path) -> None:
+    """OARLOCK_BACKUPS_DIR shared: the backup y wrote is listed and read through x."""
+    shared = tmp_path / "shared-backups"
+    with started_nodes(tmp_path, LEASE_SECONDS, backups_dir=shared) as (x, y):
+        cid = y.create(title="Backed up")["id"]
+        for n in range(1, 5):  # the demo reaches 57k on turn 4: the tokens_50k backup
+            assert y.send(cid, f"turn {n}").status_code == 202
+            y.wait_idle(cid)
+
+        def listed() -> list[dict[str, Any]]:
+            response = x.http.get(f"/api/conversations/{cid}/backups")
+            assert response.status_code == 200, response.text
+            return list(response.json()["backups"])
+
+        until(lambda: len(listed()) == 1, "x never listed the backup y wrote")
+        (backup,) = listed()
+        assert backup["trigger"] == "tokens_50k"
+        response = x.http.get(f"/api/conversations/{cid}/backups/{backup['name']}")
+        assert response.status_code == 200, response.text
+        assert "turn 1" in response.text
+        assert y.http.get(f"/api/conversations/{cid}/backups").json()["backups"] == [backup]

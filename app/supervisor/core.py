@@ -59,7 +59,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         # Every database call runs in its threads; the loop only awaits (docs/architecture.md).
         self.storage = Storage(engine)
         hub.soon = self.storage.soon
-        self.backups = Backups(settings.resolved_data_dir / "backups", engine, self._on_backup)
+        self.backups = Backups(settings.resolved_backups_dir, engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
         self._summary_reads: set[asyncio.Task[None]] = set()
