@@ -202,7 +202,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
             entry_id: cid
             for cid in conversation_ids
             if (runner := self.runners.get(cid)) is not None
-            for entry_id in runner.questions
+            for entry_id in list(runner.questions)  # (a copy: answers pop it in the writer)
         }
 
     def settle_question(
