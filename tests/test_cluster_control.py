@@ -8,6 +8,7 @@ process, as in tests/test_cluster_races.py.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tests.crash import TIMEOUT
 from tests.relay import TOKEN, LiveRelay, receive, receive_until
 from tests.test_cluster_races import (  # noqa: F401 - two_nodes: the fixture
     LEASE_SECONDS,
+    Pause,
     started_nodes,
     two_nodes,
 )
@@ -84,6 +86,35 @@ def test_the_context_modal_on_another_node_says_a_turn_runs(
     y.wait_idle(cid)
     note = x.http.get(f"/api/conversations/{cid}/context").json()["note"]
     assert note == "Applies on the next message (the session restarts once)."
+
+
+def test_an_archive_on_another_node_refuses_a_turn_begun_after_its_read(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x read the conversation idle; y begins a turn before x's archive job runs: 409."""
+    x, y = two_nodes
+    cid = y.create(title="Archived too late")["id"]
+    assert y.send(cid, "hello").status_code == 202
+    y.wait_idle(cid)
+    pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement or "count(" in statement)
+    pause.armed = True
+    answers: list[httpx.Response] = []
+    archiving = threading.Thread(
+        target=lambda: answers.append(x.http.post(f"/api/conversations/{cid}/archive"))
+    )
+    archiving.start()
+    try:
+        assert pause.reached.wait(TIMEOUT), "x's archive never came to its check"
+        assert y.send(cid, "slow please").status_code == 202
+        y.wait_for(cid, lambda view: view["turn"]["state"] == "running")
+    finally:
+        pause.release.set()
+    archiving.join(TIMEOUT)
+    assert (answers[0].status_code, answers[0].json()) == (
+        409,
+        {"detail": "A turn is running in this conversation; stop it before you archive it."},
+    )
+    assert y.wait_idle(cid)["status"] == "active"
 
 
 def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(

@@ -258,15 +258,19 @@ class Commands(SupervisorState):
             self._close_agent(runner), name=f"retire-{conversation_id}"
         )
 
-    def _refuse_while_busy(self, conversation: Conversation, action: str) -> None:
+    def _refuse_while_busy(
+        self, conversation: Conversation, action: str, session: Session | None = None
+    ) -> None:
         """409 while a turn runs or messages wait (they would be lost or half-done)."""
+        if session is None:
+            with self.session() as own:
+                return self._refuse_while_busy(conversation, action, own)
         cid = conversation.id or 0
         runner = self.runners.get(cid)
         running = runner is not None and (
             runner.state != TurnState.IDLE or (runner.task is not None and not runner.task.done())
         )
-        with self.session() as session:
-            queued = store.count_queued(session=session, conversation_id=cid)
+        queued = store.count_queued(session=session, conversation_id=cid)
         if running or queued or conversation.turn_active:
             raise ConversationError(
                 f"A turn is running in this conversation; stop it before you {action} it."
@@ -274,10 +278,16 @@ class Commands(SupervisorState):
 
     def archive(self, conversation: Conversation) -> Conversation:
         """Archive a conversation without compacting it (read-only from now on)."""
-        if conversation.status != "active":
-            raise ConversationError("This conversation is already archived.")
-        self._refuse_while_busy(conversation, "archive")
-        conversation = self.update_conversation(conversation, status="archived")
+        with self.session() as session:
+            session.add(conversation)
+            # Locked and read again: a turn that another node begins meanwhile waits for this,
+            # or this sees it (the route's copy may be older than that turn).
+            session.refresh(conversation, with_for_update=True)
+            if conversation.status != "active":
+                raise ConversationError("This conversation is already archived.")
+            self._refuse_while_busy(conversation, "archive", session)
+            store.update_conversation(session=session, conversation=conversation, status="archived")
+        self.publish_conversation(conversation)
         cid = conversation.id or 0
         runner = self.runners.get(cid)
         if runner is not None:
