@@ -308,8 +308,10 @@ def delete_entry(*, session: Session, entry: Entry) -> None:
     session.commit()
 
 
-def get_entry(*, session: Session, entry_id: int) -> Entry | None:
-    """The entry with this id, or None."""
+def get_entry(*, session: Session, entry_id: int, lock: bool = False) -> Entry | None:
+    """The entry with this id, or None; lock: its row locked until the transaction ends."""
+    if lock:
+        return session.get(Entry, entry_id, with_for_update=True, populate_existing=True)
     return session.get(Entry, entry_id)
 
 

@@ -383,9 +383,9 @@ class Commands(SupervisorState):
         """Answer a permission question; the first answer wins (on any node)."""
         with self.session() as session:
             session.add(conversation)
-            # Locked: answers taken on two nodes at once come one after the other.
-            session.refresh(conversation, with_for_update=True)
-            entry = store.get_entry(session=session, entry_id=entry_id)
+            # Locked: answers taken on two nodes at once come one after the other. The entry
+            # first, then (in _save) the conversation: the order the owner's writes take.
+            entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
             if entry is None or entry.conversation_id != conversation.id:
                 raise LookupError("No such question in this conversation.")
             if entry.data.get("type") != "permission":
