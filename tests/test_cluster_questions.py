@@ -7,6 +7,7 @@ answers taken on two nodes at once come one after the other (the first wins, the
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ def tool_output(view: dict[str, Any]) -> Any:
 
 
 def test_an_answer_whose_notice_is_lost_still_reaches_the_owner(
-    quick_nodes: tuple[LiveRelay, LiveRelay],
+    quick_nodes: tuple[LiveRelay, LiveRelay], caplog: pytest.LogCaptureFixture
 ) -> None:
     """y runs the agent; x takes the answer while nobody listens on the control channel."""
     x, y = quick_nodes
@@ -57,7 +58,12 @@ def test_an_answer_whose_notice_is_lost_still_reaches_the_owner(
         # (x logs it), as when Redis drops a pub/sub message or a node is between subscriptions.
         client.execute_command("ACL", "SETUSER", "default", "resetchannels", "&" + BROADCAST)
         try:
-            response = answer(x, cid, question, allow=False, message="not on a Friday")
+            with caplog.at_level(logging.WARNING, logger="app.cluster.node"):
+                response = answer(x, cid, question, allow=False, message="not on a Friday")
+                deadline = time.monotonic() + TIMEOUT
+                while f"cannot send answer for conversation {cid}" not in caplog.text:
+                    assert time.monotonic() < deadline, "x never tried to send its notice"
+                    time.sleep(0.02)
         finally:
             client.execute_command("ACL", "SETUSER", "default", "allchannels")
         assert response.status_code == 200, response.text
