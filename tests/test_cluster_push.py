@@ -8,7 +8,6 @@ the browser subscribed with (RFC 8292), so every node must sign with the same ke
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import redis
 from py_vapid import Vapid02
 
 from app.cluster.presence import KEY
-from tests.crash import TIMEOUT
 from tests.fake_push import FakeBrowser, PushLog
 from tests.relay import LiveRelay, receive_until
+from tests.test_cluster_control import until
 from tests.test_cluster_races import LEASE_SECONDS, started_nodes
 from tests.test_push import (  # noqa: F401 - service: a fixture
     browser_client,
@@ -60,10 +59,8 @@ def until_shared(node: LiveRelay, count: int) -> None:
     """Wait until the node's visible tabs in Redis are count (written just after the echo)."""
     client = redis.Redis.from_url(node.settings.redis_url or "")
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while client.scard(KEY + (node.settings.node_id or "")) != count:
-            assert time.monotonic() < deadline, "the visible tabs never reached Redis"
-            time.sleep(0.02)
+        key = KEY + (node.settings.node_id or "")
+        until(lambda: client.scard(key) == count, "the visible tabs never reached Redis")
     finally:
         client.close()
 
