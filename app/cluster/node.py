@@ -3,12 +3,14 @@
 A message posted to any node is stored there (queued, as on one node) and that node asks for
 the conversation's lease (leases.py). It runs the conversation if it gets it; otherwise it
 sends a wake-up on the control channel (Redis pub/sub), and the owner delivers the queue from
-the database. Stop, a permission answer and a warm-up reach the owner the same way. A heartbeat
-every third of OARLOCK_LEASE_SECONDS renews this node's leases, gives back those of
-conversations with nothing live here, and takes over conversations with work whose lease
-expired (a dead node's): what it left open is closed as after a restart, the queue is
-delivered, and the agent resumes its session, or starts a new one seeded with the
-carry-over summary when the session's files are not reachable from this node.
+the database. Stop, a permission answer and a warm-up reach the owner the same way; a Stop
+(in Redis) and an answer (in the database) are recorded too, for the owner's heartbeat to
+find when their notice is lost. A heartbeat every third of OARLOCK_LEASE_SECONDS renews this
+node's leases, gives back those of conversations with nothing live here, and takes over
+conversations with work whose lease expired (a dead node's): what it left open is closed as
+after a restart, the queue is delivered, and the agent resumes its session, or starts a new
+one seeded with the carry-over summary when the session's files are not reachable from this
+node.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONTROL = PREFIX + "control"
+# + a conversation's id: the prompt id of the turn a Stop taken on another node is for. Kept
+# for the owner's heartbeat (a control notice can be lost), an hour at most.
+STOPS = PREFIX + "stop:"
+STOP_KEPT = 3600
+FORGET_STOP = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 MOVED_LINE = (
     "This conversation moved to another relay node, which cannot reach the agent's session: "
     "a new session starts with a summary of the conversation."
@@ -208,6 +215,24 @@ class ClusterNode:
             self._task, partial(self._publish, op, conversation_id, **fields)
         )
 
+    async def request_stop(self, conversation_id: int, turn: str | None) -> None:
+        """Stop a turn another node runs: recorded for its heartbeat, then its owner is told.
+
+        turn: the prompt id of the turn (only that turn stops, however late the Stop comes);
+        None when no turn had begun (a notice only: it stops the turn running when it lands).
+        Raises redis.RedisError when the Stop cannot be recorded.
+        """
+        if turn is not None:
+            await self.redis.set(STOPS + str(conversation_id), turn, ex=STOP_KEPT)
+        await self._publish("interrupt", conversation_id, turn=turn)
+
+    async def _stop(self, conversation_id: int, turn: str | None) -> None:
+        """Stop a turn here that a Stop taken on another node is for; forget the request."""
+        await self.supervisor.stop_turn(conversation_id, turn)
+        if turn is not None:
+            # Only this turn's request: a newer one recorded meanwhile stays.
+            await self.redis.eval(FORGET_STOP, 1, STOPS + str(conversation_id), turn)
+
     async def _publish(self, op: str, conversation_id: int, **fields: Any) -> None:
         message = json.dumps({"op": op, "cid": conversation_id, "from": self.node, **fields})
         try:
@@ -353,7 +378,8 @@ class ClusterNode:
         elif op == "text" and cid in self.held:  # a node lost some of a streaming text
             self._resend_here(cid)
         elif op == "interrupt" and cid in self.held:
-            await supervisor.interrupt(cid)
+            turn = message.get("turn")
+            await self._stop(cid, turn if isinstance(turn, str) else None)
         elif op == "answer" and cid in self.held:
             entry_id = message.get("entry_id")
             if isinstance(entry_id, int) and entry_id:
@@ -392,6 +418,7 @@ class ClusterNode:
             if cid in self.held and not self.supervisor.delivering(cid):
                 self.supervisor.wake(cid)
         await self._settle_answered()
+        await self._settle_stops()
 
     async def _settle_answered(self) -> None:
         """Settle open questions here that were answered on a node whose notice was lost."""
@@ -403,6 +430,17 @@ class ClusterNode:
                 entry.state == "allowed", str(entry.data.get("answer_message") or "")
             )
             self.supervisor.settle_question(asked[entry.id or 0], entry.id or 0, decision)
+
+    async def _settle_stops(self) -> None:
+        """Stop turns here that a Stop taken on a node whose notice was lost was for."""
+        running = self.supervisor.running_prompts(self.held)
+        if not running:
+            return
+        cids = list(running)
+        asked = await self.redis.mget([STOPS + str(cid) for cid in cids])
+        for cid, turn in zip(cids, asked, strict=True):
+            if turn is not None and turn.decode() == running[cid]:
+                await self._stop(cid, running[cid])
 
     def _answered(self, entry_ids: list[int]) -> list[Entry]:
         """The stored answers of these questions (in a storage thread)."""

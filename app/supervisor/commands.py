@@ -363,19 +363,37 @@ class Commands(SupervisorState):
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
         if self.cluster is not None and not self.cluster.holds(conversation_id):
-            self.cluster.send("interrupt", conversation_id)
-            return await self.storage.read(self._busy_elsewhere, conversation_id)
+            busy, turn = await self.storage.read(self._turn_elsewhere, conversation_id)
+            if busy:  # (redis.RedisError: 503, the Stop did not get through)
+                await self.cluster.request_stop(conversation_id, turn)
+            return busy
+        return await self.stop_turn(conversation_id)
+
+    async def stop_turn(self, conversation_id: int, prompt_id: str | None = None) -> bool:
+        """Stop the turn a runner here runs; with prompt_id, only the turn of that prompt."""
         runner = self.runners.get(conversation_id)
         if runner is None or runner.state == TurnState.IDLE:
             return False
+        if prompt_id is not None and prompt_id != runner.prompt_id:
+            return False  # a Stop for a turn that has ended: not for the one running now
         runner.stop_requested = True  # seen by _run_turn when the agent is still starting
         await self._interrupt_agent(runner)
         return True
 
-    def _busy_elsewhere(self, conversation_id: int) -> bool:
-        """Whether another node's conversation has a turn running (in a storage thread)."""
+    def _turn_elsewhere(self, conversation_id: int) -> tuple[bool, str | None]:
+        """Another node's conversation: whether it is busy, and its turn's prompt id.
+
+        The id is the stored one of the message the running turn answers (None when no turn
+        has begun yet: only messages are queued). In a storage thread.
+        """
         with self.session() as session:
-            return self.turn_view(conversation_id, session)["state"] != "idle"
+            busy = self.turn_view(conversation_id, session)["state"] != "idle"
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+            if not busy or conversation is None or not conversation.turn_active:
+                return busy, None
+            prompt = store.last_sent_message(session=session, conversation_id=conversation_id)
+            turn = prompt.data.get("prompt_uuid") if prompt is not None else None
+            return busy, turn if isinstance(turn, str) else None
 
     def answer(
         self, conversation: Conversation, entry_id: int, decision: PermissionDecision

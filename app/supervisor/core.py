@@ -205,6 +205,16 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
             for entry_id in list(runner.questions)  # (a copy: answers pop it in the writer)
         }
 
+    def running_prompts(self, conversation_ids: Iterable[int]) -> dict[int, str]:
+        """The prompt ids of the turns runners here run: conversation id to prompt id."""
+        return {
+            cid: runner.prompt_id
+            for cid in conversation_ids
+            if (runner := self.runners.get(cid)) is not None
+            and runner.state != TurnState.IDLE
+            and runner.prompt_id is not None
+        }
+
     def settle_question(
         self, conversation_id: int, entry_id: int, decision: PermissionDecision
     ) -> None:

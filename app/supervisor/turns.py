@@ -338,6 +338,7 @@ class Turns(SupervisorState):
         """
         runner.state = TurnState.RUNNING  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
+        runner.prompt_id = None  # (a Stop for this turn that comes late stops no other)
         runner.carried_summary = None
         runner.last_used = time.monotonic()
         for future in list(runner.questions.values()):
