@@ -10,7 +10,7 @@ from typing import Any
 from playwright.sync_api import expect
 
 from app.supervisor import UNKNOWN_LINE
-from tests.browser import Pages, agent_reply, line, send_text, user_bubble
+from tests.browser import Pages, agent_reply, by_id, line, send_text, user_bubble
 from tests.cluster import cluster
 from tests.crash import RelayProcess
 
@@ -67,4 +67,35 @@ def test_log_out_on_one_node_sends_the_browsers_tab_on_another_to_login(
         expect(one).to_have_url(f"{at(first).base}/login")
         # No request of its own: the socket closed by the second node sends it to /login.
         expect(other).to_have_url(f"{at(second).base}/login", timeout=15_000)
+        pages.assert_clean()
+
+
+def test_deny_and_stop_in_a_page_on_a_node_that_does_not_run_the_agent(
+    pages: Pages, tmp_path: Path
+) -> None:
+    """The second node runs the conversation; the page is on the first. Its Deny reaches the
+    agent (the tool fails with the user's answer, the reply follows), and its Stop cuts the
+    second node's slow turn short."""
+    with cluster(tmp_path) as nodes:
+        first, second = nodes.start(2, OARLOCK_DEMO_DELAY="0.05")  # "slow": about 12 s
+        cid = second.create(provider="demo", title="Answered elsewhere")
+        page = pages.open(at(first), f"/c/{cid}")
+        expect(by_id(page, "title")).to_have_text("Answered elsewhere")
+        second.send(cid, "please ask permission")  # the second node takes it and runs it
+        expect(by_id(page, "permission-deny")).to_be_visible()
+        by_id(page, "permission-deny").click()
+        expect(by_id(page, "permission-answer")).to_have_text(["Denied"])
+        failed = page.locator('details[data-testid="entry-activity"].failed')
+        expect(failed).to_contain_text("Denied by the user.")
+        expect(agent_reply(page, "please ask permission")).to_have_count(1)
+        second.wait_idle(cid)
+
+        second.send(cid, "slow please")
+        expect(streaming(page)).to_contain_text("word1")  # (the quote of the prompt is whole)
+        by_id(page, "stop-button").click()
+        expect(line(page, "Interrupted by the user.")).to_have_count(1)
+        slow = agent_reply(page, "slow please")
+        expect(slow).to_have_count(1)
+        expect(slow).not_to_contain_text("word200")
+        expect(by_id(page, "stop-button")).to_be_hidden()
         pages.assert_clean()
