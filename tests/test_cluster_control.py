@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import redis
 
-from app.cluster.events import seq_key, stream_key
+from app.cluster.events import BROADCAST, seq_key, stream_key
 from tests.crash import TIMEOUT
 from tests.relay import TOKEN, LiveRelay, receive, receive_until
 from tests.test_cluster_races import (  # noqa: F401 - two_nodes: the fixture
@@ -86,6 +86,44 @@ def test_the_context_modal_on_another_node_says_a_turn_runs(
     y.wait_idle(cid)
     note = x.http.get(f"/api/conversations/{cid}/context").json()["note"]
     assert note == "Applies on the next message (the session restarts once)."
+
+
+def test_the_context_modal_on_another_node_shows_the_owners_agent_report(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """y's agent is live; the 🧠 modal opened through x shows what that agent reports (before:
+    nothing of it, as for an agent that is not running)."""
+    x, y = two_nodes
+    cid = y.create(title="Modal of y's agent")["id"]
+    assert y.send(cid, "hello").status_code == 202
+    y.wait_idle(cid)
+    owners = y.http.get(f"/api/conversations/{cid}/context").json()
+    assert owners["agent"] is not None
+    seen = x.http.get(f"/api/conversations/{cid}/context").json()
+    assert seen == owners
+
+
+def test_the_context_modal_on_another_node_without_the_control_channel(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """Nobody may publish on the control channel: the modal opened through x still answers,
+    without the agent's part."""
+    x, y = two_nodes
+    cid = y.create(title="Modal without a channel")["id"]
+    assert y.send(cid, "hello").status_code == 202
+    y.wait_idle(cid)
+    client = redis.Redis.from_url(y.settings.redis_url or "")
+    try:
+        client.execute_command("ACL", "SETUSER", "default", "resetchannels", "&" + BROADCAST)
+        try:
+            response = x.http.get(f"/api/conversations/{cid}/context")
+        finally:
+            client.execute_command("ACL", "SETUSER", "default", "allchannels")
+    finally:
+        client.close()
+    assert response.status_code == 200, response.text
+    modal = response.json()
+    assert (modal["agent"], modal["used"]) == (None, y.get(cid)["context_tokens"])
 
 
 def test_an_archive_on_another_node_refuses_a_turn_begun_after_its_read(

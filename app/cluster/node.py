@@ -43,6 +43,7 @@ from app.cluster.presence import Presence
 from app.config import Settings
 from app.providers import agent_env
 from app.summary import SummaryMessage, build_summary
+from app.supervisor.pool import REFRESH_SECONDS
 
 if TYPE_CHECKING:
     from app.models import Conversation, Entry
@@ -55,6 +56,11 @@ CONTROL = PREFIX + "control"
 # for the owner's heartbeat (a control notice can be lost), an hour at most.
 STOPS = PREFIX + "stop:"
 STOP_KEPT = 3600
+# + a random id: the list where a conversation's owner puts its answer to another node's
+# question (the 🧠 modal's agent part), for ASK_SECONDS at most.
+REPLIES = PREFIX + "reply:"
+# The owner asks its agent for REFRESH_SECONDS at most. (Whole seconds: Redis 5's BLPOP.)
+ASK_SECONDS = int(REFRESH_SECONDS) + 1
 FORGET_STOP = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 MOVED_LINE = (
     "This conversation moved to another relay node, which cannot reach the agent's session: "
@@ -104,6 +110,7 @@ class ClusterNode:
         self.presence = Presence(self.redis, self.node, self.seconds)
         self.limiter = SharedFailureLimiter(self.redis)
         self._tasks: list[asyncio.Task[None]] = []
+        self._running: set[asyncio.Task[Any]] = set()  # one-off tasks (_background)
         self._claiming: set[int] = set()
         self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
         if isinstance(supervisor.hub, ClusterHub):
@@ -166,9 +173,16 @@ class ClusterNode:
         job = self.supervisor.storage.submit(self.supervisor.publish_live_text, conversation_id)
         job.add_done_callback(_logged)
 
-    def _task(self, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    def _task(self, start: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Start a task (on the loop: `storage.soon` brings it there from a storage thread)."""
-        asyncio.get_running_loop().create_task(start())
+        self._background(start())
+
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run work in a task of its own, kept until it ends; its failure is logged."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        task.add_done_callback(_logged)
 
     def still_owner(self, session: Any, runner: Runner) -> bool:
         """In the writer thread, before a turn begins: whether this node still holds the lease.
@@ -226,6 +240,43 @@ class ClusterNode:
             await self.redis.set(STOPS + str(conversation_id), turn, ex=STOP_KEPT)
         await self._publish("interrupt", conversation_id, turn=turn)
 
+    async def ask_context(self, conversation_id: int) -> tuple[dict[str, Any] | None, bool]:
+        """The agent's context report and background work, from the conversation's owner.
+
+        (None, False), as for an agent that is not running, when no node runs it, or its owner
+        does not answer within ASK_SECONDS, or Redis fails.
+        """
+        owner = await self.supervisor.storage.read(leases.owner, self.engine, conversation_id)
+        if owner is None or owner == self.node:
+            return None, False
+        reply = REPLIES + uuid.uuid4().hex
+        if not await self._publish("context", conversation_id, owner=owner, reply=reply):
+            return None, False
+        try:
+            answer = await self.redis.blpop([reply], timeout=ASK_SECONDS)
+        except (redis.RedisError, OSError) as error:
+            log.warning("no context report for conversation %s: %s", conversation_id, error)
+            return None, False
+        if answer is None:
+            log.info(
+                "node %s did not tell conversation %s's context in time", owner, conversation_id
+            )
+            return None, False
+        told = json.loads(answer[1])
+        return told.get("report"), bool(told.get("background_work"))
+
+    async def _tell_context(self, conversation_id: int, reply: str) -> None:
+        """Answer another node's question about a conversation's context (its 🧠 modal)."""
+        report = await self.supervisor.refresh_context(conversation_id)
+        told = {
+            "report": report,
+            "background_work": self.supervisor.background_work(conversation_id),
+        }
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(reply, json.dumps(told))
+            pipe.expire(reply, ASK_SECONDS + 1)  # unread (the asker gave up): gone
+            await pipe.execute()
+
     async def _stop(self, conversation_id: int, turn: str | None) -> None:
         """Stop a turn here that a Stop taken on another node is for; forget the request."""
         await self.supervisor.stop_turn(conversation_id, turn)
@@ -233,12 +284,15 @@ class ClusterNode:
             # Only this turn's request: a newer one recorded meanwhile stays.
             await self.redis.eval(FORGET_STOP, 1, STOPS + str(conversation_id), turn)
 
-    async def _publish(self, op: str, conversation_id: int, **fields: Any) -> None:
+    async def _publish(self, op: str, conversation_id: int, **fields: Any) -> bool:
+        """Send a control message; False (logged) when Redis refuses it."""
         message = json.dumps({"op": op, "cid": conversation_id, "from": self.node, **fields})
         try:
             await self.redis.publish(CONTROL, message)
         except (redis.RedisError, OSError) as error:  # the heartbeat's scan is the fallback
             log.warning("cannot send %s for conversation %s: %s", op, conversation_id, error)
+            return False
+        return True
 
     async def _claim_or_send(self, op: str, conversation_id: int) -> None:
         if await self.claim(conversation_id):
@@ -375,6 +429,10 @@ class ClusterNode:
         elif op == "deleted" and cid in self.held:  # deleted on another node
             self.held.discard(cid)
             await supervisor.forget_here(cid)
+        elif op == "context" and cid in self.held:  # answered from a task: the agent may be slow
+            reply = message.get("reply")
+            if isinstance(reply, str) and reply.startswith(REPLIES):
+                self._background(self._tell_context(cid, reply))
         elif op == "text" and cid in self.held:  # a node lost some of a streaming text
             self._resend_here(cid)
         elif op == "interrupt" and cid in self.held:

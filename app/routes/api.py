@@ -222,13 +222,13 @@ async def update_conversation(
 async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
     """Everything the 🧠 modal shows."""
     await fetch_conversation(supervisor, conversation_id)
-    report = await supervisor.refresh_context(conversation_id)
+    report, background_work = await supervisor.agent_context(conversation_id)
     conversation = await fetch_conversation(supervisor, conversation_id)  # after the report
     return context_view(
         conversation,
         env_value=os.environ.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW"),
         turn_running=supervisor.turn_running(conversation),
-        background_work=supervisor.background_work(conversation_id),
+        background_work=background_work,
         agent_report=report,
     )
 

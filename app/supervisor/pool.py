@@ -126,6 +126,15 @@ class Pool(SupervisorState):
         runner = self.runners.get(conversation_id)
         return bool(runner and runner.agent is not None and runner.agent.background_work())
 
+    async def agent_context(self, conversation_id: int) -> tuple[dict[str, Any] | None, bool]:
+        """What the 🧠 modal shows of the agent: its context report and its background work.
+
+        On a node that does not run the conversation, its owner's answer (cluster/node.py).
+        """
+        if self.cluster is not None and not self.cluster.holds(conversation_id):
+            return await self.cluster.ask_context(conversation_id)
+        return await self.refresh_context(conversation_id), self.background_work(conversation_id)
+
     async def refresh_context(self, conversation_id: int) -> dict[str, Any] | None:
         """The agent's latest context report, asked again when its agent is live and idle."""
         runner = self.runners.get(conversation_id)
