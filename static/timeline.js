@@ -370,7 +370,7 @@ export class Timeline {
     const item = this.items.get(id);
     if (!item) return;
     const was = item.entry;
-    if (html != null && was.state !== 'streaming') return; // late: the finished html is shown
+    if (was.state !== 'streaming') return; // late: the finished message is shown whole
     const full = was.text + text;
     const update = html != null ? { html, tail: full.slice(rendered ?? full.length) } : { tail: (was.tail || '') + text };
     item.entry = { ...was, text: full, ...update };

@@ -10,10 +10,13 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import redis
 
+from app.cluster.events import BROADCAST
 from tests.postgres import _die_with_parent, _free_port
 
 
@@ -86,3 +89,26 @@ class RedisServer:
                 self.process.kill()
                 self.process.wait(timeout=30)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def acl(url: str, rules: Sequence[str], undo: Sequence[str]) -> Iterator[None]:
+    """Change what the nodes may do in Redis (the default user's ACL), then change it back."""
+    client = redis.Redis.from_url(url)
+    try:
+        client.execute_command("ACL", "SETUSER", "default", *rules)
+        try:
+            yield
+        finally:
+            client.execute_command("ACL", "SETUSER", "default", *undo)
+    finally:
+        client.close()
+
+
+def control_forbidden(url: str) -> AbstractContextManager[None]:
+    """Nobody may publish on the control channel for a moment (the event channel stays).
+
+    As when Redis drops a pub/sub message or a node is between subscriptions: a node that
+    sends a control notice meanwhile logs that it cannot.
+    """
+    return acl(url, ["resetchannels", "&" + BROADCAST], ["allchannels"])

@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import redis
 
-from app.cluster.events import BROADCAST, seq_key, stream_key
+from app.cluster.events import seq_key, stream_key
 from tests.crash import TIMEOUT
+from tests.redis import control_forbidden
 from tests.relay import TOKEN, LiveRelay, receive, receive_until
 from tests.test_cluster_races import (  # noqa: F401 - two_nodes: the fixture
     LEASE_SECONDS,
@@ -112,15 +113,8 @@ def test_the_context_modal_on_another_node_without_the_control_channel(
     cid = y.create(title="Modal without a channel")["id"]
     assert y.send(cid, "hello").status_code == 202
     y.wait_idle(cid)
-    client = redis.Redis.from_url(y.settings.redis_url or "")
-    try:
-        client.execute_command("ACL", "SETUSER", "default", "resetchannels", "&" + BROADCAST)
-        try:
-            response = x.http.get(f"/api/conversations/{cid}/context")
-        finally:
-            client.execute_command("ACL", "SETUSER", "default", "allchannels")
-    finally:
-        client.close()
+    with control_forbidden(y.settings.redis_url or ""):
+        response = x.http.get(f"/api/conversations/{cid}/context")
     assert response.status_code == 200, response.text
     modal = response.json()
     assert (modal["agent"], modal["used"]) == (None, y.get(cid)["context_tokens"])

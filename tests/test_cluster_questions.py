@@ -16,10 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
-from app.cluster.events import BROADCAST
 from tests.crash import TIMEOUT
+from tests.redis import control_forbidden
 from tests.relay import LiveRelay
 from tests.test_browser_races import pending_question
 from tests.test_cluster_control import until
@@ -53,21 +52,13 @@ def test_an_answer_whose_notice_is_lost_still_reaches_the_owner(
     assert y.send(cid, "ask permission").status_code == 202
     question = pending_question(y, cid)
     assert cid in y.supervisor.cluster.held
-    client = redis.Redis.from_url(y.settings.redis_url or "")
-    try:
-        # The control channel forbidden for a moment: x's notice to y cannot be published
-        # (x logs it), as when Redis drops a pub/sub message or a node is between subscriptions.
-        client.execute_command("ACL", "SETUSER", "default", "resetchannels", "&" + BROADCAST)
-        try:
-            with caplog.at_level(logging.WARNING, logger="app.cluster.node"):
-                response = answer(x, cid, question, allow=False, message="not on a Friday")
-                tried = f"cannot send answer for conversation {cid}"
-                until(lambda: tried in caplog.text, "x never tried to send its notice")
-        finally:
-            client.execute_command("ACL", "SETUSER", "default", "allchannels")
-        assert response.status_code == 200, response.text
-    finally:
-        client.close()
+    # x's notice to y cannot be published (x logs it).
+    forbidden = control_forbidden(y.settings.redis_url or "")
+    with forbidden, caplog.at_level(logging.WARNING, logger="app.cluster.node"):
+        response = answer(x, cid, question, allow=False, message="not on a Friday")
+        tried = f"cannot send answer for conversation {cid}"
+        until(lambda: tried in caplog.text, "x never tried to send its notice")
+    assert response.status_code == 200, response.text
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert tool_output(view) == "not on a Friday"
     assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["denied"]

@@ -20,9 +20,9 @@ import redis
 
 from app import store
 from app.cluster import ENGINE_DOWN
-from app.cluster.events import BROADCAST
 from app.cluster.node import CONTROL, STOPS
 from tests.crash import TIMEOUT
+from tests.redis import acl, control_forbidden
 from tests.relay import LiveRelay
 from tests.test_api import has_agent_text
 from tests.test_cluster_control import until
@@ -61,6 +61,14 @@ def slow_turn(owner: LiveRelay, title: str) -> int:
     owner.wait_for(cid, has_agent_text)
     assert cid in owner.supervisor.cluster.held
     return cid
+
+
+def ends(view: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
+    """The timeline's last entries, for a failing assertion: kind, state, type, end of text."""
+    return [
+        (e["kind"], e["state"], e["data"].get("type"), e["text"][-20:])
+        for e in view["timeline"][-3:]
+    ]
 
 
 def prompt_id(relay: LiveRelay, cid: int) -> str:
@@ -102,17 +110,10 @@ def test_a_stop_whose_notice_is_lost_still_reaches_the_owner(
     2 s) stops the turn, long before its 12 s are over."""
     x, y = quick_nodes
     cid = slow_turn(y, "Stop lost on the way")
-    client = redis.Redis.from_url(y.settings.redis_url or "")
-    try:
-        client.execute_command("ACL", "SETUSER", "default", "resetchannels", "&" + BROADCAST)
-        try:
-            with caplog.at_level(logging.WARNING, logger="app.cluster.node"):
-                assert stop(x, cid) == {"interrupted": True}
-            assert f"cannot send interrupt for conversation {cid}" in caplog.text
-        finally:
-            client.execute_command("ACL", "SETUSER", "default", "allchannels")
-    finally:
-        client.close()
+    with control_forbidden(y.settings.redis_url or ""):
+        with caplog.at_level(logging.WARNING, logger="app.cluster.node"):
+            assert stop(x, cid) == {"interrupted": True}
+        assert f"cannot send interrupt for conversation {cid}" in caplog.text
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert stopped(view), [entry["text"] for entry in view["timeline"]]
 
@@ -140,7 +141,7 @@ def test_a_late_stop_never_stops_the_next_turn(
     assert y.get(cid)["turn"]["state"] == "running"
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)
-    assert view["timeline"][-1]["text"].endswith("word200")
+    assert view["timeline"][-1]["text"].endswith("word200"), ends(view)
 
 
 def test_a_late_stop_between_turns_never_stops_the_next_one(
@@ -170,7 +171,7 @@ def test_a_late_stop_between_turns_never_stops_the_next_one(
     sending.join(TIMEOUT)
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)
-    assert view["timeline"][-1]["text"].endswith("word200")
+    assert view["timeline"][-1]["text"].endswith("word200"), ends(view)
 
 
 def test_a_stop_that_redis_cannot_record_is_refused(
@@ -180,15 +181,8 @@ def test_a_stop_that_redis_cannot_record_is_refused(
     the reason, and the turn runs on, as the answer says."""
     x, y = nodes
     cid = slow_turn(y, "Stop not recorded")
-    client = redis.Redis.from_url(y.settings.redis_url or "")
-    try:
-        client.execute_command("ACL", "SETUSER", "default", "-set")
-        try:
-            response = x.http.post(f"/api/conversations/{cid}/interrupt")
-        finally:
-            client.execute_command("ACL", "SETUSER", "default", "+set")
-    finally:
-        client.close()
+    with acl(y.settings.redis_url or "", ["-set"], ["+set"]):
+        response = x.http.post(f"/api/conversations/{cid}/interrupt")
     assert (response.status_code, response.json()) == (503, {"detail": ENGINE_DOWN})
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)

@@ -75,7 +75,12 @@ class Timeline(SupervisorState):
         entries += [entry for entry in queued if entry.id not in seen]
         view = conversation_view(conversation)
         view["backup"] = self.backups.latest(conversation_id)
-        view["timeline"] = [entry_view(entry, live.get(entry.id)) for entry in entries]
+        # Live text only for what is stored as streaming: a stored message's own text is whole
+        # (a node's live text can lag behind the database: its owner stored the end already).
+        view["timeline"] = [
+            entry_view(entry, live.get(entry.id) if entry.state == "streaming" else None)
+            for entry in entries
+        ]
         view["has_more"] = has_more
         view["turn"] = self.turn_view(conversation_id, session)
         if state is not None:  # this node runs it
