@@ -118,8 +118,23 @@ def test_a_stop_whose_notice_is_lost_still_reaches_the_owner(
     assert stopped(view), [entry["text"] for entry in view["timeline"]]
 
 
+def late_stop(relay: LiveRelay, cid: int, turn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Send the owner the notice of a Stop for that turn, as another node would; wait until the
+    owner has acted on it."""
+    client = redis.Redis.from_url(relay.settings.redis_url or "")
+    try:
+        with caplog.at_level(logging.INFO, logger="app.cluster.node"):
+            late = {"op": "interrupt", "cid": cid, "from": "x", "turn": turn}
+            client.publish(CONTROL, json.dumps(late))
+            acted = f"conversation {cid}: a Stop from another node"
+            until(lambda: acted in caplog.text, "the owner never acted on the Stop")
+    finally:
+        client.close()
+    assert f"{acted} found no such turn running" in caplog.text
+
+
 def test_a_late_stop_never_stops_the_next_turn(
-    quick_nodes: tuple[LiveRelay, LiveRelay],
+    quick_nodes: tuple[LiveRelay, LiveRelay], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Stop for a turn that has ended (recorded, and its notice coming late) while y runs the
     next turn: that turn runs to its end."""
@@ -132,12 +147,11 @@ def test_a_late_stop_never_stops_the_next_turn(
     y.wait_for(cid, lambda view: len(view["timeline"]) == 4 and view["timeline"][3]["text"])
     client = redis.Redis.from_url(y.settings.redis_url or "")
     try:
-        client.set(STOPS + str(cid), ended)
-        late = {"op": "interrupt", "cid": cid, "from": "x", "turn": ended}
-        assert client.publish(CONTROL, json.dumps(late)) == 2  # both nodes listen
-        time.sleep(2 * BEAT + 0.5)  # two of y's heartbeats
+        client.set(STOPS + str(cid), ended)  # the record: left to y's heartbeats
     finally:
         client.close()
+    late_stop(y, cid, ended, caplog)
+    time.sleep(2 * BEAT + 0.5)  # two of y's heartbeats
     assert y.get(cid)["turn"]["state"] == "running"
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)
@@ -145,7 +159,7 @@ def test_a_late_stop_never_stops_the_next_turn(
 
 
 def test_a_late_stop_between_turns_never_stops_the_next_one(
-    nodes: tuple[LiveRelay, LiveRelay],
+    nodes: tuple[LiveRelay, LiveRelay], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The late Stop lands while y, its turn over, reads the queue for the next message: the
     next turn was not asked to stop, and runs to its end."""
@@ -158,16 +172,12 @@ def test_a_late_stop_between_turns_never_stops_the_next_one(
     pause.armed = True
     sending = threading.Thread(target=lambda: y.send(cid, "slow please"))
     sending.start()
-    client = redis.Redis.from_url(y.settings.redis_url or "")
     try:
         assert pause.reached.wait(TIMEOUT), "y never looked at its queue"
         assert y.supervisor.runners[cid].state == "running"
-        late = {"op": "interrupt", "cid": cid, "from": "x", "turn": ended}
-        assert client.publish(CONTROL, json.dumps(late)) == 2
-        time.sleep(1)  # y has acted on the notice
+        late_stop(y, cid, ended, caplog)
     finally:
         pause.release.set()
-        client.close()
     sending.join(TIMEOUT)
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)

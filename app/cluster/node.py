@@ -61,6 +61,9 @@ STOP_KEPT = 3600
 REPLIES = PREFIX + "reply:"
 # The owner asks its agent for REFRESH_SECONDS at most. (Whole seconds: Redis 5's BLPOP.)
 ASK_SECONDS = int(REFRESH_SECONDS) + 1
+# Questions waiting at once: each holds one of the Redis client's connections while it waits
+# (its pool has 100, and fails a command at once when all are taken).
+ASKING = 8
 FORGET_STOP = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 MOVED_LINE = (
     "This conversation moved to another relay node, which cannot reach the agent's session: "
@@ -111,6 +114,8 @@ class ClusterNode:
         self.limiter = SharedFailureLimiter(self.redis)
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[Any]] = set()  # one-off tasks (_background)
+        self._stopping: set[tuple[int, str | None]] = set()  # Stops being carried out here
+        self._asking = asyncio.Semaphore(ASKING)  # context questions waiting for an answer
         self._claiming: set[int] = set()
         self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
         if isinstance(supervisor.hub, ClusterHub):
@@ -137,9 +142,10 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop the tasks and give every lease back: other nodes take the work at once."""
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._running]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
         self.held.clear()
@@ -250,12 +256,13 @@ class ClusterNode:
         if owner is None or owner == self.node:
             return None, False
         reply = REPLIES + uuid.uuid4().hex
-        if not await self._publish("context", conversation_id, owner=owner, reply=reply):
-            return None, False
         try:
-            answer = await self.redis.blpop([reply], timeout=ASK_SECONDS)
-        except (redis.RedisError, OSError) as error:
-            log.warning("no context report for conversation %s: %s", conversation_id, error)
+            async with asyncio.timeout(ASK_SECONDS + 1), self._asking:
+                if not await self._publish("context", conversation_id, owner=owner, reply=reply):
+                    return None, False
+                answer = await self.redis.blpop([reply], timeout=ASK_SECONDS)
+        except (redis.RedisError, OSError, TimeoutError) as error:
+            log.warning("no context report for conversation %s: %r", conversation_id, error)
             return None, False
         if answer is None:
             log.info(
@@ -277,12 +284,30 @@ class ClusterNode:
             pipe.expire(reply, ASK_SECONDS + 1)  # unread (the asker gave up): gone
             await pipe.execute()
 
+    def _stop_soon(self, conversation_id: int, turn: str | None) -> None:
+        """Stop a turn here that a Stop taken on another node is for, in a task of its own.
+
+        An agent may take seconds to stop (Claude Code: up to 15 s): neither the control
+        channel's listener nor the heartbeat (which renews the leases) waits for it.
+        """
+        if (conversation_id, turn) in self._stopping:
+            return  # the notice and a heartbeat found the same Stop
+        self._stopping.add((conversation_id, turn))
+        self._background(self._stop(conversation_id, turn))
+
     async def _stop(self, conversation_id: int, turn: str | None) -> None:
-        """Stop a turn here that a Stop taken on another node is for; forget the request."""
-        await self.supervisor.stop_turn(conversation_id, turn)
-        if turn is not None:
-            # Only this turn's request: a newer one recorded meanwhile stays.
-            await self.redis.eval(FORGET_STOP, 1, STOPS + str(conversation_id), turn)
+        try:
+            stopped = await self.supervisor.stop_turn(conversation_id, turn)
+            log.info(
+                "conversation %s: a Stop from another node %s",
+                conversation_id,
+                "stopped its turn" if stopped else "found no such turn running",
+            )
+            if turn is not None:
+                # Only this turn's request: a newer one recorded meanwhile stays.
+                await self.redis.eval(FORGET_STOP, 1, STOPS + str(conversation_id), turn)
+        finally:
+            self._stopping.discard((conversation_id, turn))
 
     async def _publish(self, op: str, conversation_id: int, **fields: Any) -> bool:
         """Send a control message; False (logged) when Redis refuses it."""
@@ -437,7 +462,7 @@ class ClusterNode:
             self._resend_here(cid)
         elif op == "interrupt" and cid in self.held:
             turn = message.get("turn")
-            await self._stop(cid, turn if isinstance(turn, str) else None)
+            self._stop_soon(cid, turn if isinstance(turn, str) else None)
         elif op == "answer" and cid in self.held:
             entry_id = message.get("entry_id")
             if isinstance(entry_id, int) and entry_id:
@@ -498,7 +523,7 @@ class ClusterNode:
         asked = await self.redis.mget([STOPS + str(cid) for cid in cids])
         for cid, turn in zip(cids, asked, strict=True):
             if turn is not None and turn.decode() == running[cid]:
-                await self._stop(cid, running[cid])
+                self._stop_soon(cid, running[cid])
 
     def _answered(self, entry_ids: list[int]) -> list[Entry]:
         """The stored answers of these questions (in a storage thread)."""

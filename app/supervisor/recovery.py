@@ -68,6 +68,8 @@ class Recovery(SupervisorState):
             # An agent process of the crashed relay may still be taking the message.
             runner = self.runner(conversation.id or 0)
             runner.state = TurnState.RUNNING
+            # The cut turn's: a Stop for it (from another node) stops what recovery delivers.
+            runner.prompt_id = str(cut.data["prompt_uuid"])
             self.storage.soon(self._start_recover_later, runner, cut.id or 0, agent)
             return False
         self._resolve_cut(session, conversation, cut, got)
@@ -108,6 +110,7 @@ class Recovery(SupervisorState):
             await self.storage.write(resolve)
         except Exception:  # the queue must not stall behind a failed check
             log.exception("recovering conversation %s failed", runner.conversation_id)
+        runner.prompt_id = None  # (a Stop that came meanwhile stops the next turn, as on one node)
         await self._deliver(runner)
 
     def _resolve_cut(
