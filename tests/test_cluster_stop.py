@@ -185,14 +185,15 @@ def test_a_late_stop_between_turns_never_stops_the_next_one(
 
 
 def test_a_stop_that_redis_cannot_record_is_refused(
-    nodes: tuple[LiveRelay, LiveRelay],
+    nodes: tuple[LiveRelay, LiveRelay], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis refuses x's record of the Stop (SET forbidden by an ACL for that moment): 503 with
     the reason, and the turn runs on, as the answer says."""
     x, y = nodes
     cid = slow_turn(y, "Stop not recorded")
-    with acl(y.settings.redis_url or "", ["-set"], ["+set"]):
+    with acl(y.settings.redis_url or "", ["-set"], ["+set"]), caplog.at_level(logging.ERROR):
         response = x.http.post(f"/api/conversations/{cid}/interrupt")
     assert (response.status_code, response.json()) == (503, {"detail": ENGINE_DOWN})
+    assert "no permissions to run the 'set' command" in caplog.text  # the record's SET
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)
