@@ -7,6 +7,7 @@ Stop whose notice was lost, and a Stop that comes late never stops the turn afte
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -19,6 +20,7 @@ import pytest
 import redis
 
 from app import store
+from app.agents.demo import DemoAgent
 from app.cluster import ENGINE_DOWN
 from app.cluster.node import CONTROL, STOPS
 from tests.crash import TIMEOUT
@@ -197,3 +199,35 @@ def test_a_stop_that_redis_cannot_record_is_refused(
     assert "no permissions to run the 'set' command" in caplog.text  # the record's SET
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert not stopped(view)
+
+
+SLOW_TO_STOP = 10.0  # seconds the agent below takes to stop: longer than QUICK_LEASE
+
+
+class SlowToStop(DemoAgent):
+    """The demo agent, slow to stop as a busy CLI can be (Claude Code is allowed 15 s)."""
+
+    async def interrupt(self) -> None:
+        await asyncio.sleep(SLOW_TO_STOP)
+        await super().interrupt()
+
+
+def test_an_agent_slow_to_stop_never_costs_the_owner_its_lease(
+    tmp_path: Path,
+) -> None:
+    """The heartbeat carries out a Stop (its notice lost) on an agent that takes longer than a
+    lease to stop: the owner goes on renewing its lease meanwhile, and the Stop takes effect
+    there (before: the heartbeat waited for the agent, the lease lapsed and x took the
+    conversation over mid-turn)."""
+    with started_nodes(tmp_path, QUICK_LEASE, demo_delay=0.1) as (x, y):  # slow: about 23 s
+        y.supervisor.agent_factory = lambda _p, spec, settings: SlowToStop(
+            spec, delay=settings.demo_delay
+        )
+        cid = slow_turn(y, "Slow to stop")
+        with control_forbidden(y.settings.redis_url or ""):
+            assert stop(x, cid) == {"interrupted": True}
+        view = y.wait_idle(cid, timeout=TIMEOUT)
+        assert stopped(view), ends(view)
+        lines = [e["data"].get("type") for e in view["timeline"] if e["kind"] == "line"]
+        assert lines == ["interrupted"]  # no line of a turn cut by a takeover
+        assert cid in y.supervisor.cluster.held and cid not in x.supervisor.cluster.held
