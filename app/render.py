@@ -89,7 +89,7 @@ def _alignment_as_class(state: StateCore) -> None:
 _markdown.core.ruler.push("alignment_as_class", _alignment_as_class)
 
 _TAGS = {
-    "p", "br", "hr", "strong", "em", "del", "code", "pre", "blockquote",
+    "p", "br", "hr", "strong", "em", "del", "s", "code", "pre", "blockquote",
     "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6", "a",
     "table", "thead", "tbody", "tr", "th", "td", "span",
 }  # fmt: skip

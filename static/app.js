@@ -125,7 +125,8 @@ const timeline = new Timeline({
     const { data } = await api(`/api/conversations/${cur.id}/messages/${line.data.entry_id}/resend`, {
       method: 'POST',
     });
-    if (state.current === cur && data && data.id != null) timeline.upsert(data);
+    // The socket may have shown the resent message sent already: the answer (queued) is older.
+    if (state.current === cur && data && data.id != null && !timeline.has(data.id)) timeline.upsert(data);
   },
   onLoadEarlier: () => loadEarlier(),
   onPin: (entry, on) => pins.toggle(entry.id, on),
@@ -1143,6 +1144,15 @@ function setDrawer(open) {
 
 // ---- wiring and start --------------------------------------------------------------------------
 
+/** Whether a popover (the ⋯ menu) is open; false in a browser without popovers. */
+function popoverOpen() {
+  try {
+    return document.querySelector(':popover-open') !== null;
+  } catch {
+    return false;
+  }
+}
+
 function wire() {
   // Log out ends this tab's socket before the answer's redirect is read: nothing to do on it.
   document.querySelector('.logout-form').addEventListener('submit', () => { socket.leaving = true; });
@@ -1151,9 +1161,11 @@ function wire() {
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
   byId('scrim').addEventListener('click', () => setDrawer(false));
   // Esc stops a running turn, as in Claude Code; the draft stays in the composer. Not when
-  // Esc already did something else: closed the command menu, cancelled a rename, a dialog, the drawer.
+  // Esc does something else: closes the command menu, a ⋯ menu (a popover: the browser closes
+  // it after this), cancels a rename, a dialog, the drawer.
   document.addEventListener('keydown', (e) => {
     if (e.key !== 'Escape' || e.defaultPrevented || e.isComposing || document.querySelector('dialog[open]')) return;
+    if (popoverOpen()) return;
     if (document.body.classList.contains('drawer-open')) return;
     const stop = byId('stop-button');
     if (!stop.hidden && !stop.disabled) {

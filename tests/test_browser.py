@@ -31,6 +31,7 @@ from tests.browser import (
     agent_reply,
     by_id,
     conv_id,
+    item_menu,
     line,
     own_relay,
     send_text,
@@ -153,6 +154,29 @@ def test_stop_and_queue_while_running(pages: Pages, tmp_path: Path) -> None:
         expect(by_id(page, "stop-button")).to_be_hidden()
         view = relay.wait_idle(cid)
         assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent", "sent"]
+        pages.assert_clean()
+    finally:
+        pages.close()
+        relay.stop()
+
+
+def test_esc_closes_an_open_menu_and_leaves_the_turn_running(pages: Pages, tmp_path: Path) -> None:
+    """Esc on an open ⋯ menu closes the menu only; the next Esc stops the turn (before: the
+    first stopped the turn and left the menu open)."""
+    relay = own_relay(tmp_path, demo_delay=0.05)  # "slow" streams ~230 pieces: ~12 s
+    try:
+        cid = relay.create(title="Menu during a turn")["id"]
+        page = pages.open(relay, f"/c/{cid}")
+        send_text(page, "slow please")
+        expect(page.locator('[data-testid="entry-agent"][data-state="streaming"]')).to_have_count(1)
+        item_menu(page, "Menu during a turn")
+        page.keyboard.press("Escape")
+        expect(by_id(page, "conv-menu")).to_be_hidden()
+        expect(by_id(page, "stop-button")).to_be_visible()
+        expect(line(page, "Interrupted by the user.")).to_have_count(0)
+        assert relay.get(cid)["turn"]["state"] == "running"
+        page.keyboard.press("Escape")
+        expect(line(page, "Interrupted by the user.")).to_have_count(1)
         pages.assert_clean()
     finally:
         pages.close()

@@ -29,6 +29,14 @@ def test_render_markdown_keeps_formatting() -> None:
     )
 
 
+def test_struck_out_text_keeps_its_strike() -> None:
+    """markdown-it writes ~~text~~ as <s>: kept (before: stripped, the words read as current);
+    a typed <s> tag stays text."""
+    assert render_markdown("~~step 2~~ done <s>x</s>") == (
+        "<p><s>step 2</s> done &lt;s&gt;x&lt;/s&gt;</p>\n"
+    )
+
+
 def test_render_markdown_keeps_code_blocks_as_text() -> None:
     html = render_markdown("```py\nif a < b:\n    print('<b>')\n```")
     html = re.sub(r'<span class="[a-z0-9]+">|</span>', "", html)  # Pygments' highlighting
