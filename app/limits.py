@@ -45,6 +45,17 @@ class Refused(HTTPException):
         super().__init__(status, detail, headers={"connection": "close"})
 
 
+def body_limit(max_message_bytes: int) -> int:
+    """The largest request body: a message at its limit, as JSON may spell it, and the rest.
+
+    JSON writes a character in up to six bytes (a control character as \\u0001; a quote, a
+    backslash or a newline in two): sized for that, a message within the limit is never
+    refused for its spelling (before: a pasted file near the limit, heavy with newlines and
+    quotes, got "Request body over the limit"). Its own limit is checked once read.
+    """
+    return 6 * max_message_bytes + 4096
+
+
 def body_limit_detail(limit: int) -> str:
     """The 413 message."""
     return f"Request body over the limit of {limit} bytes."

@@ -25,7 +25,7 @@ from app.cluster import install as install_cluster
 from app.cluster import make_hub, setting_error
 from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine
-from app.limits import BodyLimit
+from app.limits import BodyLimit, body_limit
 from app.models import Conversation
 from app.notify import Notifier
 from app.push import load_or_create_vapid, vapid_from_token
@@ -167,13 +167,13 @@ def create_app(settings: Settings) -> FastAPI:
         token=token,
         allowed_hosts=allowed_hosts(settings),
         allowed_origins=settings.allowed_origins,
-        max_body=settings.max_message_bytes + 4096,
+        max_body=body_limit(settings.max_message_bytes),
         limiter=app.state.limiter,
         sessions=app.state.sessions,
     )
     # Outside the Guard: bodies are limited on every route, before the token is even checked.
     app.add_middleware(
-        BodyLimit, max_body=settings.max_message_bytes + 4096, timeout=settings.request_timeout
+        BodyLimit, max_body=body_limit(settings.max_message_bytes), timeout=settings.request_timeout
     )
     app.include_router(api.router)
     app.include_router(search.router)

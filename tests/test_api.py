@@ -1,4 +1,5 @@
 import gc
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -573,16 +574,29 @@ def test_send_message_over_limit_413(small_relay: LiveRelay) -> None:
     cid = small_relay.create()["id"]
     over = small_relay.send(cid, "x" * 1001)
     over_in_bytes = small_relay.send(cid, "é" * 501)  # 501 characters, 1002 bytes
-    huge = small_relay.send(cid, "x" * 6000)  # refused before the body is read
+    huge = small_relay.send(cid, "x" * 11000)  # refused before the body is read
     timeline = small_relay.get(cid)["timeline"]
     at_limit = small_relay.send(cid, "x" * 1000)
     too_big = {"detail": "The message is over the limit of 1000 bytes."}
     assert [(r.status_code, r.json()) for r in (over, over_in_bytes, huge)] == [
         (413, too_big),
         (413, too_big),
-        (413, {"detail": "Request body over the limit of 5096 bytes."}),
+        (413, {"detail": "Request body over the limit of 10096 bytes."}),  # 6 × 1000 + 4096
     ]
     assert (timeline, at_limit.status_code) == ([], 202)
+
+
+def test_a_message_at_the_limit_is_taken_however_json_spells_it(small_relay: LiveRelay) -> None:
+    """1,000 bytes that JSON writes in 6,000 (control characters) or 2,000 (newlines and
+    quotes): under the message limit, so taken (before: refused as a body over the limit)."""
+    cid = small_relay.create()["id"]
+    for text in ("\x01" * 1000, 'a\n"' * 333 + "b"):
+        response = small_relay.http.post(
+            f"/api/conversations/{cid}/messages",
+            content=json.dumps({"text": text}),  # as httpx and JSON.stringify write it
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 202, response.text
 
 
 def test_send_message_to_archived_409(relay: LiveRelay) -> None:

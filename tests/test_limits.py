@@ -23,7 +23,7 @@ from app.limits import SNAPSHOT_CHARS, fit_snapshot
 from bench.common import rss_mib
 from bench.reliability import TOKEN, Relay
 
-LIMIT = 256 * 1024 + 4096  # OARLOCK_MAX_MESSAGE_BYTES + 4096, the default
+LIMIT = 6 * 256 * 1024 + 4096  # app.limits.body_limit of the default OARLOCK_MAX_MESSAGE_BYTES
 TIMEOUT = 1.0  # OARLOCK_REQUEST_TIMEOUT for these relays
 OVER_LIMIT = {"detail": f"Request body over the limit of {LIMIT} bytes."}
 BODY_LATE = {"detail": "The request body did not arrive within 1 s."}
