@@ -36,6 +36,14 @@ def until(condition: Any, what: str) -> None:
         time.sleep(0.05)
 
 
+def ran_once(owner: LiveRelay, title: str) -> int:
+    """A new conversation the owner ran one turn of (it holds its lease), now idle."""
+    cid = owner.create(title=title)["id"]
+    assert owner.send(cid, "hello").status_code == 202
+    owner.wait_idle(cid, timeout=TIMEOUT)
+    return int(cid)
+
+
 def live_agent(relay: LiveRelay, cid: int) -> bool:
     """Whether the relay has a live agent for the conversation."""
     runner = relay.supervisor.runners.get(cid)
@@ -47,9 +55,7 @@ def test_a_compact_on_another_node_stops_the_owners_agent(
 ) -> None:
     """x compacts a conversation y runs: y's agent of the old conversation stops."""
     x, y = two_nodes
-    cid = y.create(title="Compacted elsewhere")["id"]
-    assert y.send(cid, "hello").status_code == 202  # y takes the lease and runs it
-    y.wait_idle(cid)
+    cid = ran_once(y, "Compacted elsewhere")
     assert cid in y.supervisor.cluster.held and live_agent(y, cid)
     response = x.http.post(f"/api/conversations/{cid}/messages", json={"text": "/compact"})
     assert response.status_code == 201, response.text
@@ -65,9 +71,7 @@ def test_an_archive_on_another_node_stops_the_owners_agent(
 ) -> None:
     """x archives a conversation y runs: y's agent stops (before: it lived out the idle timeout)."""
     x, y = two_nodes
-    cid = y.create(title="Archived elsewhere")["id"]
-    assert y.send(cid, "hello").status_code == 202
-    y.wait_idle(cid)
+    cid = ran_once(y, "Archived elsewhere")
     assert cid in y.supervisor.cluster.held and live_agent(y, cid)
     response = x.http.post(f"/api/conversations/{cid}/archive")
     assert response.status_code == 200, response.text
@@ -95,9 +99,7 @@ def test_the_context_modal_on_another_node_shows_the_owners_agent_report(
     """y's agent is live; the 🧠 modal opened through x shows what that agent reports (before:
     nothing of it, as for an agent that is not running)."""
     x, y = two_nodes
-    cid = y.create(title="Modal of y's agent")["id"]
-    assert y.send(cid, "hello").status_code == 202
-    y.wait_idle(cid)
+    cid = ran_once(y, "Modal of y's agent")
     owners = y.http.get(f"/api/conversations/{cid}/context").json()
     assert owners["agent"] is not None
     seen = x.http.get(f"/api/conversations/{cid}/context").json()
@@ -110,9 +112,7 @@ def test_the_context_modal_on_another_node_without_the_control_channel(
     """Nobody may publish on the control channel: the modal opened through x still answers,
     without the agent's part."""
     x, y = two_nodes
-    cid = y.create(title="Modal without a channel")["id"]
-    assert y.send(cid, "hello").status_code == 202
-    y.wait_idle(cid)
+    cid = ran_once(y, "Modal without a channel")
     with control_forbidden(y.settings.redis_url or ""):
         response = x.http.get(f"/api/conversations/{cid}/context")
     assert response.status_code == 200, response.text
@@ -125,9 +125,7 @@ def test_an_archive_on_another_node_refuses_a_turn_begun_after_its_read(
 ) -> None:
     """x read the conversation idle; y begins a turn before x's archive job runs: 409."""
     x, y = two_nodes
-    cid = y.create(title="Archived too late")["id"]
-    assert y.send(cid, "hello").status_code == 202
-    y.wait_idle(cid)
+    cid = ran_once(y, "Archived too late")
     pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement or "count(" in statement)
     pause.armed = True
     answers: list[httpx.Response] = []

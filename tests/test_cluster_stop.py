@@ -27,7 +27,7 @@ from tests.crash import TIMEOUT
 from tests.redis import acl, control_forbidden
 from tests.relay import LiveRelay
 from tests.test_api import has_agent_text
-from tests.test_cluster_control import until
+from tests.test_cluster_control import ran_once, until
 from tests.test_cluster_races import LEASE_SECONDS, Pause, started_nodes
 
 DEMO_DELAY = 0.05  # seconds between the demo's pieces: a slow turn takes about 12 s
@@ -71,6 +71,13 @@ def ends(view: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
         (e["kind"], e["state"], e["data"].get("type"), e["text"][-20:])
         for e in view["timeline"][-3:]
     ]
+
+
+def ran_to_its_end(owner: LiveRelay, cid: int) -> None:
+    """The turn ends unstopped, its reply whole (the slow reply's last word is word200)."""
+    view = owner.wait_idle(cid, timeout=TIMEOUT)
+    assert not stopped(view)
+    assert view["timeline"][-1]["text"].endswith("word200"), ends(view)
 
 
 def prompt_id(relay: LiveRelay, cid: int) -> str:
@@ -141,9 +148,7 @@ def test_a_late_stop_never_stops_the_next_turn(
     """A Stop for a turn that has ended (recorded, and its notice coming late) while y runs the
     next turn: that turn runs to its end."""
     _x, y = quick_nodes
-    cid = y.create(title="Stopped too late")["id"]
-    assert y.send(cid, "hello").status_code == 202
-    y.wait_idle(cid, timeout=TIMEOUT)
+    cid = ran_once(y, "Stopped too late")
     ended = prompt_id(y, cid)
     assert y.send(cid, "slow please").status_code == 202
     y.wait_for(cid, lambda view: len(view["timeline"]) == 4 and view["timeline"][3]["text"])
@@ -155,9 +160,7 @@ def test_a_late_stop_never_stops_the_next_turn(
     late_stop(y, cid, ended, caplog)
     time.sleep(2 * BEAT + 0.5)  # two of y's heartbeats
     assert y.get(cid)["turn"]["state"] == "running"
-    view = y.wait_idle(cid, timeout=TIMEOUT)
-    assert not stopped(view)
-    assert view["timeline"][-1]["text"].endswith("word200"), ends(view)
+    ran_to_its_end(y, cid)
 
 
 def test_a_late_stop_between_turns_never_stops_the_next_one(
@@ -166,9 +169,7 @@ def test_a_late_stop_between_turns_never_stops_the_next_one(
     """The late Stop lands while y, its turn over, reads the queue for the next message: the
     next turn was not asked to stop, and runs to its end."""
     _x, y = nodes
-    cid = y.create(title="Stopped between turns")["id"]
-    assert y.send(cid, "hello").status_code == 202
-    y.wait_idle(cid, timeout=TIMEOUT)
+    cid = ran_once(y, "Stopped between turns")
     ended = prompt_id(y, cid)
     pause = Pause(y)
     pause.armed = True
@@ -181,9 +182,7 @@ def test_a_late_stop_between_turns_never_stops_the_next_one(
     finally:
         pause.release.set()
     sending.join(TIMEOUT)
-    view = y.wait_idle(cid, timeout=TIMEOUT)
-    assert not stopped(view)
-    assert view["timeline"][-1]["text"].endswith("word200"), ends(view)
+    ran_to_its_end(y, cid)
 
 
 def test_a_stop_that_redis_cannot_record_is_refused(
