@@ -43,6 +43,11 @@ export class ConvActions {
     this.hooks = hooks;
     this.menu = byId('conv-menu');
     this.convId = null;
+    this.anchor = null; // the ⋯ button the menu was opened from
+    this.menu.addEventListener('keydown', (e) => this.key(e));
+    this.menu.addEventListener('toggle', (e) => {
+      if (e.newState === 'closed' && this.anchor) this.anchor.setAttribute('aria-expanded', 'false');
+    });
     this.renameDialog = byId('rename-dialog');
     this.confirmDialog = byId('confirm-dialog');
     this.confirmAction = null;
@@ -79,14 +84,15 @@ export class ConvActions {
     const conv = this.hooks.get(id);
     if (!conv) return;
     this.convId = id;
+    this.anchor = anchor;
     const active = conv.status !== 'archived';
     const item = (text, testid, onClick) => {
-      const b = h('button', { type: 'button', class: 'menu-item', role: 'menuitem', testid, text });
+      const b = h('button', { type: 'button', class: 'menu-item', role: 'menuitem', tabindex: '-1', testid, text });
       b.addEventListener('click', () => { this.menu.hidePopover(); onClick(); });
       return b;
     };
     const download = (text, testid, format, ancestors) => h('a', {
-      class: 'menu-item', role: 'menuitem', testid, text, href: exportUrl(id, format, ancestors), download: '',
+      class: 'menu-item', role: 'menuitem', tabindex: '-1', testid, text, href: exportUrl(id, format, ancestors), download: '',
     });
     const withAncestors = conv.compacted_from_id != null;
     const items = [
@@ -103,12 +109,42 @@ export class ConvActions {
       link.addEventListener('click', () => this.menu.hidePopover());
     }
     this.menu.showPopover();
+    anchor.setAttribute('aria-expanded', 'true');
     const rect = anchor.getBoundingClientRect();
     const width = this.menu.offsetWidth;
     this.menu.style.left = `${Math.max(8, Math.min(rect.right - width, innerWidth - width - 8))}px`;
     this.menu.style.top = `${Math.min(rect.bottom + 4, innerHeight - this.menu.offsetHeight - 8)}px`;
     const first = this.menu.querySelector('.menu-item');
     if (first) first.focus();
+  }
+
+  /** The keys of a menu (WAI-ARIA): arrows, Home and End move; a letter goes to the next item
+   * it begins; Esc closes it back to its ⋯ button; Tab closes it and moves on from that button. */
+  key(e) {
+    const items = [...this.menu.querySelectorAll('.menu-item')];
+    if (!items.length) return;
+    const at = items.indexOf(document.activeElement);
+    const step = (by) => items[(Math.max(at, by > 0 ? -1 : 0) + by + items.length) % items.length];
+    let next = null;
+    if (e.key === 'ArrowDown') next = step(1);
+    else if (e.key === 'ArrowUp') next = step(-1);
+    else if (e.key === 'Home') next = items[0];
+    else if (e.key === 'End') next = items[items.length - 1];
+    else if (e.key === 'Escape' || e.key === 'Tab') {
+      this.menu.hidePopover();
+      if (this.anchor?.isConnected) this.anchor.focus(); // Tab's own move starts from there
+      if (e.key === 'Escape') {
+        e.preventDefault();
+        e.stopPropagation(); // Esc closed the menu: not the drawer too, nor a running turn
+      }
+      return;
+    } else if (e.key.length === 1 && !e.ctrlKey && !e.metaKey && !e.altKey) {
+      const letter = e.key.toLowerCase();
+      const order = [...items.slice(at + 1), ...items.slice(0, at + 1)];
+      next = order.find((each) => each.textContent.trim().toLowerCase().startsWith(letter)) || null;
+    } else return;
+    e.preventDefault();
+    if (next) next.focus();
   }
 
   startRename(id) {

@@ -93,6 +93,52 @@ def test_rename_from_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
     pages.assert_clean()
 
 
+def test_the_sidebar_menu_works_from_the_keyboard(pages: Pages, relay: LiveRelay) -> None:
+    """The ⋯ menu as WAI-ARIA's menu pattern: arrows, Home, End and a letter move; Esc closes it
+    back to its button; Tab closes it and moves on; Enter does an item (before: no key moved)."""
+    relay.create(title="Keys")
+    page = pages.open(relay)
+    item = page.locator(".conv-item").filter(has=page.get_by_text("Keys", exact=True))
+    button = item.get_by_test_id("conv-menu-button")
+    menu = by_id(page, "conv-menu")
+    button.focus()
+    page.keyboard.press("Enter")
+    expect(menu).to_be_visible()
+    expect(button).to_have_attribute("aria-expanded", "true")
+    expect(by_id(page, "conv-rename")).to_be_focused()
+    moves = [
+        ("ArrowDown", "conv-export-md"),
+        ("End", "conv-delete"),
+        ("ArrowDown", "conv-rename"),  # round to the first
+        ("ArrowUp", "conv-delete"),  # and back to the last
+        ("Home", "conv-rename"),
+        ("e", "conv-export-md"),
+        ("e", "conv-export-jsonl"),  # the next one that letter begins
+        ("a", "conv-archive"),
+    ]
+    for key, testid in moves:
+        page.keyboard.press(key)
+        expect(by_id(page, testid)).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(menu).to_be_hidden()
+    expect(button).to_be_focused()
+    expect(button).to_have_attribute("aria-expanded", "false")
+    page.keyboard.press("Enter")
+    expect(menu).to_be_visible()
+    page.keyboard.press("Tab")
+    expect(menu).to_be_hidden()
+    moved_on = "(a => a !== document.body && !a.closest('#conv-menu') && !a.closest('.conv-item'))"
+    assert page.evaluate(f"{moved_on}(document.activeElement)"), page.evaluate(
+        "document.activeElement.outerHTML"
+    )
+    button.focus()
+    page.keyboard.press("Enter")
+    page.keyboard.press("Enter")  # on Rename…
+    expect(by_id(page, "rename-dialog")).to_be_visible()
+    expect(by_id(page, "rename-input")).to_have_value("Keys")
+    pages.assert_clean()
+
+
 def test_archive_from_the_sidebar(pages: Pages, relay: LiveRelay) -> None:
     relay.create(title="Keep me")
     page = pages.open(relay)
