@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,16 @@ def _no_nul(value: str | None) -> str | None:
     if value is not None and "\x00" in value:
         raise PydanticCustomError("nul", "The text cannot contain a NUL character.")
     return value
+
+
+# Blank lines before a message's first line of text (its own indentation stays).
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[^\S\n]*\n)+")
+
+
+def without_blank_edges(value: str) -> str:
+    """A message without the blank lines before it nor the whitespace after it: in a bubble
+    they are only empty space (a pasted block keeps its indentation)."""
+    return _LEADING_BLANK_LINES.sub("", value).rstrip()
 
 
 # Every string a client sends: valid Unicode, checked before any other rule.
@@ -251,6 +262,7 @@ class MessageCreate(SQLModel):
     text: Text
 
     _text_nul = field_validator("text")(_no_nul)
+    _text_edges = field_validator("text")(without_blank_edges)
 
 
 class PermissionAnswer(SQLModel):

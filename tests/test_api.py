@@ -570,6 +570,18 @@ def test_send_message_empty_422(relay: LiveRelay) -> None:
     assert relay.get(cid)["timeline"] == []
 
 
+def test_a_message_is_stored_without_the_blank_lines_around_it(relay: LiveRelay) -> None:
+    """Blank lines before a message and whitespace after it are dropped (they showed as empty
+    space in its bubble); its first line's indentation and inner blank lines stay."""
+    cid = relay.create()["id"]
+    sent = relay.send(cid, "\n \r\n\t\n    indented first\n\n  second  \n\n \u3000\n")
+    assert sent.status_code == 202, sent.text
+    assert sent.json()["text"] == "    indented first\n\n  second"
+    assert [e["text"] for e in relay.get(cid)["timeline"] if e["kind"] == "user"] == [
+        "    indented first\n\n  second"
+    ]
+
+
 def test_send_message_over_limit_413(small_relay: LiveRelay) -> None:
     cid = small_relay.create()["id"]
     over = small_relay.send(cid, "x" * 1001)
