@@ -235,10 +235,12 @@ def add_entry(
     }
     connection = session.connection()
     entry_id = connection.execute(_insert_entry(), values).scalar_one()
-    changes: dict[str, Any] = {"_conversation_id": cid, "_seq": seq, "_count": 1}
+    changes: dict[str, Any] = {"_conversation_id": cid, "_seq": seq}
+    if counted := is_message(kind, state):
+        changes["_count"] = 1
     if touch:
         changes["updated_at"] = values["created_at"]
-    connection.execute(_update_conversation(True, is_message(kind, state)), changes)
+    connection.execute(_update_conversation(True, counted), changes)
     session.commit()
     entry = Entry(id=entry_id, **values)
     make_transient_to_detached(entry)  # a stored row, as if loaded: later changes update it
@@ -291,8 +293,9 @@ def save_entry(
         if conversation_id != conversation.id:
             _count_messages(session, conversation_id, delta)
     own: dict[str, Any] = {**(row or {}), "_conversation_id": conversation.id, "_seq": event_seq}
-    own["_count"] = counts.get(conversation.id or 0, 0)  # one UPDATE of its row, not three
-    connection.execute(_update_conversation(True, bool(own["_count"])), own)
+    if count := counts.get(conversation.id or 0, 0):  # one UPDATE of its row, not three
+        own["_count"] = count
+    connection.execute(_update_conversation(True, bool(count)), own)
     session.commit()
     _committed(entry, values)
     _committed(conversation, {**(row or {}), "last_seq": max(conversation.last_seq, event_seq)})
