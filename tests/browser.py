@@ -7,11 +7,14 @@ pytest process (Playwright's sync API keeps an event loop running).
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
+from app.tokens import format_tokens
 from tests.relay import TOKEN, LiveRelay, make_settings
 
 T = 15_000  # ms: the longest any expectation or action waits
@@ -136,3 +139,17 @@ def conv_id(page: Page) -> int:
     match = re.search(r"/c/(\d+)$", page.url)
     assert match, page.url
     return int(match.group(1))
+
+
+def context_categories(http: httpx.Client, cid: int) -> list[dict[str, Any]]:
+    """The 🧠 modal's categories through this client, once the agent's report holds some."""
+    deadline = time.monotonic() + 60
+    while not (found := http.get(f"/api/conversations/{cid}/context").json()["categories"]):
+        assert time.monotonic() < deadline, "the agent never reported what fills its window"
+        time.sleep(0.2)
+    return list(found)
+
+
+def shown_categories(categories: list[dict[str, Any]]) -> list[str]:
+    """The modal's "What fills it" items as they read: each name, then its tokens."""
+    return [f"{c['name']}{format_tokens(c['tokens'])}" for c in categories]

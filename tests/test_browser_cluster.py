@@ -10,7 +10,16 @@ from typing import Any
 from playwright.sync_api import expect
 
 from app.supervisor import UNKNOWN_LINE
-from tests.browser import Pages, agent_reply, by_id, line, send_text, user_bubble
+from tests.browser import (
+    Pages,
+    agent_reply,
+    by_id,
+    context_categories,
+    line,
+    send_text,
+    shown_categories,
+    user_bubble,
+)
 from tests.cluster import cluster
 from tests.crash import RelayProcess
 
@@ -98,4 +107,23 @@ def test_deny_and_stop_in_a_page_on_a_node_that_does_not_run_the_agent(
         expect(slow).to_have_count(1)
         expect(slow).not_to_contain_text("word200")
         expect(by_id(page, "stop-button")).to_be_hidden()
+        pages.assert_clean()
+
+
+def test_the_context_modal_in_a_page_on_a_node_that_does_not_run_the_agent(
+    pages: Pages, tmp_path: Path, home: Path
+) -> None:
+    """The second node runs the real Claude Code CLI; the 🧠 modal opened in a page on the first
+    lists what fills that agent's window, as the second node reports it (it asks the owner)."""
+    with cluster(tmp_path) as nodes:
+        first, second = nodes.start(2)
+        cid = second.create(provider="claude", title="Asked elsewhere")
+        second.send(cid, "hello")
+        second.wait_idle(cid, timeout=60)
+        categories = context_categories(second.client, cid)
+        page = pages.open(at(first), f"/c/{cid}")
+        by_id(page, "context-button").click()
+        expect(by_id(page, "context-categories").locator("li")).to_have_text(
+            shown_categories(categories)
+        )
         pages.assert_clean()

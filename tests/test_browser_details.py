@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests import test_claude_relay as claude_relay
-from tests.browser import Pages, by_id, send_text
+from tests.browser import Pages, by_id, context_categories, send_text, shown_categories
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay
 from tests.test_claude_relay import StartRelay
@@ -113,4 +113,21 @@ def test_compaction_line_opens_to_its_details_with_the_summary_as_text(
     line.tap()
     expect(by_id(phone, "compaction-details")).to_be_visible()
     expect(by_id(phone, "compaction-summary")).to_have_text(data["summary"])
+    pages.assert_clean()
+
+
+def test_the_context_modal_shows_what_fills_claude_codes_window(
+    pages: Pages, start: StartRelay, fake: FakeAnthropic
+) -> None:
+    """After a turn, the 🧠 modal lists the live CLI's own breakdown of its window."""
+    live = start()
+    cid = live.create(provider="claude", title="What fills it")["id"]
+    live.send(cid, "hello")
+    live.wait_idle(cid, timeout=60)
+    categories = context_categories(live.http, cid)
+    page = pages.open(live, f"/c/{cid}")
+    by_id(page, "context-button").click()
+    expect(by_id(page, "context-categories").locator("li")).to_have_text(
+        shown_categories(categories)
+    )
     pages.assert_clean()
