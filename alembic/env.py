@@ -37,6 +37,12 @@ def run_migrations_online() -> None:
     """Apply migrations to the database."""
     engine = make_engine(config.get_main_option("sqlalchemy.url") or "")
     with engine.connect() as connection:
+        if engine.dialect.name == "sqlite":
+            # A table copy drops the old table: with foreign keys on, SQLite would first delete
+            # its rows (and refuse, as other rows refer to them). Set before any transaction
+            # (SQLite ignores it inside one); every later connection of the relay turns them on.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()  # (SQLAlchemy began a transaction: Alembic must begin its own)
         context.configure(
             connection=connection,
             target_metadata=target_metadata,

@@ -64,10 +64,19 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# SQLite's AUTOINCREMENT: a deleted row's id is never given again (without it, deleting the
+# newest conversation gave its id, its links and its tabs' places to the next one; migration
+# 0010). PostgreSQL's sequences never reuse one.
+NEVER_REUSED = {"sqlite_autoincrement": True}
+
+
 class Conversation(SQLModel, table=True):
     """A titled thread with one agent session; archived ones are read-only."""
 
-    __table_args__ = (Index("ix_conversation_status_updated", "status", "updated_at", "id"),)
+    __table_args__ = (
+        Index("ix_conversation_status_updated", "status", "updated_at", "id"),
+        NEVER_REUSED,
+    )
 
     id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
     title: str
@@ -110,6 +119,7 @@ class Entry(SQLModel, table=True):
         Index("ix_entry_conversation_kind_seq", "conversation_id", "kind", "seq"),
         Index("ix_entry_conversation_state_seq", "conversation_id", "state", "seq"),
         Index("ix_entry_state_conversation", "state", "conversation_id"),  # startup recovery
+        NEVER_REUSED,
     )
 
     id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)

@@ -1,13 +1,19 @@
+from pathlib import Path
+
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import BigInteger, Integer, inspect
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel
+from sqlmodel import Session, SQLModel
 
-from app import models  # noqa: F401 - registers the tables on SQLModel.metadata
-from app.db import get_session
+from app import (
+    models,  # noqa: F401 - registers the tables on SQLModel.metadata
+    store,
+)
+from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
 from app.search import include_object, is_search_table
@@ -32,7 +38,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0009", "0009")
+    assert (current, head) == ("0010", "0010")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -55,7 +61,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0009"
+        assert MigrationContext.configure(connection).get_current_revision() == "0010"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:
@@ -141,3 +147,68 @@ def test_largest_id_is_stored_and_read(engine: Engine) -> None:
         stored = session.get(Conversation, 2**63 - 1)
         assert stored is not None
         assert stored.last_seq == 2**63 - 1
+
+
+def _new(session: Session, title: str, text: str, kind: str = "user") -> tuple[int, int]:
+    """A conversation with one entry: their ids."""
+    made = store.create_conversation(
+        session=session, title=title, provider="demo", cwd="/w", permission_mode="default"
+    )
+    entry = store.add_entry(session=session, conversation=made, seq=1, kind=kind, text=text)
+    return made.id or 0, entry.id or 0
+
+
+def test_a_deleted_conversations_ids_are_never_given_again(engine: Engine) -> None:
+    """Deleting the newest conversation and its entries: the next ones get new ids (before, on
+    SQLite, the same: its links and its tabs' places led to the new conversation)."""
+    with get_session(engine) as session:
+        old = _new(session, "old", "hi")
+        conversation = store.get_conversation(session=session, conversation_id=old[0])
+        assert conversation is not None
+        store.delete_conversation(session=session, conversation=conversation)
+    with get_session(engine) as session:
+        new = _new(session, "new", "hi")
+    assert new[0] > old[0] and new[1] > old[1]
+
+
+@postgres.sqlite_only
+def test_the_copy_to_never_reused_ids_keeps_rows_and_search(tmp_path: Path) -> None:
+    """0010 copies SQLite's conversation and entry tables: the rows, their ids, the links between
+    them and the search index (its triggers made again) come through; ids are not reused."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0009")
+    engine = make_engine(url)
+    try:
+        with get_session(engine) as session:
+            _new(session, "a", "kestrel")
+            _new(session, "b", "heron", kind="agent")
+            second = store.get_conversation(session=session, conversation_id=2)
+            assert second is not None
+            store.update_conversation(session=session, conversation=second, compacted_from_id=1)
+        upgrade(url)
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+            rows = connection.exec_driver_sql("SELECT id, conversation_id, text FROM entry").all()
+            assert [tuple(row) for row in rows] == [(1, 1, "kestrel"), (2, 2, "heron")]
+            linked = connection.exec_driver_sql("SELECT compacted_from_id FROM conversation")
+            assert list(linked.scalars()) == [None, 1]
+        assert search_hits(engine, "kestrel") == [1]
+        with get_session(engine) as session:
+            newest = store.get_conversation(session=session, conversation_id=2)
+            assert newest is not None
+            store.delete_conversation(session=session, conversation=newest)
+            third = _new(session, "c", "osprey")
+        assert third == (3, 3)  # not 2 again
+        assert search_hits(engine, "osprey") == [3]  # the new table's trigger indexed it
+        assert search_hits(engine, "heron") == []  # and its delete trigger took 2 out
+    finally:
+        engine.dispose()
+
+
+def search_hits(engine: Engine, word: str) -> list[int]:
+    """The entry ids SQLite's search index finds for a word."""
+    with engine.connect() as connection:
+        found = connection.exec_driver_sql(
+            "SELECT rowid FROM entry_fts WHERE entry_fts MATCH ?", (word,)
+        )
+        return list(found.scalars())
