@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,27 @@ def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
         assert client.exists(stream_key(cid), seq_key(cid)) == 0
     finally:
         client.close()
+
+
+def test_a_message_another_node_stores_during_a_delete_is_not_deleted(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x deletes a conversation y runs; y stores a message after x's first check: x's deletion
+    looks again, locked, and refuses (before: the acknowledged message went with the rows)."""
+    x, y = two_nodes
+    cid = ran_once(y, "Deleted while y takes a message")
+    pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement)
+    pause.armed = True
+    with ThreadPoolExecutor(1) as pool:
+        deleting = pool.submit(x.http.delete, f"/api/conversations/{cid}")
+        assert pause.reached.wait(TIMEOUT), "x's deletion never locked the conversation"
+        assert y.send(cid, "sent on y meanwhile").status_code == 202
+        pause.release.set()
+        deleted = deleting.result(TIMEOUT)
+    assert deleted.status_code == 409, deleted.text
+    view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert [e["text"] for e in view["timeline"] if e["kind"] == "user"][-1] == "sent on y meanwhile"
+    assert view["timeline"][-1]["kind"] == "agent"  # and answered
 
 
 def test_a_turn_is_notified_once_whichever_node_took_its_messages(

@@ -39,19 +39,29 @@ def queued_select(statement: str, params: Any) -> bool:
 
 
 class Pause:
-    """Holds a relay's storage writer at the first statement that matches, once armed."""
+    """Holds a relay's storage writer (or a thread of another name) at the first statement that
+    matches, once armed."""
 
-    def __init__(self, relay: LiveRelay, match: Callable[[str, Any], bool] = queued_select) -> None:
+    def __init__(
+        self,
+        relay: LiveRelay,
+        match: Callable[[str, Any], bool] = queued_select,
+        thread: str = "oarlock-db-writer",  # the start of the thread's name
+        *,
+        after: bool = False,  # once the statement ran (a read then holds what it read)
+    ) -> None:
         self.armed = False
         self.match = match
+        self.thread = thread
         self.reached = threading.Event()
         self.release = threading.Event()
-        event.listen(relay.supervisor.engine, "before_cursor_execute", self._before)
+        when = "after_cursor_execute" if after else "before_cursor_execute"
+        event.listen(relay.supervisor.engine, when, self._before)
 
     def _before(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_rest: Any) -> None:
         if (
             self.armed
-            and threading.current_thread().name == "oarlock-db-writer"
+            and threading.current_thread().name.startswith(self.thread)
             and self.match(statement, params)
         ):
             self.armed = False

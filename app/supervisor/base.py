@@ -28,6 +28,7 @@ class SupervisorState:
     hub: Hub
     agent_factory: Callable[[str, AgentSpec, Settings], Agent]
     runners: dict[int, Runner]
+    deleting: set[int]
     storage: Storage
     backups: Backups
     lifetime: Lifetime

@@ -17,7 +17,7 @@ from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
 from app.supervisor.base import SupervisorState
-from app.supervisor.runner import ConversationError, Runner, TurnState, _settle
+from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
 from app.titles import compacted_title
 from app.tools import ToolResult
 from app.views import conversation_view
@@ -99,6 +99,8 @@ class Commands(SupervisorState):
     def _queue_message(self, session: Session, conversation: Conversation, text: str) -> Entry:
         """Store a user message (queued) in the job's session; its turn begins here if idle."""
         cid = conversation.id or 0
+        if cid in self.deleting:  # (its delete's later jobs come after this one's in the writer)
+            raise ConversationError(DELETING)
         entry = self._add(session, conversation, "user", text, state="queued")
         self._wake(cid)
         runner = self.runners.get(cid)
@@ -212,6 +214,8 @@ class Commands(SupervisorState):
         """Queue a cut turn's message again as a new message; the cut one remembers it."""
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
+        if conversation.id in self.deleting:
+            raise ConversationError(DELETING)
         with self.session() as session:
             session.add(conversation)
             self._still_active(session, conversation)
@@ -302,11 +306,23 @@ class Commands(SupervisorState):
         Conversations it was compacted from or into stay, without the link to it.
         """
         cid = conversation.id or 0
-        await self.storage.write(self._refuse_while_busy, conversation, "delete")
-        runner = self.runners.pop(cid, None)
-        if runner is not None:
-            await self._close_agent(runner, publish=False)  # hub.forget drops its stream below
-        changed = await self.storage.write(self._delete_rows, conversation)
+        if cid in self.deleting:
+            raise ConversationError(DELETING)
+        # From here no message is stored for it (a send job checks in the writer, in order
+        # with this delete's jobs), no agent warms up, no queue wakes.
+        self.deleting.add(cid)
+        runner: Runner | None = None
+        try:
+            await self.storage.write(self._refuse_while_busy, conversation, "delete")
+            runner = self.runners.pop(cid, None)
+            if runner is not None:
+                await self._close_agent(runner, publish=False)  # hub.forget drops its stream
+            changed = await self.storage.write(self._delete_rows, conversation)
+        except BaseException:
+            self.deleting.discard(cid)
+            if runner is not None:  # a message another node stored meanwhile: delivered
+                self._wake(cid)
+            raise
         if self.cluster is not None and not self.cluster.holds(cid):
             self.cluster.send("deleted", cid)  # its owner may still have its agent
         await self.backups.forget(cid)
@@ -321,6 +337,10 @@ class Commands(SupervisorState):
         """Delete the rows; the conversations that were linked to it, as they are now."""
         with self.session() as session:
             session.add(conversation)
+            # Locked and read again: a message another node stored since the first check
+            # (this node stores none now) is not deleted with the rows.
+            session.refresh(conversation, with_for_update=True)
+            self._refuse_while_busy(conversation, "delete", session)
             neighbours = [
                 link
                 for link in (conversation.compacted_from_id, conversation.compacted_into_id)
@@ -339,6 +359,8 @@ class Commands(SupervisorState):
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; its agent is not started.")
         conversation_id = conversation.id or 0
+        if conversation_id in self.deleting:  # read before its delete: no agent for it now
+            raise ConversationError(DELETING)
         if self.cluster is not None and not self.cluster.holds(conversation_id):
             self.cluster.warm(conversation_id)  # here if it is free, else on its owner
             return self.agent_state(conversation_id)

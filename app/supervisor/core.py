@@ -62,6 +62,9 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         self.backups = Backups(settings.resolved_backups_dir, engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
+        # Conversations whose delete began here: no message, Resend, warm-up or wake-up starts
+        # anything for them any more (an id is never given again: migration 0010).
+        self.deleting: set[int] = set()
         self._summary_reads: set[asyncio.Task[None]] = set()
         self.lifetime = Lifetime(settings.resolved_data_dir)  # agents end with this relay
         self.agent_budget = settings.agent_budget  # bytes; read once (MemTotal by default)

@@ -27,6 +27,9 @@ class ConversationError(Exception):
     """A request the conversation's state does not allow (HTTP 409)."""
 
 
+DELETING = "This conversation is being deleted."
+
+
 class Locked(Exception):
     """Another program holds SQLite's write lock: the runner's write waits, then tries again."""
 

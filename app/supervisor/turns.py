@@ -37,6 +37,8 @@ class Turns(SupervisorState):
     """The delivery of queued messages, one turn at a time (mixed into Supervisor)."""
 
     def _wake(self, conversation_id: int) -> None:
+        if conversation_id in self.deleting:
+            return  # nothing of it is delivered any more (a failed delete wakes it itself)
         if self.cluster is not None and not self.cluster.holds(conversation_id):
             self.cluster.wake(conversation_id)  # taken here, or its owner is woken
             return
