@@ -31,6 +31,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SNAPSHOT_CHARS = 1024 * 1024  # a socket's snapshot holds the newest entries that fit in this
 WS_MAX_MESSAGE = 64 * 1024  # bytes uvicorn accepts in one WebSocket message (ws.py allows 16 KiB)
+MAX_HEAD = 64 * 1024  # bytes of a request line and its headers (nginx's default allows 32 KiB)
 # Seconds an idle kept-alive connection stays open. uvicorn's 5 s is exactly httpx's own
 # expiry: a request sent as the relay closed the connection was lost (reset, or no answer).
 # Longer than the clients' (httpx 5 s, aiohttp 15 s) and proxies' (nginx upstream 60 s).
@@ -146,16 +147,38 @@ async def _answer(send: Send, status: int, detail: str) -> None:
 
 
 class TimedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP protocol, closing a connection whose request head does not end in time.
+    """uvicorn's HTTP protocol, closing a connection whose request head does not end in time
+    or grows too long.
 
     The clock starts when the connection opens, and on a kept-alive connection at the
     first byte of each new request; it stops when the head is complete. A connection
-    that sent nothing is closed silently; one with a partial head gets a 408 first.
+    that sent nothing is closed silently; one with a partial head gets a 408 first. A head
+    (request line and headers) over MAX_HEAD bytes gets a 431 and the connection closes:
+    uvicorn keeps every header it is sent, so an endless head, before any token is checked,
+    grew the relay by its size (1 GB sent, 1.45 GB held).
     """
 
     head_timeout = 20.0
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False
+    _in_head = True  # the bytes that arrive belong to a request head (none since: a body)
+    _head_bytes = 0
+
+    def data_received(self, data: bytes) -> None:
+        """Count a head's bytes; refuse a head over the limit."""
+        counted = self._in_head
+        if counted:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        over = counted and self._in_head and self._head_bytes > MAX_HEAD
+        if over and not self.transport.is_closing():
+            detail = f"The request head is over the limit of {MAX_HEAD} bytes."
+            self._refuse(b"431 Request Header Fields Too Large", detail)
+
+    def on_message_complete(self) -> None:
+        """A request's body is complete: what follows is the next request's head."""
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Start the head's clock."""
@@ -173,6 +196,7 @@ class TimedHttpProtocol(HttpToolsProtocol):
         """The head is complete: stop its clock."""
         self._disarm_head_timer()
         self._head_begun = False
+        self._in_head = False
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -195,15 +219,20 @@ class TimedHttpProtocol(HttpToolsProtocol):
         running = self.cycle is not None and not self.cycle.response_complete
         if self._head_begun and not running:
             detail = f"The request head did not arrive within {self.head_timeout:g} s."
-            body = json.dumps({"detail": detail}).encode()
-            lines = [
-                b"HTTP/1.1 408 Request Timeout",
-                b"content-type: application/json",
-                b"content-length: " + str(len(body)).encode(),
-                b"connection: close",
-                *(name + b": " + value for name, value in SECURITY_HEADERS),
-            ]
-            self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+            self._refuse(b"408 Request Timeout", detail)
+        self.transport.close()
+
+    def _refuse(self, status: bytes, detail: str) -> None:
+        """Answer a request whose head never became a request, and close the connection."""
+        body = json.dumps({"detail": detail}).encode()
+        lines = [
+            b"HTTP/1.1 " + status,
+            b"content-type: application/json",
+            b"content-length: " + str(len(body)).encode(),
+            b"connection: close",
+            *(name + b": " + value for name, value in SECURITY_HEADERS),
+        ]
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.transport.close()
 
 

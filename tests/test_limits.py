@@ -19,7 +19,7 @@ import pytest
 from websockets.sync.client import connect
 
 from app.hub import encode
-from app.limits import SNAPSHOT_CHARS, fit_snapshot
+from app.limits import MAX_HEAD, SNAPSHOT_CHARS, fit_snapshot
 from bench.common import rss_mib
 from bench.reliability import TOKEN, Relay
 
@@ -28,6 +28,7 @@ TIMEOUT = 1.0  # OARLOCK_REQUEST_TIMEOUT for these relays
 OVER_LIMIT = {"detail": f"Request body over the limit of {LIMIT} bytes."}
 BODY_LATE = {"detail": "The request body did not arrive within 1 s."}
 HEAD_LATE = {"detail": "The request head did not arrive within 1 s."}
+HEAD_OVER = {"detail": f"The request head is over the limit of {MAX_HEAD} bytes."}
 
 
 @pytest.fixture
@@ -158,6 +159,32 @@ def test_body_that_stops_arriving_gets_408(
         assert (status, headers["connection"], json.loads(body)) == (408, "close", BODY_LATE)
         assert closed(sock)
     assert client.get("/api/conversations").json()["conversations"] == []  # nothing stored
+    assert_answers(client)
+
+
+def test_a_head_over_the_limit_gets_431_and_is_closed(served: tuple[Relay, httpx.Client]) -> None:
+    """Before any token is checked: uvicorn keeps every header, so an endless head (1 GB sent)
+    grew the relay by its size; now the relay answers once the head passes MAX_HEAD bytes."""
+    relay, client = served
+    before = rss_mib(relay.process.pid)
+    with connection(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        line = b"X-Filler: " + b"a" * 1000 + b"\r\n"
+        sent = 0
+        while sent < 64 * 1024 * 1024:  # 64 MiB, unless the relay answers first
+            sock.sendall(line * 16)
+            sent += len(line) * 16
+            if select.select([sock], [], [], 0.01)[0]:
+                break
+        status, headers, body = response(sock)
+        assert (status, headers["connection"], json.loads(body)) == (431, "close", HEAD_OVER)
+        assert sent < 16 * MAX_HEAD  # it answered early, not at the end of the flood
+    assert rss_mib(relay.process.pid) - before < 32
+    with connection(relay) as sock:  # a head just within the limit is served
+        filler = "a" * (MAX_HEAD - 200)
+        sock.sendall(head("GET", "/healthz", f"X-Filler: {filler}"))
+        status, _headers, _body = response(sock)
+        assert status == 200
     assert_answers(client)
 
 
