@@ -40,6 +40,7 @@ from app.security import (
 )
 from app.sessions import Sessions
 from app.supervisor import Supervisor
+from app.validation_errors import listed_problems
 
 STATIC = resource_dir("static")
 log = logging.getLogger(__name__)
@@ -198,8 +199,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
-        """FastAPI's 422 list of problems, sendable even when the input was not valid UTF-8."""
-        return SafeJSONResponse({"detail": jsonable_encoder(error.errors())}, status_code=422)
+        """FastAPI's 422 list of problems (the first 20), sendable even when the input was not
+        valid UTF-8 or held NaN."""
+        problems = jsonable_encoder(listed_problems(error.errors()))
+        return SafeJSONResponse({"detail": problems}, status_code=422)
 
     @app.exception_handler(Exception)
     async def unexpected_error(_request: Request, error: Exception) -> JSONResponse:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -40,14 +39,14 @@ def _no_nul(value: str | None) -> str | None:
     return value
 
 
-# Blank lines before a message's first line of text (its own indentation stays).
-_LEADING_BLANK_LINES = re.compile(r"\A(?:[^\S\n]*\n)+")
-
-
 def without_blank_edges(value: str) -> str:
-    """A message without the blank lines before it nor the whitespace after it: in a bubble
-    they are only empty space (a pasted block keeps its indentation)."""
-    return _LEADING_BLANK_LINES.sub("", value).rstrip()
+    """A message without the blank lines before and after it: in a bubble they are only
+    empty space. Its first line keeps its indentation, its last line its spaces."""
+    text = value.rstrip()
+    if "\n" not in value[len(text) :]:  # no line break after the text: spaces as typed
+        text = value
+    lead = len(text) - len(text.lstrip())
+    return text[text.rfind("\n", 0, lead) + 1 :]
 
 
 # Every string a client sends: valid Unicode, checked before any other rule.

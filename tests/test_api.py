@@ -571,8 +571,9 @@ def test_send_message_empty_422(relay: LiveRelay) -> None:
 
 
 def test_a_message_is_stored_without_the_blank_lines_around_it(relay: LiveRelay) -> None:
-    """Blank lines before a message and whitespace after it are dropped (they showed as empty
-    space in its bubble); its first line's indentation and inner blank lines stay."""
+    """Blank lines before and after a message are dropped (they showed as empty space in its
+    bubble); its first line's indentation, its inner blank lines, and the spaces a last line
+    ends with (when no line break follows) stay."""
     cid = relay.create()["id"]
     sent = relay.send(cid, "\n \r\n\t\n    indented first\n\n  second  \n\n \u3000\n")
     assert sent.status_code == 202, sent.text
@@ -580,6 +581,7 @@ def test_a_message_is_stored_without_the_blank_lines_around_it(relay: LiveRelay)
     assert [e["text"] for e in relay.get(cid)["timeline"] if e["kind"] == "user"] == [
         "    indented first\n\n  second"
     ]
+    assert relay.send(cid, "  as typed  ").json()["text"] == "  as typed  "
 
 
 def test_send_message_over_limit_413(small_relay: LiveRelay) -> None:

@@ -1,0 +1,32 @@
+"""The 422 answer's list of problems, made small and always sendable as JSON."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+MAX_PROBLEMS = 20  # problems listed; one request with 120,000 stray keys made a 12 MB answer
+
+
+def listed_problems(errors: Sequence[Any], limit: int = MAX_PROBLEMS) -> list[Any]:
+    """The first `limit` problems, then a last one saying how many were left out.
+
+    Numbers JSON cannot hold (NaN, Infinity: Python's parser takes them, and a problem
+    quotes its input) become their names as strings.
+    """
+    listed = [_finite(error) for error in errors[:limit]]
+    if len(errors) > limit:
+        left = len(errors) - limit
+        listed.append({"type": "more", "loc": [], "msg": f"{left} more problems not listed."})
+    return listed
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
