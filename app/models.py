@@ -221,9 +221,9 @@ class HandoffWrite(SQLModel):
 
     # No per-field limit: the 9,000-character limit is on all three together (app/handoff.py),
     # and the request body is bounded by the security middleware.
-    done: str
-    next: str
-    files: list[str] = Field(default_factory=list, max_length=500)
+    done: Text
+    next: Text
+    files: list[Text] = Field(default_factory=list, max_length=500)
 
     _text_nul = field_validator("done", "next")(_no_nul)
 

@@ -89,6 +89,9 @@ def post_raw(client: httpx.Client, method: str, path: str, body: str) -> httpx.R
     return client.request(method, path, content=body.encode(), headers=JSON_HEADERS)
 
 
+HANDOFF_FILE = '{"done": "a", "next": "b", "files": ["ok.py", "\\ud800.py"]}'
+
+
 def test_lone_surrogates_are_a_422_and_store_nothing(relay: LiveRelay) -> None:
     cid = relay.create(title="kept")["id"]
     attempts = [
@@ -98,15 +101,21 @@ def test_lone_surrogates_are_a_422_and_store_nothing(relay: LiveRelay) -> None:
         ("PATCH", f"/api/conversations/{cid}", '{"title": "\\ud800"}', "title"),
         ("POST", f"/api/conversations/{cid}/messages", '{"text": "hi \\ud800"}', "text"),
         ("POST", f"/api/conversations/{cid}/messages", '{"text": "hi", "x": "\\ud800"}', "x"),
+        # (a handoff's texts and files: a 500 before, found by a hostile review)
+        ("PUT", f"/api/conversations/{cid}/handoff", '{"done": "a\\ud800", "next": "b"}', "done"),
+        ("PUT", f"/api/conversations/{cid}/handoff", '{"done": "a", "next": "\\udfff"}', "next"),
+        ("PUT", f"/api/conversations/{cid}/handoff", HANDOFF_FILE, "files"),
+        ("POST", f"/api/conversations/{cid}/compact", '{"revision": "\\ud800"}', "revision"),
     ]
     for method, path, body, field in attempts:
         with fresh_client(relay) as client:
             detail = assert_json_error(post_raw(client, method, path, body), 422)
-        assert detail[0]["loc"] == ["body", field]
+        assert detail[0]["loc"][:2] == ["body", field]
         if field != "x":
             assert detail[0]["msg"] == SURROGATE_MESSAGE
     assert [c["title"] for c in conversations(relay)] == ["kept"]
     assert relay.get(cid)["timeline"] == []
+    assert relay.http.get(f"/api/conversations/{cid}/handoff").json()["handoff"] is None
     assert relay.send(cid, "valid now").status_code == 202
     relay.wait_idle(cid)
 

@@ -31,7 +31,7 @@ class CompactRequest(SQLModel):
 
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
-    revision: str | None = None
+    revision: Text | None = None
     carry_over: Text | None = None  # cut to 3,500 characters; the body limit bounds it first
 
     _carry_nul = field_validator("carry_over")(_no_nul)
