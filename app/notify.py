@@ -223,8 +223,8 @@ class Notifier:
             target = push.Target(row.endpoint, row.p256dh, row.auth)
             try:
                 status = await push.send(self._http(), self.vapid, self.contact, target, data)
-            except httpx.HTTPError as error:
-                log.warning("push to %s failed: %s", row.endpoint[:80], error)
+            except Exception as error:  # noqa: BLE001 - one browser's failure stops no other's
+                log.warning("push to %s failed: %r", row.endpoint[:80], error)
                 continue
             if status in push.GONE:
                 await asyncio.to_thread(self.remove, row.endpoint)

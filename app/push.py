@@ -105,10 +105,15 @@ def endpoint_problem(url: str, *, services: tuple[str, ...], loopback_http: bool
     """
     if len(url) > MAX_ENDPOINT:
         return f"The push endpoint is longer than {MAX_ENDPOINT} characters."
+    # Nothing urlsplit would quietly drop (it strips tabs and newlines, which httpx, the
+    # sender, refuses), and a URL the sender itself can read.
+    if not url.isprintable() or any(character.isspace() for character in url):
+        return "The push endpoint is not a valid URL."
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError:
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL):
         return "The push endpoint is not a valid URL."
     host = (parts.hostname or "").lower()
     if parts.username is not None or parts.password is not None or not host:

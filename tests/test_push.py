@@ -60,6 +60,9 @@ def test_endpoint_rule_allows_known_push_services_over_https() -> None:
         "file:///etc/passwd",
         "https://[::1/x",  # not a URL
         "https://fcm.googleapis.com/" + "x" * 2100,
+        "https://a\t.fcm.googleapis.com/x",  # urlsplit drops the tab; httpx refuses it
+        "https://fcm.googleapis.com/x\n",
+        "https://fcm.googleapis.com/x\x7f",
     ],
 )
 def test_endpoint_rule_refuses_other_urls(url: str) -> None:
@@ -309,6 +312,27 @@ def test_gone_subscription_is_removed(live: LiveRelay, service: tuple[PushLog, s
     log.wait("/push/kept")  # sent after the others (in the order they subscribed)
     assert len(log.to("/push/gone")) == 1 and len(log.to("/push/lost")) == 1
     assert stored(live) == [f"{base}/push/kept"]
+
+
+def test_a_bad_stored_endpoint_stops_no_other_push(
+    live: LiveRelay, service: tuple[PushLog, str]
+) -> None:
+    """A stored endpoint httpx cannot send to (one with a tab: the API took it before) is
+    skipped; the subscriptions after it still get their push (before: none did, ever)."""
+    log, base = service
+    with browser_client(live) as client:
+        subscribe(client, FakeBrowser(f"{base}/push/first"))
+        subscribe(client, FakeBrowser(f"{base}/push/after"))
+    with get_session(live.app.state.engine) as session:
+        first = session.exec(select(PushSubscription).order_by(PushSubscription.id)).first()  # type: ignore[arg-type]
+        assert first is not None
+        first.endpoint = "http://127.0.0.1\t/push/first"
+        session.add(first)
+        session.commit()
+    conversation = live.create()
+    live.send(conversation["id"], "hello")
+    log.wait("/push/after")
+    assert log.to("/push/first") == []
 
 
 def test_redirect_is_not_followed(live: LiveRelay, service: tuple[PushLog, str]) -> None:
