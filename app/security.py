@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 import anyio
 from sqlalchemy.exc import OperationalError
@@ -267,7 +267,10 @@ class Guard:
             return 303, "", [(b"location", b"/login?failed=1")]
         query = parse_qs(_query(scope), keep_blank_values=True)
         rest = {k: v for k, v in query.items() if k != "token"}
-        location = scope["path"] + (f"?{urlencode(rest, doseq=True)}" if rest else "")
+        # A path on this relay, whatever was asked: "//host" or "/\\host" would send the browser
+        # to another site, and a decoded CR or LF cannot go into a header.
+        path = quote("/" + scope["path"].lstrip("/\\"), safe="/:@!$&'()*+,;=~")
+        location = path + (f"?{urlencode(rest, doseq=True)}" if rest else "")
         try:
             session_id = await anyio.to_thread.run_sync(self.sessions.create)
         except OperationalError as error:  # as the app's own handler answers (main.py)

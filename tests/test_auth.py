@@ -292,6 +292,27 @@ def test_rotating_forwarded_for_does_not_reset_the_limit(relay: LiveRelay) -> No
     assert [r.status_code for r in answers] == [401] * 10 + [429]
 
 
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("//evil.example/x", "/evil.example/x"),  # was //evil.example/x: another site
+        ("/%2F%2Fevil.example", "/evil.example"),  # was ///evil.example
+        ("/%5Cevil.example", "/evil.example"),  # was /\\evil.example: browsers read evil.example
+        ("/a%0d%0aX:%20y", "/a%0D%0AX:%20y"),  # was an empty answer (a header refused)
+        ("/c/3", "/c/3"),
+    ],
+)
+def test_a_login_by_url_redirects_only_within_the_relay(
+    relay: LiveRelay, path: str, location: str
+) -> None:
+    """GET <path>?token=… logs in and redirects to the path without the token: always a path
+    of this relay (found by a hostile review: an open redirect, with the token)."""
+    with httpx.Client(timeout=10) as client:
+        response = client.get(f"{relay.base}{path}?token={TOKEN}&view=full")
+    assert response.status_code == 303, response.text
+    assert response.headers["location"] == f"{location}?view=full"
+
+
 def test_forwarded_proto_ignored_by_default(relay: LiveRelay) -> None:
     with httpx.Client(base_url=relay.base, timeout=10) as client:
         response = client.get(f"/?token={TOKEN}", headers={"X-Forwarded-Proto": "https"})
