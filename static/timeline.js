@@ -175,7 +175,7 @@ function activityEntry(entry, old, timeline) {
 function backupRef(entry) {
   const name = entry.data && entry.data.type === 'compaction' && entry.data.backup;
   if (typeof name !== 'string') return null;
-  return h('a', { class: 'backup-ref', href: '#', 'data-backup': name, testid: 'compaction-backup', text: `↳ ${name}` });
+  return h('a', { class: 'backup-ref', href: '#', 'data-backup': name, title: name, testid: 'compaction-backup', text: `↳ ${name}` });
 }
 
 /** The tooltip of a compaction line: "auto compaction · 150,046 → 3,012 tokens". */

@@ -131,3 +131,32 @@ def test_compaction_line_links_its_backup(pages: Pages, relay: LiveRelay) -> Non
         [b["name"] for b in found]
     )
     pages.assert_clean()
+
+
+def test_a_compaction_line_with_its_backup_stays_readable_on_narrow_screens(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """Found by an exploratory run: at 390 px the pill was 37 px wide and 568 px tall, a letter
+    a row, beside the backup's unshrinking name (and 115 × 81 px at 768)."""
+    cid = relay.create(title="Narrow")["id"]
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+    for n in range(1, 7):  # turn 6 compacts (as above)
+        relay.send(cid, f"turn {n}")
+        relay.wait_idle(cid)
+    wait_backups(relay, cid, 4)
+    page = pages.open(relay, f"/c/{cid}")
+    pill, link = by_id(page, "compaction-line"), by_id(page, "compaction-backup")
+    expect(pill).to_be_visible()
+    wide = pill.bounding_box()
+    assert wide is not None
+    for width, height in ((390, 844), (768, 1024), (1280, 800)):
+        page.set_viewport_size({"width": width, "height": height})
+        pill.scroll_into_view_if_needed()
+        box, ref = pill.bounding_box(), link.bounding_box()
+        assert box is not None and ref is not None
+        assert (round(box["width"]), round(box["height"])) == (
+            round(wide["width"]),
+            round(wide["height"]),
+        ), width  # the pill as on a wide screen: one line, its full width
+        assert ref["width"] > 40, width  # the backup's link still there to tap
+    pages.assert_clean()
