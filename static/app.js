@@ -263,7 +263,10 @@ function onSocketMessage(message) {
     case 'warm': // the answer to a warm-up; the agent events that follow say the rest
       return;
     case 'error':
-      console.warn('oarlock relay:', message.detail);
+      // A conversation deleted while this tab was away (its subscribe's answer): dropped, as a
+      // conversation_removed would have done.
+      if (message.gone && message.conversation_id != null) onRemoved(message.conversation_id);
+      else console.warn('oarlock relay:', message.detail);
       return;
     case 'conversation_removed':
       onRemoved(message.conversation_id);
@@ -327,6 +330,7 @@ function onConversationEvent(message) {
     case 'compacted':
       if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       onConversation(message.into);
+      carryDraftInto(message.into.id);
       navigate(message.into.id);
       break;
     default: break;
@@ -336,6 +340,13 @@ function onConversationEvent(message) {
 function onSnapshot(data) {
   const cur = state.current;
   if (!data || !cur || data.id !== cur.id) return;
+  if (cur.conv && !isArchived(cur.conv) && isArchived(data) && data.compacted_into_id != null) {
+    // Compacted while this tab was away (its 'compacted' event was not replayed): it follows
+    // into the new conversation as the tabs that were there did, with what was typed.
+    carryDraftInto(data.compacted_into_id);
+    navigate(data.compacted_into_id);
+    return;
+  }
   showConversation(data, { keepScroll: true });
 }
 
@@ -564,9 +575,9 @@ async function openConversation(id, { focus = false } = {}) {
   }
   if (token !== state.opening) return;
   resetChrome();
-  showConversation(data, { keepScroll: false, asked });
   const input = byId('message-input');
-  input.value = state.drafts.get(id) || '';
+  input.value = state.drafts.get(id) || ''; // (before the chrome: an archived one shows it)
+  showConversation(data, { keepScroll: false, asked });
   autosize();
   updateComposer();
   subscribe(true);
@@ -683,7 +694,10 @@ function renderChrome() {
   byId('pending-summary-text').textContent = conv.pending_summary || '';
   byId('pending-summary-label').textContent = pendingLabel(conv.pending_summary);
 
-  byId('composer').hidden = archived;
+  // Archived in another tab while something was typed: the composer stays, read-only, so
+  // that the text can still be copied (nothing typed is lost).
+  byId('composer').hidden = archived && !input.value;
+  input.readOnly = archived;
   byId('timeline').classList.toggle('readonly', archived);
   updateComposer();
 }
@@ -793,6 +807,17 @@ const outbox = [];
 function autosize() {
   input.style.height = 'auto';
   input.style.height = `${input.scrollHeight + 2}px`; // CSS max-height caps it
+}
+
+/** What is typed in the open conversation goes with it into the one it was compacted into. */
+function carryDraftInto(intoId) {
+  const cur = state.current;
+  const text = input.value;
+  if (!cur || !text) return;
+  const waiting = state.drafts.get(intoId);
+  state.drafts.set(intoId, waiting ? `${waiting}\n${text}` : text);
+  state.drafts.delete(cur.id);
+  input.value = ''; // (leaving saves no draft for the old one)
 }
 
 function saveDraft() {

@@ -182,7 +182,7 @@ async def _subscribe(
     """Follow a conversation from seq (the events missed), or from a snapshot."""
     hub = supervisor.hub
     await hub.prepare(conversation_id)  # a cluster node reads the conversation's stream first
-    gone: list[Event | str] = [{"type": "error", "detail": f"No conversation {conversation_id}."}]
+    gone: list[Event | str] = [_gone(conversation_id)]
     if epoch == hub.epoch and seq is not None:
         if await supervisor.storage.read(_find, supervisor, conversation_id) is None:
             return gone
@@ -211,6 +211,12 @@ async def _subscribe(
     return [snapshot, *(published.text for published in replay)]
 
 
+def _gone(conversation_id: int) -> Event:
+    """The answer about a conversation that does not exist (a tab that knew it drops it)."""
+    detail = f"No conversation {conversation_id}."
+    return {"type": "error", "detail": detail, "conversation_id": conversation_id, "gone": True}
+
+
 def _find(supervisor: Supervisor, conversation_id: int) -> Conversation | None:
     """The conversation or None, its numbering loaded (in a storage thread)."""
     with supervisor.session() as session:
@@ -227,7 +233,7 @@ async def _warm(supervisor: Supervisor, request: dict[str, Any]) -> Event:
         return {"type": "error", "detail": "warm needs an integer conversation_id."}
     conversation = await supervisor.storage.read(_find, supervisor, conversation_id)
     if conversation is None:
-        return {"type": "error", "detail": f"No conversation {conversation_id}."}
+        return _gone(conversation_id)
     try:
         state = supervisor.warm(conversation)
     except ConversationError as error:

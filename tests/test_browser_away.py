@@ -1,0 +1,132 @@
+"""What a tab meets when another tab, or time away, changed its conversation (found by an
+exploratory run): a /compact or an archive elsewhere keeps what was typed, and a tab that was
+disconnected follows a compaction or a delete when it comes back."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from playwright.sync_api import Page, WebSocketRoute, expect
+
+from tests.browser import Pages, by_id
+from tests.relay import LiveRelay, make_settings
+
+DRAFT = "A long message I was carefully typing"
+
+
+class Cuttable:
+    """The page's sockets to the relay, which the test cuts off and lets through again."""
+
+    def __init__(self, page: Page) -> None:
+        self.open: list[WebSocketRoute] = []
+        self.held: list[WebSocketRoute] = []
+        self.cut = False
+        page.route_web_socket(re.compile(r"/ws$"), self._route)
+
+    def _route(self, route: WebSocketRoute) -> None:
+        if self.cut:
+            self.held.append(route)  # open for the page, silent: no hello yet
+            return
+        route.connect_to_server()
+        self.open.append(route)
+
+    def cut_off(self) -> None:
+        """Close the page's sockets; new ones wait."""
+        self.cut = True
+        for route in self.open:
+            route.close()
+        self.open.clear()
+
+    def let_through(self) -> None:
+        """Join the waiting sockets to the relay."""
+        self.cut = False
+        for route in self.held:
+            route.connect_to_server()
+        self.open += self.held
+        self.held.clear()
+
+
+def typed(page: Page) -> None:
+    box = by_id(page, "message-input")
+    box.fill(DRAFT)
+    expect(box).to_have_value(DRAFT)
+
+
+def test_a_draft_follows_a_compact_made_in_another_tab(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Typing here")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    typed(page)
+    compacted = relay.send(cid, "/compact")  # as another tab's confirmed /compact
+    assert compacted.status_code == 201, compacted.text
+    new = compacted.json()["compacted_into"]["id"]
+    expect(page).to_have_url(f"{relay.base}/c/{new}")
+    expect(by_id(page, "message-input")).to_have_value(DRAFT)  # before: empty, text gone
+    page.go_back()
+    expect(by_id(page, "archived-notice")).to_be_visible()
+    expect(by_id(page, "composer")).to_be_hidden()  # the text moved on; nothing left here
+    pages.assert_clean()
+
+
+def test_a_draft_stays_readable_when_another_tab_archives(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Archived while typed")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    typed(page)
+    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    expect(by_id(page, "archived-notice")).to_be_visible()
+    box = by_id(page, "message-input")
+    expect(box).to_be_visible()  # before: hidden, with the text inside
+    expect(box).to_have_value(DRAFT)
+    expect(box).not_to_be_editable()
+    expect(by_id(page, "send-button")).to_be_disabled()
+    pages.assert_clean()
+
+
+def test_a_tab_away_during_a_compact_follows_it_when_it_comes_back(
+    pages: Pages, tmp_path: Path
+) -> None:
+    # A short idle timeout: the relay forgets the archived conversation's events within 3 s
+    # (the default keeps a conversation that had no turn for the whole timeout).
+    with LiveRelay(make_settings(tmp_path / "data", agent_idle_timeout=3)) as relay:
+        away_during_a_compact(pages, relay)
+
+
+def away_during_a_compact(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Away")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    sockets = Cuttable(page)
+    page.reload()  # its socket now through the route
+    expect(by_id(page, "message-input")).to_be_editable()
+    typed(page)
+    sockets.cut_off()
+    compacted = relay.send(cid, "/compact")
+    assert compacted.status_code == 201, compacted.text
+    new = compacted.json()["compacted_into"]["id"]
+    hub = relay.supervisor.hub
+    # Once the relay forgot the archived conversation's events, the tab gets a snapshot,
+    # without the 'compacted' event, when it comes back.
+    waited = 0
+    while hub.knows(cid) and waited < 30_000:
+        page.wait_for_timeout(250)
+        waited += 250
+    assert not hub.knows(cid), "the relay still keeps the old conversation's events"
+    sockets.let_through()
+    expect(page).to_have_url(f"{relay.base}/c/{new}", timeout=30_000)
+    expect(by_id(page, "message-input")).to_have_value(DRAFT)
+    pages.assert_clean()
+
+
+def test_a_tab_away_during_a_delete_drops_the_conversation_when_it_comes_back(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Deleted while away")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    sockets = Cuttable(page)
+    page.reload()
+    expect(by_id(page, "conversation-item")).to_have_text(["Deleted while away"])
+    sockets.cut_off()
+    assert relay.http.delete(f"/api/conversations/{cid}").status_code == 204
+    sockets.let_through()
+    expect(page.locator("#missing-text")).to_have_text("This conversation was deleted.")
+    expect(by_id(page, "conversation-item")).to_have_count(0)  # before: still listed, open
+    pages.assert_clean()
