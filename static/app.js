@@ -86,8 +86,9 @@ const dialogs = {
     // Escape, the close button and the backdrop all end here.
     dialog.addEventListener('close', () => {
       if (onClosed) onClosed();
-      const back = dialog.returnFocus;
+      let back = dialog.returnFocus; // an element, or a function finding it now
       dialog.returnFocus = null;
+      if (typeof back === 'function') back = back();
       if (back && back.isConnected && !document.querySelector('dialog[open]')) back.focus({ preventScroll: true });
     });
   },
@@ -478,8 +479,16 @@ function drawLists() {
   const archivedItems = archived.map((c) => convItem(c, 'archive-item'));
   if (more.active) activeItems.push(moreButton('active'));
   if (more.archived) archivedItems.push(moreButton('archived'));
+  // A redraw replaces the items: keyboard focus on one (its link or ⋯) goes to its new self.
+  const focused = document.activeElement;
+  const item = focused instanceof Element ? focused.closest('.conv-item[data-id]') : null;
+  const part = item && ['conv-link', 'conv-menu-btn'].find((name) => focused.classList.contains(name));
   byId('conversation-list').replaceChildren(...activeItems);
   byId('archive-list').replaceChildren(...archivedItems);
+  if (part && !focused.isConnected) {
+    const again = document.querySelector(`.conv-item[data-id="${item.dataset.id}"] .${part}`);
+    if (again) again.focus({ preventScroll: true });
+  }
   byId('conversation-empty').hidden = active.length > 0;
   const archiveEmpty = byId('archive-empty');
   archiveEmpty.hidden = archived.length > 0;
@@ -502,7 +511,7 @@ function convItem(conv, testid) {
     e.preventDefault();
     navigate(conv.id);
   });
-  return h('li', { class: 'conv-item' }, link, convMeta(conv), convActions.button(conv));
+  return h('li', { class: 'conv-item', 'data-id': conv.id }, link, convMeta(conv), convActions.button(conv));
 }
 
 // ---- routing -----------------------------------------------------------------------------------

@@ -88,7 +88,11 @@ export class ConvActions {
     const active = conv.status !== 'archived';
     const item = (text, testid, onClick) => {
       const b = h('button', { type: 'button', class: 'menu-item', role: 'menuitem', tabindex: '-1', testid, text });
-      b.addEventListener('click', () => { this.menu.hidePopover(); onClick(); });
+      b.addEventListener('click', () => {
+        if (this.anchor?.isConnected) this.anchor.focus({ preventScroll: true }); // not the body
+        this.menu.hidePopover();
+        onClick();
+      });
       return b;
     };
     const download = (text, testid, format, ancestors) => h('a', {
@@ -155,6 +159,7 @@ export class ConvActions {
     this.renaming = id;
     byId('rename-error').hidden = true;
     this.hooks.dialogs.open(this.renameDialog, field);
+    this.returnTo(this.renameDialog, id);
     field.select();
   }
 
@@ -192,6 +197,17 @@ export class ConvActions {
     byId('confirm-error').hidden = true;
     this.confirmAction = { id, action };
     this.hooks.dialogs.open(this.confirmDialog, byId('confirm-cancel'));
+    this.returnTo(this.confirmDialog, id);
+  }
+
+  /** Where focus goes back when a dialog opened from the menu closes: its ⋯ button, found
+   * again if the sidebar was redrawn meanwhile (a rename, an archive), else the list's start. */
+  returnTo(dialog, id) {
+    const opener = dialog.returnFocus;
+    dialog.returnFocus = () => {
+      if (opener && opener !== document.body && opener.isConnected) return opener;
+      return document.querySelector(`.conv-item[data-id="${id}"] .conv-menu-btn`) || byId('new-conversation');
+    };
   }
 
   async confirmed() {

@@ -136,6 +136,13 @@ def test_the_sidebar_menu_works_from_the_keyboard(pages: Pages, relay: LiveRelay
     page.keyboard.press("Enter")  # on Rename…
     expect(by_id(page, "rename-dialog")).to_be_visible()
     expect(by_id(page, "rename-input")).to_have_value("Keys")
+    page.keyboard.press("End")  # (the title is selected)
+    page.keyboard.type(" renamed")
+    page.keyboard.press("Enter")
+    expect(by_id(page, "rename-dialog")).to_be_hidden()
+    renamed = page.locator(".conv-item").filter(has=page.get_by_text("Keys renamed", exact=True))
+    # Back on its ⋯ button, redrawn by the rename (before: on the page's body).
+    expect(renamed.get_by_test_id("conv-menu-button")).to_be_focused()
     pages.assert_clean()
 
 
