@@ -526,7 +526,9 @@ function navigate(id, { replace = false, focus = false } = {}) {
   if (location.pathname !== path) history[replace ? 'replaceState' : 'pushState'](null, '', path);
   setDrawer(false);
   if (state.current && state.current.id === id) {
-    if (focus) byId('message-input').focus();
+    // Still loading (a socket event opened it first): the composer takes focus once shown.
+    if (focus && !state.current.loaded) state.current.focusOnLoad = true;
+    else if (focus) byId('message-input').focus();
     return;
   }
   openConversation(id, { focus });
@@ -590,7 +592,7 @@ async function openConversation(id, { focus = false } = {}) {
   autosize();
   updateComposer();
   subscribe(true);
-  if (focus && !isArchived(state.current.conv)) input.focus();
+  if ((focus || state.current.focusOnLoad) && !isArchived(state.current.conv)) input.focus();
   await revealPending();
 }
 
@@ -823,8 +825,10 @@ function carryDraftInto(intoId) {
   const cur = state.current;
   const text = input.value;
   if (!cur || !text) return;
-  const waiting = state.drafts.get(intoId);
-  state.drafts.set(intoId, waiting ? `${waiting}\n${text}` : text);
+  if (!/^\s*\/(compact|clear)\s*$/.test(text)) { // (not the command that did it: done)
+    const waiting = state.drafts.get(intoId);
+    state.drafts.set(intoId, waiting ? `${waiting}\n${text}` : text);
+  }
   state.drafts.delete(cur.id);
   input.value = ''; // (leaving saves no draft for the old one)
 }

@@ -206,3 +206,26 @@ def test_markup_in_pins_preview_and_record_stays_text(pages: Pages, relay: LiveR
         expect(by_id(page, place).locator("img")).to_have_count(0)
     assert page.evaluate("window.__pwned") is None
     pages.assert_clean()
+
+
+def test_after_a_compact_typing_goes_to_the_new_conversations_composer(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """Found by an exploratory run: in 5 of 6 runs focus ended on the page's body (the socket's
+    event opened the new conversation first; the answer's focus came while it loaded)."""
+    for round_ in range(3):
+        cid = relay.create(title=f"Focus {round_}")["id"]
+        talk(relay, cid, "hello there")
+        page = pages.open(relay, f"/c/{cid}")
+        ask_compact(page)
+        by_id(page, "compact-confirm").click()
+        expect(by_id(page, "compact-dialog")).to_be_hidden()
+        expect(by_id(page, "title")).to_have_text(f"Focus {round_} (compacted)")
+        expect(by_id(page, "message-input")).to_be_focused()
+        page.keyboard.type("typed at once")
+        expect(by_id(page, "message-input")).to_have_value("typed at once")  # no "/compact"
+        page.go_back()
+        expect(by_id(page, "archived-notice")).to_be_visible()
+        expect(by_id(page, "composer")).to_be_hidden()  # no "/compact" left behind either
+        page.close()
+    pages.assert_clean()
