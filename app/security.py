@@ -11,6 +11,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import secrets
 import time
 from collections import deque
@@ -34,6 +35,7 @@ SERVER_SEND_KEY = "oarlock.server_send"
 DATABASE_DOWN = "\0database-down"  # _session_of could not read the sessions (never an id)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 PUBLIC_PATHS = ("/healthz", "/login", "/favicon.ico")
+CONVERSATION_PATH = re.compile(r"/c/[1-9][0-9]{0,18}")  # a conversation's own link
 PUBLIC_PREFIXES = ("/static/",)
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 CSP = (
@@ -214,7 +216,7 @@ class Guard:
                 if not hmac.compare_digest(bearer[7:].strip().encode(), self.token.encode()):
                     if await self.limiter.failed(_client(scope)):
                         return 429, "Too many failed attempts; wait a minute.", []
-                    return _unauthorized(page)
+                    return _unauthorized(page, path)
             elif (session_id := await self._session_of(headers)) == DATABASE_DOWN:
                 return 503, "The database cannot be used right now; try again shortly.", []
             elif session_id is not None:
@@ -225,7 +227,7 @@ class Guard:
                 return None  # a login by URL: _login_by_url checks it and redirects
             else:
                 # A stale or unknown cookie is not a guess of the token: it is not counted.
-                return _unauthorized(page)
+                return _unauthorized(page, path)
         if not websocket and method in STATE_CHANGING and path.startswith("/api/"):
             length = headers.get("content-length")
             if length is not None and not length.strip().isdigit():
@@ -302,11 +304,19 @@ def cleared_cookie(*, secure: bool) -> bytes:
     return (value + ("; Secure" if secure else "")).encode()
 
 
-def _unauthorized(page: bool) -> tuple[int, str, list[tuple[bytes, bytes]]]:
-    """Pages go to the login form; the API and the socket get 401."""
+def _unauthorized(page: bool, path: str = "/") -> tuple[int, str, list[tuple[bytes, bytes]]]:
+    """Pages go to the login form (a conversation's link comes back after it); the API and
+    the socket get 401."""
     if page:
-        return 303, "Log in first.", [(b"location", b"/login")]
+        login = f"/login?next={path}" if after_login(path) else "/login"
+        return 303, "Log in first.", [(b"location", login.encode())]
     return 401, "Missing or invalid token.", [(b"www-authenticate", b"Bearer")]
+
+
+def after_login(path: str | None) -> str | None:
+    """Where the login form may send the browser next: a conversation's own link, nothing else
+    (any other value could lead off the relay)."""
+    return path if path is not None and CONVERSATION_PATH.fullmatch(path) else None
 
 
 def _client(scope: Scope) -> str:

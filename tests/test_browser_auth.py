@@ -81,6 +81,29 @@ def test_typing_the_token_into_the_login_form_logs_in(pages: Pages, relay: LiveR
     pages.assert_clean()
 
 
+def test_a_conversations_link_opens_it_after_the_login(pages: Pages, relay: LiveRelay) -> None:
+    """A link to a conversation (a notification's, a bookmark) opened logged out comes back to
+    that conversation after the login form, a wrong token first (before: always to /)."""
+    cid = relay.create(title="Linked")["id"]
+    page = fresh_page(pages)
+    page.goto(f"{relay.base}/c/{cid}")
+    expect(page).to_have_url(f"{relay.base}/login?next=/c/{cid}")
+    by_id(page, "login-token").fill("not-the-token")
+    by_id(page, "login-submit").click()
+    expect(by_id(page, "login-error")).to_have_text("That token is not valid.")
+    by_id(page, "login-token").fill(TOKEN)
+    by_id(page, "login-submit").click()
+    expect(page).to_have_url(f"{relay.base}/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Linked")
+    # Only a conversation's own link is followed: anything else goes to /.
+    page.context.clear_cookies()
+    page.goto(f"{relay.base}/login?next=//evil.example/c/1")
+    by_id(page, "login-token").fill(TOKEN)
+    by_id(page, "login-submit").click()
+    expect(page).to_have_url(f"{relay.base}/")
+    pages.assert_clean()
+
+
 def test_log_out_returns_to_login_and_refuses_the_old_cookie(
     pages: Pages, relay: LiveRelay
 ) -> None:

@@ -87,8 +87,13 @@ def test_api_without_token_401(anon: httpx.Client) -> None:
 
 
 def test_page_without_token_redirects_to_login(anon: httpx.Client) -> None:
-    answers = [anon.get(path) for path in ("/", "/c/1")]
-    assert [(r.status_code, r.headers["location"]) for r in answers] == [(303, "/login")] * 2
+    answers = [anon.get(path) for path in ("/", "/c/1", "/c/1x", "/docs")]
+    assert [(r.status_code, r.headers["location"]) for r in answers] == [
+        (303, "/login"),
+        (303, "/login?next=/c/1"),  # a conversation's link comes back after the login
+        (303, "/login"),
+        (303, "/login"),
+    ]
 
 
 def test_public_paths_without_token_200(anon: httpx.Client) -> None:

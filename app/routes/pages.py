@@ -12,7 +12,7 @@ from fastapi.templating import Jinja2Templates
 from app import __version__
 from app.api_docs import operations
 from app.resources import resource_dir
-from app.security import COOKIE, check_login, cleared_cookie, session_cookie
+from app.security import COOKIE, after_login, check_login, cleared_cookie, session_cookie
 
 TEMPLATES = Jinja2Templates(directory=str(resource_dir("templates")))
 
@@ -39,21 +39,24 @@ async def api_docs(request: Request) -> Response:
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, failed: int = 0) -> Response:
-    """The form to paste the access token into."""
+async def login_page(request: Request, failed: int = 0, next: str | None = None) -> Response:
+    """The form to paste the access token into (next: the conversation to open after it)."""
     error = "That token is not valid." if failed else None
-    return TEMPLATES.TemplateResponse(request, "login.html", {"error": error})
+    context = {"error": error, "next": after_login(next)}
+    return TEMPLATES.TemplateResponse(request, "login.html", context)
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
     """Check the pasted token; on success set the session cookie and go to the app."""
-    body = (await request.body())[:4096].decode("utf-8", "replace")
-    token = parse_qs(body).get("token", [""])[0].strip()
+    body = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
+    token = body.get("token", [""])[0].strip()
+    going = after_login(body.get("next", [None])[0])  # a conversation's link, or None
     state = request.app.state
     if not token or not await check_login(state.token, token, state.limiter, request.scope):
-        return RedirectResponse("/login?failed=1", status_code=303)
-    response = RedirectResponse("/", status_code=303)
+        again = f"/login?failed=1&next={going}" if going else "/login?failed=1"
+        return RedirectResponse(again, status_code=303)
+    response = RedirectResponse(going or "/", status_code=303)
     if state.sessions is not None:
         secure = request.url.scheme == "https"
         response.headers.append(
