@@ -431,8 +431,22 @@ async function loadPage(status, before) {
   for (const conv of data.conversations) {
     if (!isRemoved(conv)) state.convs.set(conv.id, merged(conv, asked));
   }
+  if (!before) dropUnlisted(status, data, asked);
   more[status] = data.next;
   return data.feed;
+}
+
+/** A first page read (a reconnect's): what it should list and does not was deleted meanwhile
+ * (or moved to the other list, which lists it). Not one heard of since the page was asked. */
+function dropUnlisted(status, data, asked) {
+  const listed = new Set(data.conversations.map((c) => c.id));
+  const last = data.conversations[data.conversations.length - 1];
+  for (const [id, conv] of state.convs) {
+    if (listed.has(id) || isArchived(conv) !== (status === 'archived')) continue;
+    if ((feed.seen.get(id) || 0) > asked) continue;
+    if (data.next && last && newestFirst(conv, last) > 0) continue; // on a later page
+    state.convs.delete(id);
+  }
 }
 
 /** Read both lists' first pages; returns where the global feed was before each was read. */
