@@ -70,8 +70,13 @@ export class ConvActions {
       testid: 'conv-menu-button',
       'aria-label': `Actions for ${isolate(conv.title || 'Untitled')}`,
       'aria-haspopup': 'menu',
+      'aria-expanded': 'false',
       text: '⋯',
     });
+    if (this.convId === conv.id && this.isOpen()) { // redrawn while its menu is open
+      button.setAttribute('aria-expanded', 'true');
+      this.anchor = button;
+    }
     button.addEventListener('click', (e) => {
       e.preventDefault();
       e.stopPropagation();
@@ -120,6 +125,14 @@ export class ConvActions {
     this.menu.style.top = `${Math.min(rect.bottom + 4, innerHeight - this.menu.offsetHeight - 8)}px`;
     const first = this.menu.querySelector('.menu-item');
     if (first) first.focus();
+  }
+
+  isOpen() {
+    try {
+      return this.menu.matches(':popover-open');
+    } catch {
+      return false; // a browser without popovers
+    }
   }
 
   /** The keys of a menu (WAI-ARIA): arrows, Home and End move; a letter goes to the next item
