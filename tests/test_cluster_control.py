@@ -18,6 +18,7 @@ import httpx
 import redis
 
 from app.cluster.events import seq_key, stream_key
+from app.supervisor.runner import DELETING
 from tests.crash import TIMEOUT
 from tests.redis import control_forbidden
 from tests.relay import TOKEN, LiveRelay, receive, receive_until
@@ -207,6 +208,24 @@ def test_a_message_another_node_stores_during_a_delete_is_not_deleted(
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert [e["text"] for e in view["timeline"] if e["kind"] == "user"][-1] == "sent on y meanwhile"
     assert view["timeline"][-1]["kind"] == "agent"  # and answered
+
+
+def test_two_nodes_deleting_one_conversation_at_once(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x's delete is held just before its deletion while y deletes the same conversation: x
+    answers 409, not a 500."""
+    x, y = two_nodes
+    cid = ran_once(y, "Deleted twice")
+    pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement)
+    pause.armed = True
+    with ThreadPoolExecutor(1) as pool:
+        deleting = pool.submit(x.http.delete, f"/api/conversations/{cid}")
+        assert pause.reached.wait(TIMEOUT), "x's deletion never locked the conversation"
+        assert y.http.delete(f"/api/conversations/{cid}").status_code == 204
+        pause.release.set()
+        deleted = deleting.result(TIMEOUT)
+    assert (deleted.status_code, deleted.json()) == (409, {"detail": DELETING})
 
 
 def test_a_turn_is_notified_once_whichever_node_took_its_messages(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import InvalidRequestError
 from sqlmodel import Session
 
 from app import steer, store
@@ -339,7 +340,10 @@ class Commands(SupervisorState):
             session.add(conversation)
             # Locked and read again: a message another node stored since the first check
             # (this node stores none now) is not deleted with the rows.
-            session.refresh(conversation, with_for_update=True)
+            try:
+                session.refresh(conversation, with_for_update=True)
+            except InvalidRequestError:  # another node deleted it first
+                raise ConversationError(DELETING) from None
             self._refuse_while_busy(conversation, "delete", session)
             neighbours = [
                 link
