@@ -820,6 +820,11 @@ async function stopRename(save) {
   } catch (err) {
     toast(`The title was not saved: ${err.message}`);
     renderChrome();
+    // What was typed comes back in the field, to save again or Esc (nothing typed is lost).
+    if (state.current && state.current.id === id && !renaming) {
+      startRename();
+      if (renaming) renaming.field.value = value;
+    }
   }
 }
 

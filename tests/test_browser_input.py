@@ -176,6 +176,13 @@ def test_renaming_to_an_invisible_title_is_refused(pages: Pages, relay: LiveRela
     ).to_be_visible()
     expect(by_id(page, "title")).to_have_text("Kept")
     assert relay.get(cid)["title"] == "Kept"
+    # What was typed comes back in the field (found by an exploratory run: it was dropped).
+    expect(field).to_be_focused()
+    expect(field).to_have_value("\u2060\ufeff\u200b")
+    field.fill("Kept, then renamed")
+    field.press("Enter")
+    expect(by_id(page, "title")).to_have_text("Kept, then renamed")
+    assert relay.get(cid)["title"] == "Kept, then renamed"
     pages.problems.remove(REFUSED)  # Chromium logs the refused request; nothing else may show
     pages.assert_clean()
 
