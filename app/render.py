@@ -7,11 +7,16 @@ import re
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import nh3
 from linkify_it import LinkifyIt
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
+from markdown_it.renderer import RendererHTML
 from markdown_it.rules_core import StateCore
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexer import Lexer
@@ -87,6 +92,19 @@ def _alignment_as_class(state: StateCore) -> None:
 
 
 _markdown.core.ruler.push("alignment_as_class", _alignment_as_class)
+
+
+def _image_as_link(
+    renderer: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
+    """An image as a link to it, its alt text the link's words: the relay shows no image
+    (nothing is fetched unasked), and before this nothing at all showed, not even the alt."""
+    token = tokens[idx]
+    words = renderer.renderInlineAsText(token.children or [], options, env) or "image"
+    return f'<a href="{escapeHtml(token.attrGet("src") or "")}">{escapeHtml(words)}</a>'
+
+
+_markdown.add_render_rule("image", _image_as_link)
 
 _TAGS = {
     "p", "br", "hr", "strong", "em", "del", "s", "code", "pre", "blockquote",

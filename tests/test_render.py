@@ -9,7 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from app.render import _alignment_as_class, _highlight, _markdown, render_markdown
+from app.render import (
+    _alignment_as_class,
+    _highlight,
+    _image_as_link,
+    _markdown,
+    render_markdown,
+)
 from tests.xss_corpus import PAYLOADS
 
 EXECUTABLE = re.compile(
@@ -37,6 +43,18 @@ def test_struck_out_text_keeps_its_strike() -> None:
     )
 
 
+def test_an_image_shows_as_a_link_with_its_alt_text() -> None:
+    """No image is fetched; before, an image showed nothing at all, not even its alt text."""
+    html = render_markdown("![a diagram](https://example.com/x.png) ![](https://e.com/y.png)")
+    assert html == (
+        '<p><a href="https://example.com/x.png" rel="noopener noreferrer nofollow">a diagram</a>'
+        ' <a href="https://e.com/y.png" rel="noopener noreferrer nofollow">image</a></p>\n'
+    )
+    assert render_markdown("![x](data:image/png;base64,AAA)") == (
+        '<p><a rel="noopener noreferrer nofollow">x</a></p>\n'  # a data: address is dropped
+    )
+
+
 def test_render_markdown_keeps_code_blocks_as_text() -> None:
     html = render_markdown("```py\nif a < b:\n    print('<b>')\n```")
     html = re.sub(r'<span class="[a-z0-9]+">|</span>', "", html)  # Pygments' highlighting
@@ -59,6 +77,7 @@ def _stock() -> MarkdownIt:
     stock.enable(["table", "strikethrough", "linkify"])
     stock.linkify.set({"fuzzy_link": False, "fuzzy_email": False})
     stock.core.ruler.push("alignment_as_class", _alignment_as_class)
+    stock.add_render_rule("image", _image_as_link)
     return stock
 
 
