@@ -191,3 +191,9 @@ def receive_until(
         seen.append(message)
         if predicate(message):
             return seen
+
+
+def gone_error(conversation_id: int) -> dict[str, Any]:
+    """The socket's answer about a conversation that does not exist (a tab drops it)."""
+    detail = f"No conversation {conversation_id}."
+    return {"type": "error", "detail": detail, "conversation_id": conversation_id, "gone": True}

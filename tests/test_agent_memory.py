@@ -15,7 +15,7 @@ import pytest
 from app.agent_memory import MIB, Live, default_budget, parse_size, to_stop, tree_rss
 from tests import test_claude_relay as claude_relay
 from tests.fake_anthropic import FakeAnthropic
-from tests.relay import LiveRelay, receive, receive_until
+from tests.relay import LiveRelay, gone_error, receive, receive_until
 from tests.test_claude_relay import (
     TIMEOUT,
     StartRelay,
@@ -220,7 +220,7 @@ def test_warm_is_refused_for_archived_and_unknown_conversations(relay: LiveRelay
             "detail": "This conversation is archived; its agent is not started.",
         }
         ws.send('{"type": "warm", "conversation_id": 999999}')
-        assert receive(ws) == {"type": "error", "detail": "No conversation 999999."}
+        assert receive(ws) == gone_error(999999)
         ws.send('{"type": "warm", "conversation_id": "1"}')
         assert receive(ws)["detail"] == "warm needs an integer conversation_id."
     runner = relay.supervisor.runners.get(cid)

@@ -23,7 +23,7 @@ from app import store
 from app.db import display_url, get_session, with_driver
 from app.models import Conversation
 from tests import postgres
-from tests.relay import LiveRelay, make_settings, receive
+from tests.relay import LiveRelay, gone_error, make_settings, receive
 
 BIG = 2**63 - 1  # the largest id the API accepts (SQLite's largest integer)
 
@@ -68,7 +68,7 @@ def test_subscribe_to_unknown_large_id_is_an_error_event(relay: LiveRelay) -> No
     with relay.socket() as ws:
         assert receive(ws)["type"] == "hello"
         ws.send(json.dumps({"type": "subscribe", "conversation_id": BIG}))
-        assert receive(ws) == {"type": "error", "detail": f"No conversation {BIG}."}
+        assert receive(ws) == gone_error(BIG)
 
 
 # ---- NUL characters (PostgreSQL's text cannot hold one) ------------------------------------

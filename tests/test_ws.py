@@ -10,7 +10,7 @@ from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import ClientConnection
 
 from app.routes import ws as ws_route
-from tests.relay import LiveRelay, make_settings, receive, receive_until
+from tests.relay import LiveRelay, gone_error, make_settings, receive, receive_until
 
 NOT_OBJECT = {"type": "error", "detail": "Messages must be JSON objects."}
 BAD_SUBSCRIBE = {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
@@ -256,7 +256,7 @@ def test_subscribe_bad_fields_is_error(relay: LiveRelay) -> None:
         answers = [ask(ws, message) for message in messages]
         pong = ask(ws, {"type": "ping"})
     assert (answers, pong) == (
-        [*[BAD_SUBSCRIBE] * 5, {"type": "error", "detail": "No conversation 999."}],
+        [*[BAD_SUBSCRIBE] * 5, gone_error(999)],
         {"type": "pong"},
     )
 
