@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,21 @@ def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
         client.close()
 
 
+def delete_held_at_its_lock(
+    x: LiveRelay, cid: int, meanwhile: Callable[[], httpx.Response], status: int
+) -> httpx.Response:
+    """x's DELETE, held just before its deletion locks the row while `meanwhile` runs (and
+    answers `status`); x's answer."""
+    pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement)
+    pause.armed = True
+    with ThreadPoolExecutor(1) as pool:
+        deleting = pool.submit(x.http.delete, f"/api/conversations/{cid}")
+        assert pause.reached.wait(TIMEOUT), "x's deletion never locked the conversation"
+        assert meanwhile().status_code == status
+        pause.release.set()
+        return deleting.result(TIMEOUT)
+
+
 def test_a_message_another_node_stores_during_a_delete_is_not_deleted(
     two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
 ) -> None:
@@ -196,14 +212,7 @@ def test_a_message_another_node_stores_during_a_delete_is_not_deleted(
     looks again, locked, and refuses (before: the acknowledged message went with the rows)."""
     x, y = two_nodes
     cid = ran_once(y, "Deleted while y takes a message")
-    pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement)
-    pause.armed = True
-    with ThreadPoolExecutor(1) as pool:
-        deleting = pool.submit(x.http.delete, f"/api/conversations/{cid}")
-        assert pause.reached.wait(TIMEOUT), "x's deletion never locked the conversation"
-        assert y.send(cid, "sent on y meanwhile").status_code == 202
-        pause.release.set()
-        deleted = deleting.result(TIMEOUT)
+    deleted = delete_held_at_its_lock(x, cid, lambda: y.send(cid, "sent on y meanwhile"), 202)
     assert deleted.status_code == 409, deleted.text
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert [e["text"] for e in view["timeline"] if e["kind"] == "user"][-1] == "sent on y meanwhile"
@@ -217,14 +226,9 @@ def test_two_nodes_deleting_one_conversation_at_once(
     answers 409, not a 500."""
     x, y = two_nodes
     cid = ran_once(y, "Deleted twice")
-    pause = Pause(x, lambda statement, _params: "FOR UPDATE" in statement)
-    pause.armed = True
-    with ThreadPoolExecutor(1) as pool:
-        deleting = pool.submit(x.http.delete, f"/api/conversations/{cid}")
-        assert pause.reached.wait(TIMEOUT), "x's deletion never locked the conversation"
-        assert y.http.delete(f"/api/conversations/{cid}").status_code == 204
-        pause.release.set()
-        deleted = deleting.result(TIMEOUT)
+    deleted = delete_held_at_its_lock(
+        x, cid, lambda: y.http.delete(f"/api/conversations/{cid}"), 204
+    )
     assert (deleted.status_code, deleted.json()) == (409, {"detail": DELETING})
 
 
