@@ -155,7 +155,7 @@ class TimedHttpProtocol(HttpToolsProtocol):
     that sent nothing is closed silently; one with a partial head gets a 408 first. A head
     (request line and headers) over MAX_HEAD bytes gets a 431 and the connection closes:
     uvicorn keeps every header it is sent, so an endless head, before any token is checked,
-    grew the relay by its size (1 GB sent, 1.45 GB held).
+    grew the relay by about its size (one review run: 1 GB sent, 1.45 GB held).
     """
 
     head_timeout = 20.0
