@@ -735,6 +735,24 @@ def test_compact_first_message_carries_summary(relay: LiveRelay) -> None:
     assert (user["text"], view["pending_summary"]) == ("next step", None)
 
 
+def test_compact_again_before_any_message_carries_the_pending_summary(
+    relay: LiveRelay,
+) -> None:
+    # Found in review: the second /compact summed up an empty conversation, so the first one's
+    # carry-over never reached the agent.
+    new = compacted_after(relay, "hello")
+    pending = relay.get(new)["pending_summary"]
+    preview = relay.http.get(f"/api/conversations/{new}/compact").json()
+    assert (preview["summary"], preview["left_out"]["text"]) == (pending, "Nothing is left out.")
+    newer = relay.send(new, "/compact").json()["compacted_into"]["id"]
+    assert relay.get(newer)["pending_summary"] == pending
+    view = chat(relay, newer, "next step")
+    assert view["timeline"][-1]["text"].startswith(
+        "You said: “[Carry-over context from previous compacted conversation] "
+        "Conversation: hello User: hello Agent: You said: “hello”"
+    )
+
+
 def test_compact_second_message_has_no_summary(relay: LiveRelay) -> None:
     new = compacted_after(relay, "hello")
     view = chat(relay, new, "next step", "again")
