@@ -75,6 +75,22 @@ def load_or_create_token(configured: str | None, data_dir: Path) -> str:
     return token
 
 
+# Headers the checks read once: a second copy could be the one another reader takes.
+SINGLE_HEADERS = frozenset({"host", "origin", "authorization", "content-length"})
+
+
+def _duplicated(scope: Scope) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
+    """A 400 for a request that repeats a header the checks read (RFC 9110: Host once)."""
+    seen: set[str] = set()
+    for key, _ in scope["headers"]:
+        name = key.decode("latin-1").lower()
+        if name in SINGLE_HEADERS:
+            if name in seen:
+                return 400, f"The {name.title()} header is repeated; send it once.", []
+            seen.add(name)
+    return None
+
+
 def is_loopback(host: str) -> bool:
     """True for names that only this machine can reach."""
     return host in LOOPBACK_HOSTS or host.startswith("127.")
@@ -152,7 +168,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = await self._check(scope, headers)
+        refusal = _duplicated(scope) or await self._check(scope, headers)
         if refusal is not None:
             status, detail, extra = refusal
             await _refuse(scope, receive, send, status, detail, extra)

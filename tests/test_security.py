@@ -340,6 +340,50 @@ def test_rebinding_host_ws_refused(relay: LiveRelay) -> None:
     )
 
 
+def raw_request(relay: LiveRelay, lines: list[str], body: str = "") -> tuple[int, Any]:
+    """Send a request head exactly as written (repeated headers kept); its status and JSON."""
+    head = "\r\n".join([*lines, "Connection: close", "", body]).encode()
+    with socket.create_connection(("127.0.0.1", relay.settings.port), timeout=10) as sock:
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_repeated_host_origin_or_token_header_is_a_400(relay: LiveRelay) -> None:
+    # Found in review: the checks read the last copy, the app the first; now neither is read.
+    own = f"127.0.0.1:{relay.settings.port}"
+    bearer = f"Authorization: Bearer {TOKEN}"
+    cases = {
+        "Host": ["GET /api/conversations HTTP/1.1", "Host: evil.example", f"Host: {own}", bearer],
+        "Origin": [
+            "POST /api/conversations HTTP/1.1",
+            f"Host: {own}",
+            "Origin: http://evil.example",
+            f"Origin: http://{own}",
+            bearer,
+            "Content-Type: application/json",
+            "Content-Length: 2",
+        ],
+        "Authorization": [
+            "GET /api/conversations HTTP/1.1",
+            f"Host: {own}",
+            "Authorization: Bearer wrong",
+            bearer,
+        ],
+    }
+    answers = {name: raw_request(relay, lines, "{}") for name, lines in cases.items()}
+    assert answers == {
+        name: (400, {"detail": f"The {name} header is repeated; send it once."}) for name in cases
+    }
+    assert relay.http.get("/api/conversations").json()["conversations"] == []
+    # Each once: the same requests pass.
+    status, body = raw_request(relay, ["GET /api/conversations HTTP/1.1", f"Host: {own}", bearer])
+    assert (status, body["conversations"]) == (200, [])
+
+
 # -- headers -----------------------------------------------------------------------------
 
 
