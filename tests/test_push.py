@@ -314,11 +314,19 @@ def test_gone_subscription_is_removed(live: LiveRelay, service: tuple[PushLog, s
     assert stored(live) == [f"{base}/push/kept"]
 
 
-def test_a_bad_stored_endpoint_stops_no_other_push(
-    live: LiveRelay, service: tuple[PushLog, str]
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        # An endpoint httpx cannot send to (one with a tab: the API took it before): skipped.
+        ("endpoint", "http://127.0.0.1\t/push/first"),
+        # A key no push can be encrypted for (stored by hand): the send fails, the next goes.
+        ("p256dh", "not-a-key"),
+    ],
+)
+def test_a_bad_stored_subscription_stops_no_other_push(
+    live: LiveRelay, service: tuple[PushLog, str], column: str, value: str
 ) -> None:
-    """A stored endpoint httpx cannot send to (one with a tab: the API took it before) is
-    skipped; the subscriptions after it still get their push (before: none did, ever)."""
+    """The subscriptions after a bad one still get their push (before: none did, ever)."""
     log, base = service
     with browser_client(live) as client:
         subscribe(client, FakeBrowser(f"{base}/push/first"))
@@ -326,7 +334,7 @@ def test_a_bad_stored_endpoint_stops_no_other_push(
     with get_session(live.app.state.engine) as session:
         first = session.exec(select(PushSubscription).order_by(PushSubscription.id)).first()  # type: ignore[arg-type]
         assert first is not None
-        first.endpoint = "http://127.0.0.1\t/push/first"
+        setattr(first, column, value)
         session.add(first)
         session.commit()
     conversation = live.create()
