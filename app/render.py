@@ -6,11 +6,13 @@ import functools
 import re
 import sys
 import threading
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import nh3
 from linkify_it import LinkifyIt
+from linkify_it.main import Match
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import escapeHtml
 from markdown_it.renderer import RendererHTML
@@ -53,6 +55,11 @@ def _highlight(code: str, language: str, _attrs: str) -> str:
 # Without fuzzy matching every link linkify-it finds holds one of these: its schemes are http:,
 # https: and ftp: (each followed by //), // and mailto:.
 _SCHEME_MARK = re.compile(r"//|mailto:", re.IGNORECASE)
+# Closing quotation marks (Unicode's final punctuation, and the CJK ones): never a link's end.
+CLOSING_QUOTES = (
+    "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Pf")
+    + "」』〉》"
+)
 
 
 class _SchemeLinks(LinkifyIt):
@@ -70,6 +77,33 @@ class _SchemeLinks(LinkifyIt):
     def pretest(self, text: str) -> bool:
         """False when text can hold no link; else linkify-it's own (quick, inexact) test."""
         return _SCHEME_MARK.search(text) is not None and super().pretest(text)
+
+    def match(self, text: str) -> list[Match] | None:
+        """linkify-it's links (markdown-it's core rule), each without closing quotes."""
+        found = super().match(text)
+        for link in found or ():
+            _without_closing_quotes(link)
+        return found
+
+    def match_at_start(self, text: str) -> Match | None:
+        """linkify-it's link at text's start (markdown-it's inline rule), without them."""
+        link = super().match_at_start(text)
+        return None if link is None else _without_closing_quotes(link)
+
+
+def _without_closing_quotes(link: Match) -> Match:
+    """A link without the closing quotation marks it ends with (changed in place).
+
+    linkify-it keeps a `”`, `’` or `»` written right after a link (“https://x.org/a”) as part
+    of its path; agents quote links that way.
+    """
+    body = link.raw.rstrip("*")  # "**“https://x.org/a”**": emphasis closes after the quote
+    kept = body.rstrip(CLOSING_QUOTES)
+    cut = len(link.raw) - len(kept)
+    if kept != body and kept:
+        link.last_index -= cut
+        link.raw, link.text, link.url = link.raw[:-cut], link.text[:-cut], link.url[:-cut]
+    return link
 
 
 _markdown = MarkdownIt(

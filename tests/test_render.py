@@ -100,6 +100,24 @@ def test_links_are_found_as_linkify_it_finds_them(text: str) -> None:
     assert _markdown.render(text) == _stock().render(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "link", "after"),
+    [
+        ("See “https://example.com/a” now", "https://example.com/a", "” now"),
+        ("See ‘https://example.com/b’.", "https://example.com/b", "’."),
+        ("voir «https://example.com/c»", "https://example.com/c", "»"),
+        ("「https://example.com/d」", "https://example.com/d", "」"),
+        ("**“https://example.com/e”**", "https://example.com/e", "”</strong>"),
+        ("“mailto:someone@example.com”", "mailto:someone@example.com", "”"),
+        ("“//cdn.example.com/f”", "//cdn.example.com/f", "”"),
+    ],
+)
+def test_a_closing_quote_after_a_link_is_not_part_of_it(text: str, link: str, after: str) -> None:
+    # Found by an exploratory run: linkify-it made the agent's closing ” part of the URL.
+    html = render_markdown(text)
+    assert f'<a href="{link}" rel="noopener noreferrer nofollow">{link}</a>{after}' in html, html
+
+
 PIECES = [
     "http", "HTTPS", "ftp", ":", "/", "//", "mailto", "MailTo", "@", "example.com",
     " ", "\n", "\n\n", ".", "a", "`", "*", "<", ">", "[x](", ")", "-", "_", "1",
