@@ -6,7 +6,6 @@ import functools
 import re
 import sys
 import threading
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -55,11 +54,9 @@ def _highlight(code: str, language: str, _attrs: str) -> str:
 # Without fuzzy matching every link linkify-it finds holds one of these: its schemes are http:,
 # https: and ftp: (each followed by //), // and mailto:.
 _SCHEME_MARK = re.compile(r"//|mailto:", re.IGNORECASE)
-# Closing quotation marks (Unicode's final punctuation, and the CJK ones): never a link's end.
-CLOSING_QUOTES = (
-    "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Pf")
-    + "」』〉》"
-)
+# Closing quotation marks, never a link's end: Unicode's final punctuation (category Pf, as
+# tests/test_render.py checks) and the CJK ones.
+CLOSING_QUOTES = "»’”›⸃⸅⸊⸍⸝⸡」』〉》"
 
 
 class _SchemeLinks(LinkifyIt):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import unicodedata
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from app.render import (
+    CLOSING_QUOTES,
     _alignment_as_class,
     _highlight,
     _image_as_link,
@@ -98,6 +101,11 @@ LINKY = [
 @pytest.mark.parametrize("text", LINKY)
 def test_links_are_found_as_linkify_it_finds_them(text: str) -> None:
     assert _markdown.render(text) == _stock().render(text)
+
+
+def test_the_closing_quotes_are_unicodes_final_punctuation_and_the_cjk_ones() -> None:
+    final = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Pf"]
+    assert "".join(final) + "」』〉》" == CLOSING_QUOTES
 
 
 @pytest.mark.parametrize(
