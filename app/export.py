@@ -111,6 +111,8 @@ def encode(body: str) -> bytes:
     return body.encode("utf-8", errors="replace")
 
 
-def file_name(conversation: Conversation, fmt: ExportFormat) -> str:
-    """The download's name (ASCII, from the id: a title could hold anything)."""
-    return f"oarlock-conversation-{conversation.id}.{fmt}"
+def file_name(conversation: Conversation, fmt: ExportFormat, ancestors: bool = False) -> str:
+    """The download's name (ASCII, from the id: a title could hold anything); one with the
+    earlier conversations says so (the two downloads of one conversation no longer clash)."""
+    with_earlier = "-with-earlier" if ancestors else ""
+    return f"oarlock-conversation-{conversation.id}{with_earlier}.{fmt}"

@@ -241,6 +241,7 @@ def test_export_downloads(pages: Pages, relay: LiveRelay, tmp_path: Path) -> Non
     item_menu(page, "Take away (compacted)")
     with page.expect_download() as info:
         by_id(page, "conv-export-md-ancestors").click()
+    assert info.value.suggested_filename == f"oarlock-conversation-{new_id}-with-earlier.md"
     saved = tmp_path / "with-ancestors.md"
     info.value.save_as(saved)
     expected = relay.http.get(

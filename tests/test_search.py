@@ -333,6 +333,9 @@ def test_export_json_lines_with_ancestors(relay: LiveRelay) -> None:
     assert alone.headers["content-disposition"] == (
         f'attachment; filename="oarlock-conversation-{new_id}.jsonl"'
     )
+    assert both.headers["content-disposition"] == (
+        f'attachment; filename="oarlock-conversation-{new_id}-with-earlier.jsonl"'
+    )
     lines = [json.loads(line) for line in both.text.splitlines()]
     heads = [line["conversation"]["id"] for line in lines if line["type"] == "conversation"]
     assert heads == [cid, new_id]

@@ -46,7 +46,7 @@ async def export_conversation(
             return exporting.export(session, conversation, format, ancestors)
 
     body = await supervisor.storage.read(read)
-    name = exporting.file_name(conversation, format)
+    name = exporting.file_name(conversation, format, ancestors)
     return Response(
         exporting.encode(body),
         media_type=exporting.MEDIA_TYPES[format],
