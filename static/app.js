@@ -139,7 +139,10 @@ const pins = new Pins({
 const carryRecords = new CarryRecords();
 
 const contextModal = new ContextModal({
-  onSave: async (id, value) => {
+  onSave: async (closedId, value) => {
+    // Compacted in another tab while the modal was open: the setting goes on to the conversation
+    // it continues in (a compaction carries the window over); before, an "archived" error toast.
+    const id = successorOf(closedId);
     try {
       const asked = feed.clock;
       const { data } = await api(`/api/conversations/${id}`, {
@@ -374,6 +377,18 @@ function onConversation(conv, asked = null) { // asked: feed.clock when an HTTP 
 }
 
 /** A conversation was deleted (here or in another tab): gone from the sidebar and the view. */
+/** The conversation a compacted one continues in (the last of its successors known), or itself. */
+function successorOf(id) {
+  const seen = new Set();
+  let conv = state.convs.get(id);
+  while (conv && conv.compacted_into_id != null && !seen.has(id)) {
+    seen.add(id);
+    id = conv.compacted_into_id;
+    conv = state.convs.get(id);
+  }
+  return id;
+}
+
 function onRemoved(id) {
   const known = state.convs.get(id) || (state.current && state.current.id === id && state.current.conv);
   if (known) state.removed.set(id, known.created_at);
@@ -675,8 +690,8 @@ function renderChrome() {
   document.title = `${isolate(conv.title || 'Untitled')} · oarlock`;
 
   const title = byId('title');
-  // "(compacted)" kept whole at the end: the ellipsis cuts the title before it, not it.
-  const [, main, suffix] = (conv.title || 'Untitled').match(/^(.*?)((?:\s*\(compacted\))*)$/s);
+  // "(compacted)" or "(compacted ×2)" kept whole at the end: the ellipsis cuts the title before it.
+  const [, main, suffix] = (conv.title || 'Untitled').match(/^(.*?)((?:\s*\(compacted(?: ×\d+)?\))*)$/s);
   title.replaceChildren(h('span', { class: 'title-main', text: main }),
     suffix ? h('span', { class: 'title-suffix', text: suffix }) : '');
   title.title = archived ? '' : 'Rename';
@@ -1068,6 +1083,9 @@ input.addEventListener('input', () => {
 input.addEventListener('blur', closeMenu);
 byId('composer').addEventListener('submit', (e) => {
   e.preventDefault();
+  // A click on Send leaves the focus in the box: the button is disabled once the box empties,
+  // and the focus fell to the page (what was typed next went nowhere; a phone's keyboard closed).
+  if (e.submitter && !isArchived(state.current?.conv)) input.focus();
   trySend();
 });
 

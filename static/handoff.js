@@ -25,10 +25,13 @@ export function handoffText(handoff) {
   return `Done: ${handoff.done}\nNext: ${handoff.next}\nFiles: ${handoff.files.join(', ')}`;
 }
 
-/** The banner over a new conversation's carry-over: a /clear handoff or a /compact summary. */
+/** The banner over a new conversation's carry-over: a /clear handoff, a backup or a /compact summary. */
 export function pendingLabel(pending) {
   if (pending && pending.startsWith('[Handoff from the previous session]\n')) {
     return 'The handoff of the previous session will be sent with your first message.';
+  }
+  if (pending && pending.startsWith('[Carry-over context from backup ')) { // a fresh start (§6)
+    return 'The backup of the previous conversation will be sent with your first message.';
   }
   return 'A carry-over summary of the previous conversation will be sent with your first message.';
 }

@@ -231,6 +231,11 @@ export class ConvActions {
     try {
       if (pending.action === 'delete') {
         await api(`/api/conversations/${pending.id}`, { method: 'DELETE' });
+        // Its ⋯ button goes with it (in the next frame): focus goes to a neighbour's, or New.
+        const item = document.querySelector(`.conv-item[data-id="${pending.id}"]`);
+        const sibling = [item?.nextElementSibling, item?.previousElementSibling].find((el) => el?.matches('.conv-item[data-id]'));
+        const neighbour = sibling?.querySelector('.conv-menu-btn') || byId('new-conversation');
+        this.confirmDialog.returnFocus = () => (neighbour.isConnected ? neighbour : byId('new-conversation'));
         this.hooks.removed(pending.id);
       } else {
         const asked = this.hooks.clock();

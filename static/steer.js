@@ -46,6 +46,9 @@ export class Pins {
   set(convId, pins) {
     if (convId !== this.convId) return;
     this.pins = pins;
+    const focused = document.activeElement;
+    const at = focused && this.list.contains(focused) ? [...this.list.querySelectorAll('button')].indexOf(focused) : -1;
+    const entryId = at >= 0 ? focused.closest('li')?.dataset.entryId : null;
     this.list.replaceChildren(...pins.map((pin) => {
       const item = lineItem(pin, 'pin');
       item.dataset.entryId = pin.entry_id;
@@ -59,6 +62,14 @@ export class Pins {
     }));
     this.box.hidden = pins.length === 0;
     this.hooks.changed(new Set(pins.map((pin) => pin.entry_id)), this.editable);
+    if (at >= 0 && !focused.isConnected) {
+      // The strip was drawn again under the keyboard's focus (an Unpin): the next Unpin, else the
+      // message's own Pin button, else the composer (the focus fell to the page).
+      const buttons = this.list.querySelectorAll('button');
+      const next = buttons[Math.min(at, buttons.length - 1)]
+        || document.querySelector(`.entry[data-entry-id="${entryId}"] .pin-btn`) || byId('message-input');
+      next.focus({ preventScroll: true });
+    }
   }
 
   /** Say in a dialog that the pins go along (/clear); hidden when there are none. */
@@ -145,6 +156,7 @@ export class CompactPreview {
     this.dialogs = dialogs;
     this.hooks = hooks;
     this.dialog = byId('compact-dialog');
+    this.autoFocused = null; // where the dialog put the focus while Compact was disabled
     this.text = byId('compact-carry');
     this.count = byId('compact-count');
     this.editedBadge = byId('compact-edited');
@@ -189,6 +201,9 @@ export class CompactPreview {
     this.leftOut.open = false;
     this.showEdited();
     this.dialogs.open(this.dialog, this.confirm);
+    // Compact is disabled until the preview comes: the dialog put the focus elsewhere (the
+    // left-out fold, where Enter unfolds instead of confirming).
+    this.autoFocused = document.activeElement;
     await this.load(true);
   }
 
@@ -204,6 +219,7 @@ export class CompactPreview {
       this.confirm.disabled = false;
       this.showLeftOut(data.left_out || {});
       this.showEdited();
+      if (fresh && document.activeElement === this.autoFocused) this.confirm.focus();
     } catch (err) {
       if (!this.isOpenFor(convId)) return;
       this.showError(err.message);

@@ -87,6 +87,10 @@ def test_backup_link_list_view_and_start_fresh(
     for page in (p1, p2):
         expect(page).not_to_have_url(re.compile(rf"/c/{old}$"))
         expect(by_id(page, "pending-summary")).to_be_visible()
+        # What goes is the backup, not a summary (found by an exploratory run).
+        expect(by_id(page, "pending-summary-label")).to_have_text(
+            "The backup of the previous conversation will be sent with your first message."
+        )
     new = conv_id(p1)
     assert conv_id(p2) == new
     assert live.get(old)["status"] == "archived"

@@ -1,0 +1,185 @@
+"""What an exploratory run on a phone and by keyboard found (session 22), each seen in Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from playwright.sync_api import expect
+
+from app.agents.base import AgentEvent, MessageDone, TurnDone
+from tests.browser import Pages, by_id, item_menu, send_text, user_bubble
+from tests.relay import LiveRelay
+from tests.test_browser_polish import ScriptAgent, use_script
+
+PHONE = {"viewport": {"width": 375, "height": 667}, "is_mobile": True, "has_touch": True}
+
+# The header's boxes on a phone: the title's visible text and what overlaps what.
+HEADER = """() => {
+  const box = (sel) => document.querySelector(sel).getBoundingClientRect();
+  const main = document.querySelector('#title .title-main');
+  const overlap = (a, b) => a.right > b.left && b.right > a.left
+    && a.bottom > b.top && b.bottom > a.top;
+  const badge = box('#provider-badge'), state = box('#agent-state'), actions = box('#head-actions');
+  return {
+    whole: main.scrollWidth <= main.clientWidth + 1,
+    shown: main.clientWidth >= 24,
+    suffix: document.querySelector('#title .title-suffix')?.textContent ?? null,
+    overlaps: [overlap(badge, actions), overlap(state, actions), overlap(badge, state)],
+  };
+}"""
+
+
+async def _until_stopped(agent: ScriptAgent, prompt: str) -> AsyncIterator[AgentEvent]:
+    """A turn that runs until Stop."""
+    while not agent.interrupted:  # noqa: ASYNC110 - the stand-in's flag, set by interrupt()
+        await asyncio.sleep(0.02)
+    yield MessageDone(f"m-{prompt}", "Stopped.")
+    yield TurnDone()
+
+
+def test_the_phone_header_keeps_the_title_readable_while_a_turn_runs(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Before: the cwd sized the badge's column, the state sat under 🧠, and with Stop showing
+    # the title got 0 px ("(compacted)" alone); "(compacted ×2)" was not kept whole.
+    use_script(relay, _until_stopped)
+    cwd = Path(relay.settings.data_dir) / "a-rather-long-project-directory" / "and-a-subdirectory"
+    cwd.mkdir(parents=True)
+    cid = relay.create(title="Refactor (compacted ×2)", cwd=str(cwd))["id"]
+    page = pages.open(relay, f"/c/{cid}", **PHONE)
+    expect(by_id(page, "title")).to_have_text("Refactor (compacted ×2)")
+    idle = page.evaluate(HEADER)
+    assert idle == {
+        "whole": True,
+        "shown": True,
+        "suffix": " (compacted ×2)",
+        "overlaps": [False] * 3,
+    }
+    send_text(page, "run until stopped")
+    expect(by_id(page, "stop-button")).to_be_visible()
+    # Stop takes room: the title is cut (with an ellipsis), never to nothing.
+    assert page.evaluate(HEADER) == {**idle, "whole": False}
+    by_id(page, "stop-button").click()
+    expect(by_id(page, "stop-button")).to_be_hidden()
+    pages.assert_clean()
+
+
+WORDS = ["supercalifragilistic", "expialidocious", "antidisestablishment", "floccinaucinihilipili"]
+TABLE = "\n".join([" | ".join("abcd"), "---|---|---|---", " | ".join(WORDS), " | ".join("wxyz")])
+
+
+async def _a_table(_agent: ScriptAgent, prompt: str) -> AsyncIterator[AgentEvent]:
+    """Every reply is TABLE (the demo agent quotes a message on one line: no table)."""
+    yield MessageDone(f"m-{prompt}", TABLE)
+    yield TurnDone()
+
+
+def test_a_table_keeps_whole_words_and_scrolls_sideways_on_a_phone(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    use_script(relay, _a_table)
+    cid = relay.create(title="Tables")["id"]
+    page = pages.open(relay, f"/c/{cid}", **PHONE)
+    send_text(page, "a table, please")
+    table = by_id(page, "entry-agent").locator("table")
+    expect(table).to_be_visible()
+    cells = table.locator("td")
+    expect(cells).to_have_count(8)
+    # Before: the bubble's overflow-wrap:anywhere made each cell a letter wide, never scrolling.
+    broken = cells.evaluate_all("cells => cells.map(c => c.scrollWidth > c.clientWidth + 1)")
+    heights = cells.evaluate_all("cells => cells.map(c => c.getBoundingClientRect().height)")
+    assert broken == [False] * 8
+    assert max(heights) < 2 * min(heights), heights  # each long word stays one word
+    assert table.evaluate("t => t.scrollWidth > t.clientWidth")  # it scrolls instead
+    pages.assert_clean()
+
+
+def test_clicking_send_leaves_the_focus_in_the_box(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Focus")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    box = by_id(page, "message-input")
+    box.fill("first by click")
+    by_id(page, "send-button").click()
+    expect(user_bubble(page, "first by click")).to_be_visible()
+    # Before: the focus fell to the page (the button is disabled once the box empties).
+    expect(box).to_be_focused()
+    page.keyboard.type("next words")
+    expect(box).to_have_value("next words")
+    pages.assert_clean()
+
+
+def test_after_a_delete_by_keyboard_the_focus_goes_to_a_neighbour(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    ids = [relay.create(title=title)["id"] for title in ("Older", "Doomed", "Newer")]
+    page = pages.open(relay, f"/c/{ids[0]}")
+    item_menu(page, "Doomed")
+    by_id(page, "conv-delete").click()
+    expect(by_id(page, "confirm-dialog")).to_be_visible()
+    by_id(page, "confirm-ok").press("Enter")
+    expect(by_id(page, "conversation-item")).to_have_count(2)
+    # Before: the focus went back to Doomed's ⋯, removed a frame later: the page had it.
+    focused = page.locator(":focus")
+    expect(focused).to_have_attribute("data-testid", "conv-menu-button")
+    expect(page.locator(".conv-item", has=focused)).to_contain_text("Older")
+    pages.assert_clean()
+
+
+def test_after_unpin_by_keyboard_the_focus_stays_in_the_pins(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Pins")["id"]
+    for text in ("keep one", "keep two"):
+        relay.send(cid, text)
+        relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}")
+    for text in ("keep one", "keep two"):
+        user_bubble(page, text).get_by_test_id("pin-toggle").click()
+    unpins = by_id(page, "unpin")
+    expect(unpins).to_have_count(2)
+    unpins.first.focus()
+    page.keyboard.press("Enter")
+    expect(unpins).to_have_count(1)
+    expect(unpins.first).to_be_focused()  # before: the page had the focus
+    page.keyboard.press("Enter")
+    expect(unpins).to_have_count(0)
+    expect(page.locator(":focus")).to_have_attribute("data-testid", "pin-toggle")
+    pages.assert_clean()
+
+
+def test_the_compact_dialog_focuses_compact_once_the_preview_is_in(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Compact by keyboard")["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}")
+    send_text(page, "/compact")
+    expect(by_id(page, "compact-confirm")).to_be_enabled()
+    # Before: the left-out fold had it, and Enter unfolded it instead of compacting.
+    expect(by_id(page, "compact-confirm")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(by_id(page, "title")).to_have_text("Compact by keyboard (compacted)")
+    pages.assert_clean()
+
+
+def test_a_window_moved_while_another_tab_compacts_goes_to_the_new_conversation(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Moved window")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    by_id(page, "context-button").click()
+    slider = by_id(page, "window-slider")
+    expect(slider).to_be_visible()
+    slider.focus()
+    page.keyboard.press("ArrowRight")
+    compacted = relay.send(cid, "/compact")
+    assert compacted.status_code == 201, compacted.text
+    new_id = compacted.json()["compacted_into"]["id"]
+    expect(page).to_have_url(f"{relay.base}/c/{new_id}")
+    # Before: saved to the archived one on close: "…not saved: This conversation is archived".
+    relay.wait_for(new_id, lambda view: view["auto_compact_window"] is not None, timeout=10)
+    assert relay.get(cid)["auto_compact_window"] is None
+    pages.assert_clean()
