@@ -103,11 +103,6 @@ def _without_closing_quotes(link: Match) -> Match:
     return link
 
 
-_markdown = MarkdownIt(
-    "commonmark", {"html": False, "linkify": True, "highlight": _highlight}
-).enable(["table", "strikethrough", "linkify"])
-_markdown.linkify = _SchemeLinks()
-
 _ALIGN = re.compile(r"^text-align:(left|center|right)$")
 ALIGN_CLASSES = {"align-left", "align-center", "align-right"}
 
@@ -122,9 +117,6 @@ def _alignment_as_class(state: StateCore) -> None:
                 token.attrSet("class", f"align-{match.group(1)}")
 
 
-_markdown.core.ruler.push("alignment_as_class", _alignment_as_class)
-
-
 def _image_as_link(
     renderer: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
 ) -> str:
@@ -135,7 +127,21 @@ def _image_as_link(
     return f'<a href="{escapeHtml(token.attrGet("src") or "")}">{escapeHtml(words)}</a>'
 
 
-_markdown.add_render_rule("image", _image_as_link)
+def _parser(*, breaks: bool = False) -> MarkdownIt:
+    """The relay's Markdown: CommonMark, tables, strikethrough, links found by scheme, no raw
+    HTML; breaks: a newline inside a paragraph is a line break (a backup's header lines)."""
+    md = MarkdownIt(
+        "commonmark",
+        {"html": False, "linkify": True, "highlight": _highlight, "breaks": breaks},
+    ).enable(["table", "strikethrough", "linkify"])
+    md.linkify = _SchemeLinks()
+    md.core.ruler.push("alignment_as_class", _alignment_as_class)
+    md.add_render_rule("image", _image_as_link)
+    return md
+
+
+_markdown = _parser()
+_backup_markdown = _parser(breaks=True)
 
 _TAGS = {
     "p", "br", "hr", "strong", "em", "del", "s", "code", "pre", "blockquote",
@@ -211,8 +217,16 @@ def render_partial(text: str) -> str:
     return _render(text)
 
 
+def render_backup(text: str) -> str:
+    """Render a backup file: its consecutive `**Field:** value` lines each on a line (SPEC §6)."""
+    return _sanitized(_backup_markdown.render(text))
+
+
 def _render(text: str) -> str:
-    html = _markdown.render(text)
+    return _sanitized(_markdown.render(text))
+
+
+def _sanitized(html: str) -> str:
     return nh3.clean(
         html,
         tags=_TAGS,

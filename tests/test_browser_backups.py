@@ -164,3 +164,34 @@ def test_a_compaction_line_with_its_backup_stays_readable_on_narrow_screens(
         ), width  # the pill as on a wide screen: one line, its full width
         assert ref["width"] > 40, width  # the backup's link still there to tap
     pages.assert_clean()
+
+
+def test_a_backup_reads_field_by_field_and_downloads_on_a_phone(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """Found by an exploratory run: the header's fields ran together in one paragraph, and at
+    375 px Download began left of the dialog (its buttons did not wrap)."""
+    cid = relay.create(title="Phone backup")["id"]
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+    for n in range(1, 7):  # turn 6 compacts (as above)
+        relay.send(cid, f"turn {n}")
+        relay.wait_idle(cid)
+    wait_backups(relay, cid, 4)
+    phone = {"viewport": {"width": 375, "height": 667}, "is_mobile": True, "has_touch": True}
+    page = pages.open(relay, f"/c/{cid}", **phone)
+    by_id(page, "compaction-backup").click()
+    viewer = by_id(page, "backup-dialog")
+    expect(viewer).to_be_visible()
+    header = by_id(page, "backup-body").locator("p").first.inner_text().splitlines()
+    assert [line.split(":")[0] for line in header] == [
+        "Conversation",
+        "Session ID",
+        "Trigger",
+        "Context Remaining",
+        "Generated",
+    ]
+    box, download = viewer.bounding_box(), by_id(page, "backup-download").bounding_box()
+    assert box is not None and download is not None
+    left, right = download["x"], download["x"] + download["width"]
+    assert box["x"] <= left and right <= box["x"] + box["width"], (box, download)
+    pages.assert_clean()

@@ -17,6 +17,7 @@ from app.render import (
     _highlight,
     _image_as_link,
     _markdown,
+    render_backup,
     render_markdown,
 )
 from tests.xss_corpus import PAYLOADS
@@ -101,6 +102,14 @@ LINKY = [
 @pytest.mark.parametrize("text", LINKY)
 def test_links_are_found_as_linkify_it_finds_them(text: str) -> None:
     assert _markdown.render(text) == _stock().render(text)
+
+
+def test_a_backup_keeps_its_header_lines_apart_and_a_message_does_not() -> None:
+    text = "**Trigger:** manual\n**Generated:** now"
+    assert render_backup(text) == (
+        "<p><strong>Trigger:</strong> manual<br>\n<strong>Generated:</strong> now</p>\n"
+    )
+    assert "<br>" not in render_markdown(text)
 
 
 def test_the_closing_quotes_are_unicodes_final_punctuation_and_the_cjk_ones() -> None:

@@ -10,7 +10,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 
 from app.backups import NAME, carry_over
-from app.render import render_markdown
+from app.render import render_backup
 from app.routes.deps import fetch_conversation, load_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor
 from app.views import conversation_view
@@ -64,7 +64,7 @@ def rendered_backup(
     load_conversation(supervisor, conversation_id)
     markdown = _read(supervisor, conversation_id, name)
     info = supervisor.backups.files.info(conversation_id, name)
-    return {**info, "html": render_markdown(markdown)}
+    return {**info, "html": render_backup(markdown)}
 
 
 @router.post("/conversations/{conversation_id}/backups/{name}/fresh", status_code=201)
