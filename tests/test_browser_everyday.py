@@ -183,3 +183,18 @@ def test_a_window_moved_while_another_tab_compacts_goes_to_the_new_conversation(
     relay.wait_for(new_id, lambda view: view["auto_compact_window"] is not None, timeout=10)
     assert relay.get(cid)["auto_compact_window"] is None
     pages.assert_clean()
+
+
+def test_the_new_conversation_dialog_fits_a_phone(pages: Pages, relay: LiveRelay) -> None:
+    page = pages.open(relay, "/", **PHONE)
+    page.get_by_test_id("empty-new-conversation").click()
+    dialog = by_id(page, "new-dialog")
+    expect(by_id(page, "import-toggle")).to_be_visible()
+    # Before: "Continue a session started in a terminal…" ran past the edge (no wrap), and the
+    # whole dialog scrolled sideways.
+    assert dialog.evaluate("d => d.scrollWidth <= d.clientWidth")
+    toggle = by_id(page, "import-toggle").bounding_box()
+    box = dialog.bounding_box()
+    assert toggle is not None and box is not None
+    assert toggle["x"] + toggle["width"] <= box["x"] + box["width"]
+    pages.assert_clean()
