@@ -25,7 +25,8 @@ from app.backups import tool_facts
 from app.compaction import finished_text
 from app.edits import edit_change
 from app.models import Conversation, Entry
-from app.store import storable
+from app.store import is_message, storable, storable_data
+from app.unicode_text import has_visible_character
 
 SESSION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MAX_LISTED = 100  # sessions listed, most recently written first
@@ -41,8 +42,7 @@ LINE_CHARS = 2000  # a command's output shown as a line
 NO_RESULT = "No result was recorded in the transcript."
 INTERRUPTED = "Interrupted by the user."
 SYNTHETIC_NO_REPLY = "No response requested."
-REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
-TAG = r"<{0}>(.*?)</{0}>"
+REMINDER = "system-reminder"
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _parse(line: bytes | None) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[…" nested past Python's limit
         return None
     return record if isinstance(record, dict) else None
 
@@ -116,14 +116,38 @@ def _blocks_text(content: Any) -> str:
     return "\n\n".join(parts)
 
 
+# The tags are found with str.find, in one pass: a lazy regex (<tag>(.*?)</tag>) scanned to
+# the text's end from every opening tag, so 8,000 unclosed ones took 13 s, holding the GIL
+# (the whole relay stood still; found by a hostile review).
+
+
 def _tag(name: str, text: str) -> str | None:
-    found = re.search(TAG.format(name), text, re.DOTALL)
-    return found[1] if found else None
+    """What the first <name>…</name> in text holds, or None (as re.search would find it)."""
+    opening, closing = f"<{name}>", f"</{name}>"
+    start = text.find(opening)
+    if start == -1:
+        return None
+    end = text.find(closing, start + len(opening))
+    return None if end == -1 else text[start + len(opening) : end]
+
+
+def _without_tag(name: str, text: str) -> str:
+    """text without its <name>…</name> blocks (as re.sub would remove them)."""
+    opening, closing = f"<{name}>", f"</{name}>"
+    kept, at = [], 0
+    while (start := text.find(opening, at)) != -1:
+        end = text.find(closing, start + len(opening))
+        if end == -1:
+            break
+        kept.append(text[at:start])
+        at = end + len(closing)
+    kept.append(text[at:])
+    return "".join(kept)
 
 
 def user_drafts(text: str) -> list[Draft]:
     """What a user record's text shows as: a message, a command, a command's output, a line."""
-    text = REMINDER.sub("", text).strip()
+    text = _without_tag(REMINDER, text).strip()
     if not text:
         return []
     if text.startswith("[Request interrupted by user"):
@@ -203,7 +227,9 @@ def session_summary(path: Path) -> tuple[str | None, str | None]:
             if record.get("type") == kind and isinstance(record.get(key), str):
                 titles[kind] = record[key]
     title = titles.get("custom-title") or titles.get("ai-title") or prompt
-    return cwd, _one_line(title, TITLE_CHARS) if title and title.strip() else None
+    # A title as the API would take it: one line, storable, with a visible character.
+    title = storable(_one_line(title, TITLE_CHARS)) if title else None
+    return cwd, title if title and has_visible_character(title) else None
 
 
 def _candidates(config: Path, roots: list[Path]) -> list[tuple[float, int, Path]]:
@@ -247,7 +273,7 @@ def list_sessions(config: Path, roots: list[Path]) -> tuple[list[TerminalSession
             resolved = Path(cwd).resolve()
             if not inside(resolved, roots) or not resolved.is_dir():
                 continue
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):  # ValueError: a NUL in the cwd, say
             continue
         sessions.append(TerminalSession(path.stem, cwd, title or "(no prompt)", mtime, size))
     return sessions, len(candidates) > MAX_EXAMINED
@@ -320,6 +346,7 @@ class HistoryBuilder:
                 case MessageDone(message_id=message_id, text=text) if text.strip():
                     at = self.starts.get(message_id, len(self.entries))
                     self.entries.insert(at, Draft("agent", text))
+                    self._shift_after(message_id, at)
                 case Activity(phase="call"):
                     data: dict[str, Any] = {"type": "tool", "tool": event.name}
                     data["tool_id"] = event.tool_id
@@ -341,8 +368,20 @@ class HistoryBuilder:
                 case Notice(text=text, level=level, data=data):
                     self.entries.append(Draft("line", text, data={"level": level, **data}))
                 case Usage(context_tokens=tokens, model=model):
-                    self.context_tokens = tokens
-                    self.model = model or self.model
+                    # As a live turn's figures: an int a database column takes, a str.
+                    if isinstance(tokens, int) and 0 <= tokens < 1 << 62:
+                        self.context_tokens = tokens
+                    if isinstance(model, str) and model:
+                        self.model = storable(model)
+
+    def _shift_after(self, message_id: str, at: int) -> None:
+        """The messages that began after this one begin one entry later: their start was
+        taken before its text went in at `at` (their order came out wrong)."""
+        after = False
+        for other, start in self.starts.items():
+            if after and start >= at:
+                self.starts[other] = start + 1
+            after = after or other == message_id
 
     def finish(self) -> list[Draft]:
         """The entries; a call whose result the transcript lacks is shown as ended."""
@@ -457,10 +496,12 @@ def save_import(
                 kind=draft.kind,
                 text=storable(draft.text),
                 state=draft.state,
-                data=draft.data,
+                data=storable_data(draft.data),
             )
         )
     conversation.last_seq = len(entries)
+    # The stored count the /compact preview reads (it stayed 0: "Left out" said nothing older).
+    conversation.message_count = sum(is_message(draft.kind, draft.state) for draft in entries)
     session.add(conversation)
     session.commit()
     session.refresh(conversation)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Collection
 from datetime import datetime
 from functools import cache
@@ -28,6 +30,7 @@ from app.models import Conversation, Entry, Handoff, Pin, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_PINS = 50  # per conversation: 3,500 characters hold about 13 whole pins anyway
 
 
@@ -105,8 +108,30 @@ class AlreadyArchived(Exception):
 
 
 def storable(text: str) -> str:
-    """Replace NUL with U+FFFD: an agent's output may hold one, PostgreSQL's text cannot."""
-    return text.replace("\x00", "\ufffd")
+    """Text as it can be stored and sent: NUL (PostgreSQL's text takes none) and a lone
+    surrogate (half an emoji: a CLI cutting a long output in UTF-16 leaves one, and no UTF-8
+    encoder takes it) become U+FFFD; the two halves of one pair become its character."""
+    text = text.replace("\x00", "\ufffd")
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def storable_data(value: Any) -> Any:
+    """A JSON value as it can be stored and sent: its strings (keys too) storable, and a
+    number that is not finite (NaN, Infinity: not JSON) null."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return {
+            storable(key) if isinstance(key, str) else key: storable_data(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [storable_data(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def create_conversation(
@@ -230,7 +255,7 @@ def add_entry(
         "kind": kind,
         "text": storable(text),
         "state": state,
-        "data": data or {},
+        "data": storable_data(data) if data else {},
         "created_at": utcnow(),
     }
     connection = session.connection()
@@ -270,7 +295,7 @@ def save_entry(
     values: dict[str, Any] = {}
     for name, value in changes.items():
         if name == "data":
-            value = dict(value)
+            value = storable_data(dict(value))
         elif name == "text":
             value = storable(value)
         values[name] = value
