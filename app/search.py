@@ -15,9 +15,10 @@ from sqlmodel import Session
 # The FTS5 index (migration 0005): user and agent entries' text, kept in sync by triggers.
 FTS_TABLE = "entry_fts"
 SEARCH_KINDS = ("user", "agent")
-# Marks snippet() puts around a match: control characters, which the UI never shows as text.
-MARK_START = "\x02"
-MARK_END = "\x03"
+# Marks snippet() puts around a match: noncharacters, which stored text never holds (storable
+# replaces them). Before, \x02 and \x03, which a message could hold: it faked a highlight.
+MARK_START = "\ufdd0"
+MARK_END = "\ufdd1"
 SNIPPET_TOKENS = 16
 LIKE_SNIPPET_CHARS = 60
 

@@ -30,7 +30,10 @@ from app.models import Conversation, Entry, Handoff, Pin, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# Half an emoji (a lone surrogate), and the noncharacters U+FDD0-U+FDEF: Unicode keeps them for
+# a program's own use, and the relay marks search matches with two of them (app/search.py).
+_UNSTORABLE = re.compile("[\ud800-\udfff\ufdd0-\ufdef]")
+_NONCHARACTERS = {code: "\ufffd" for code in range(0xFDD0, 0xFDF0)}
 MAX_PINS = 50  # per conversation: 3,500 characters hold about 13 whole pins anyway
 
 
@@ -108,12 +111,14 @@ class AlreadyArchived(Exception):
 
 
 def storable(text: str) -> str:
-    """Text as it can be stored and sent: NUL (PostgreSQL's text takes none) and a lone
+    """Text as it can be stored and sent: NUL (PostgreSQL's text takes none), a lone
     surrogate (half an emoji: a CLI cutting a long output in UTF-16 leaves one, and no UTF-8
-    encoder takes it) become U+FFFD; the two halves of one pair become its character."""
+    encoder takes it) and the noncharacters the relay marks with become U+FFFD; the two halves
+    of one pair become its character."""
     text = text.replace("\x00", "\ufffd")
-    if text.isascii() or _SURROGATE.search(text) is None:
+    if text.isascii() or _UNSTORABLE.search(text) is None:
         return text
+    text = text.translate(_NONCHARACTERS)
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 

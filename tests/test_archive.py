@@ -248,7 +248,7 @@ def test_pg_terms_quote_every_word_and_prefix_the_last() -> None:
 
 
 def test_pg_snippet_marks_what_it_leaves_out() -> None:
-    body = "one two \x02three\x03 four"
+    body = "one two \ufdd0three\ufdd1 four"
     assert pg_snippet("zero one two three four five", body) == [
         {"text": "…one two ", "match": False},
         {"text": "three", "match": True},

@@ -53,7 +53,7 @@ def test_fts_query_quotes_every_word_and_prefixes_the_last() -> None:
 
 
 def test_snippet_spans_split_on_the_marks() -> None:
-    assert snippet_spans("…the \x02fox\x03 ran \x02far\x03") == [
+    assert snippet_spans("…the \ufdd0fox\ufdd1 ran \ufdd0far\ufdd1") == [
         {"text": "…the ", "match": False},
         {"text": "fox", "match": True},
         {"text": " ran ", "match": False},
@@ -152,6 +152,16 @@ def test_snippets_are_text_never_markup(engine: Engine) -> None:
     hit = find(engine, "payload")[0]
     assert "".join(span["text"] for span in hit["snippet"]) == body
     assert marked(hit) == ["payload"]
+
+
+def test_a_message_cannot_fake_a_highlight(engine: Engine) -> None:
+    # Found by a hostile review: the marks were \x02 and \x03, which a message may hold.
+    body = "alpha \x02spoofed\x03 beta \ufdd0forged\ufdd1 gamma quokka"
+    conversation_with(engine, "t", ("user", body))
+    hit = find(engine, "quokka")[0]
+    assert marked(hit) == ["quokka"]
+    shown = "".join(span["text"] for span in hit["snippet"])
+    assert shown == "alpha \x02spoofed\x03 beta \ufffdforged\ufffd gamma quokka"
 
 
 def test_like_fallback_finds_every_word_with_a_snippet(engine: Engine) -> None:
