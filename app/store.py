@@ -577,10 +577,15 @@ def count_pins(*, session: Session, conversation_id: int) -> int:
     return int(session.exec(query).one())
 
 
+def find_pin(*, session: Session, conversation_id: int, entry_id: int) -> Pin | None:
+    """The conversation's pin of this message, if it is pinned."""
+    query = select(Pin).where(Pin.conversation_id == conversation_id, Pin.entry_id == entry_id)
+    return session.exec(query).first()
+
+
 def add_pin(*, session: Session, conversation: Conversation, entry: Entry, role: str) -> Pin:
     """Pin a message of the conversation (its text copied); pinning twice keeps one pin."""
-    query = select(Pin).where(Pin.conversation_id == conversation.id, Pin.entry_id == entry.id)
-    found = session.exec(query).first()
+    found = find_pin(session=session, conversation_id=conversation.id or 0, entry_id=entry.id or 0)
     if found is not None:
         return found
     pin = Pin(

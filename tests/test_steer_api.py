@@ -292,3 +292,21 @@ def test_a_conversation_with_pins_can_be_deleted(relay: LiveRelay) -> None:
     kept = relay.http.get(f"/api/conversations/{new['id']}/pins").json()["pins"]
     assert kept[0]["text"] == "keep this"
     assert new["pending_summary"].split("\n")[2] == "- keep this"
+
+
+def test_fifty_pins_at_most_and_pinning_one_again_is_not_the_fifty_first(
+    relay: LiveRelay,
+) -> None:
+    cid = relay.create(title="Many pins")["id"]
+    view = talk(relay, cid, *(f"message {n}" for n in range(26)))
+    ids = [entry["id"] for entry in messages(view)]
+    for entry_id in ids[: store.MAX_PINS]:
+        pin(relay, cid, entry_id)
+    base = f"/api/conversations/{cid}/pins"
+    one_more = relay.http.put(f"{base}/{ids[store.MAX_PINS]}")
+    assert (one_more.status_code, one_more.json()) == (
+        409,
+        {"detail": "At most 50 messages can be pinned."},
+    )
+    # Before: 409 too (found by a hostile review); the API says pinning twice keeps one pin.
+    assert len(pin(relay, cid, ids[0])) == store.MAX_PINS

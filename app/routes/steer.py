@@ -192,7 +192,8 @@ def _pin(supervisor: Supervisor, conversation_id: int, entry_id: int) -> dict[st
         if not one_line(entry.text):
             raise HTTPException(409, "This message has no text to carry.")
         held = store.count_pins(session=session, conversation_id=conversation_id)
-        if held >= store.MAX_PINS:
+        pinned = store.find_pin(session=session, conversation_id=conversation_id, entry_id=entry_id)
+        if held >= store.MAX_PINS and pinned is None:  # pinning one again adds no pin
             raise HTTPException(409, f"At most {store.MAX_PINS} messages can be pinned.")
         store.add_pin(
             session=session, conversation=conversation, entry=entry, role=steer.role_of(entry)
