@@ -68,8 +68,11 @@ class BackupFiles:
         """A backup's Markdown; LookupError when there is no such backup."""
         if number_of(name) is None:
             raise LookupError("No such backup.")
+        path = self.folder(conversation_id) / name
+        if not path.is_file():  # gone, or a directory or FIFO of that name (a FIFO would hang)
+            raise LookupError("No such backup.")
         try:
-            return (self.folder(conversation_id) / name).read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise LookupError("No such backup.") from None
 

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -253,7 +254,8 @@ def _candidates(config: Path, roots: list[Path]) -> list[tuple[float, int, Path]
                 stat = path.stat()
             except OSError:
                 continue
-            found.append((stat.st_mtime, stat.st_size, path))
+            if S_ISREG(stat.st_mode):  # a FIFO of that name would hang the list's read
+                found.append((stat.st_mtime, stat.st_size, path))
     found.sort(key=lambda item: item[0], reverse=True)
     return found
 
@@ -282,7 +284,8 @@ def list_sessions(config: Path, roots: list[Path]) -> tuple[list[TerminalSession
 def find_transcript(config: Path, session_id: str) -> Path | None:
     """The transcript of a session (its id already checked against SESSION_ID)."""
     try:
-        return next((config / "projects").glob(f"*/{session_id}.jsonl"), None)
+        found = next((config / "projects").glob(f"*/{session_id}.jsonl"), None)
+        return found if found is not None and found.is_file() else None  # never a FIFO
     except OSError:
         return None
 

@@ -411,6 +411,13 @@ def test_files_are_numbered_never_overwritten_and_private(tmp_path: Path) -> Non
     assert stat.S_IMODE(os.stat(tmp_path / "backups").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "backups" / "7").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "backups" / "7" / files.names(7)[0]).st_mode) == 0o600
+    # A directory or a FIFO under a backup's name is no backup (a hostile review: the directory
+    # gave a 500; a FIFO's read never ends).
+    (tmp_path / "backups" / "7" / "8-backup-1st-Jan-2026-1-00am.md").mkdir()
+    os.mkfifo(tmp_path / "backups" / "7" / "9-backup-1st-Jan-2026-1-00am.md")
+    for odd in ("8-backup-1st-Jan-2026-1-00am.md", "9-backup-1st-Jan-2026-1-00am.md"):
+        with pytest.raises(LookupError):
+            files.read(7, odd)
 
 
 def test_rails_survive_in_the_folder(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ the import list for every session, or imported a conversation that could not be 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import uuid
@@ -104,12 +105,17 @@ def test_one_bad_transcript_leaves_the_list_of_the_others(
     write(config, root / "nested", user("y"), raw="[" * 50_000 + "]" * 50_000)
     surrogate = write(config, root / "half", user("half \udc80 a prompt"))
     invisible = write(config, root / "invisible", {"type": "custom-title", "customTitle": "\u200b"})
+    fifo = str(uuid.uuid4())
+    os.mkfifo(next((config / "projects").glob(f"*/{good}.jsonl")).parent / f"{fifo}.jsonl")
     # Before: a 500 for the NUL (the cwd read), then for the half emoji (the answer's encoding).
     listed = {s["session_id"]: s["title"] for s in sessions(live)["sessions"]}
     assert listed[good] == "a good session"
     assert listed[surrogate] == "half \ufffd a prompt"
     assert listed[invisible] == "(no prompt)"
     assert nul_cwd not in listed
+    # Before: the list's read of a FIFO never ended; nor did an import's.
+    assert fifo not in listed
+    assert import_session(live, fifo).status_code == 404
 
 
 def test_odd_figures_and_numbers_that_are_not_json_import(

@@ -46,7 +46,8 @@ async def export_conversation(
             return exporting.export(session, conversation, format, ancestors)
 
     body = await supervisor.storage.read(read)
-    name = exporting.file_name(conversation, format, ancestors)
+    earlier = ancestors and conversation.compacted_from_id is not None
+    name = exporting.file_name(conversation, format, earlier)
     return Response(
         exporting.encode(body),
         media_type=exporting.MEDIA_TYPES[format],
