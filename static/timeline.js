@@ -47,6 +47,14 @@ function enhance(body) {
 // Blocks the streamed tail may go into (not links or emphasis: it would take their look).
 const TAIL_BLOCKS = new Set(['P', 'LI', 'UL', 'OL', 'BLOCKQUOTE', 'PRE', 'TABLE', 'THEAD', 'TBODY', 'TR', 'TD', 'TH', 'H1', 'H2', 'H3', 'H4', 'H5', 'H6']);
 
+/** The streamed text after the rendered part: a space first when the rendered part ended with
+ * one (the rendering drops a paragraph's trailing space: "permission" + "or" ran together). */
+function afterRendered(full, cut) {
+  const tail = full.slice(cut);
+  // (an empty tail too: the next deltas are appended to it as they come)
+  return cut > 0 && /\s/.test(full[cut - 1]) && !/^\s/.test(tail) ? ` ${tail}` : tail;
+}
+
 /** Where the streamed text not yet rendered goes: the end of the rendered text's last block. */
 function streamTail(body, tail) {
   let target = body;
@@ -372,7 +380,7 @@ export class Timeline {
     const was = item.entry;
     if (was.state !== 'streaming') return; // late: the finished message is shown whole
     const full = was.text + text;
-    const update = html != null ? { html, tail: full.slice(rendered ?? full.length) } : { tail: (was.tail || '') + text };
+    const update = html != null ? { html, tail: afterRendered(full, rendered ?? full.length) } : { tail: (was.tail || '') + text };
     item.entry = { ...was, text: full, ...update };
     const streaming = item.el && was.state === 'streaming';
     const plain = streaming && html == null ? item.el.querySelector('.stream-tail, .plain') : null;

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
-from app.agents.base import AgentEvent, MessageDone, TurnDone
+from app.agents.base import AgentEvent, MessageDone, TextDelta, TurnDone
 from tests.browser import Pages, by_id, item_menu, send_text, user_bubble
 from tests.relay import LiveRelay
 from tests.test_browser_polish import ScriptAgent, use_script
@@ -197,4 +197,37 @@ def test_the_new_conversation_dialog_fits_a_phone(pages: Pages, relay: LiveRelay
     box = dialog.bounding_box()
     assert toggle is not None and box is not None
     assert toggle["x"] + toggle["width"] <= box["x"] + box["width"]
+    pages.assert_clean()
+
+
+async def _a_pause_after_a_space(_agent: ScriptAgent, prompt: str) -> AsyncIterator[AgentEvent]:
+    """Text that is rendered while it ends with a space, then more of it."""
+    yield TextDelta(f"m-{prompt}", "Try ask permission ")
+    await asyncio.sleep(0.5)  # rendered meanwhile: "<p>Try ask permission</p>", space dropped
+    yield TextDelta(f"m-{prompt}", "or slow.")
+    await asyncio.sleep(0.5)
+    yield MessageDone(f"m-{prompt}", "Try ask permission or slow.")
+    yield TurnDone()
+
+
+def test_streamed_text_after_a_rendered_space_keeps_the_space(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    use_script(relay, _a_pause_after_a_space)
+    cid = relay.create(title="Spaces")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    # Every state the streaming message's text passes through, as the page showed it.
+    page.evaluate("""() => {
+      window.seen = [];
+      new MutationObserver(() => {
+        const body = document.querySelector('[data-testid="entry-agent"] .bubble');
+        if (body) window.seen.push(body.textContent);
+      }).observe(document.body, { subtree: true, childList: true, characterData: true });
+    }""")
+    send_text(page, "go")
+    expect(by_id(page, "entry-agent")).to_have_text("Try ask permission or slow.")
+    seen = page.evaluate("window.seen")
+    assert any("permission or" in text for text in seen[:-1]), seen  # shown while streaming
+    # Before: "Try ask permissionor slow." until the next rendering.
+    assert not [text for text in seen if "permissionor" in text], seen
     pages.assert_clean()
