@@ -389,6 +389,14 @@ function successorOf(id) {
   return id;
 }
 
+/** The "missing" view: why, and what was typed there (to copy) if anything. */
+function showMissing(text, typed = '') {
+  byId('missing-text').textContent = text;
+  byId('missing-draft').hidden = !typed.trim();
+  byId('missing-draft-text').value = typed;
+  showView('missing');
+}
+
 function onRemoved(id) {
   const known = state.convs.get(id) || (state.current && state.current.id === id && state.current.conv);
   if (known) state.removed.set(id, known.created_at);
@@ -396,8 +404,10 @@ function onRemoved(id) {
   renderLists();
   if (state.current && state.current.id === id) {
     leaveConversation();
-    byId('missing-text').textContent = 'This conversation was deleted.';
-    showView('missing');
+    // Deleted in another tab while this one had text typed: it stays to be copied.
+    const typed = state.drafts.get(id) || '';
+    state.drafts.delete(id);
+    showMissing('This conversation was deleted.', typed);
   }
 }
 
@@ -609,8 +619,7 @@ async function openConversation(id, { focus = false } = {}) {
     ({ data } = await api(`/api/conversations/${id}`));
   } catch (err) {
     if (token !== state.opening) return;
-    byId('missing-text').textContent = err.status === 404 ? 'This conversation does not exist.' : err.message;
-    showView('missing');
+    showMissing(err.status === 404 ? 'This conversation does not exist.' : err.message);
     return;
   }
   if (token !== state.opening) return;

@@ -231,3 +231,27 @@ def test_streamed_text_after_a_rendered_space_keeps_the_space(
     # Before: "Try ask permissionor slow." until the next rendering.
     assert not [text for text in seen if "permissionor" in text], seen
     pages.assert_clean()
+
+
+def test_text_typed_in_a_conversation_deleted_elsewhere_stays_to_be_copied(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    cid = relay.create(title="Deleted under the cursor")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    by_id(page, "message-input").fill("a long thought I was still typing")
+    expect(by_id(page, "agent-state")).to_be_visible()
+    assert relay.http.delete(f"/api/conversations/{cid}").status_code == 204
+    expect(page.locator("#missing-text")).to_have_text("This conversation was deleted.")
+    # Before: gone without a trace (an archive keeps it read-only; a delete now shows it).
+    expect(by_id(page, "missing-draft")).to_have_value("a long thought I was still typing")
+    expect(by_id(page, "missing-draft")).to_be_visible()
+    pages.problems = [p for p in pages.problems if "404" not in p]  # its reload, as intended
+    pages.assert_clean()
+
+
+def test_a_missing_conversation_shows_no_draft_box(pages: Pages, relay: LiveRelay) -> None:
+    page = pages.open(relay, "/c/424242")
+    expect(page.locator("#missing-text")).to_have_text("This conversation does not exist.")
+    expect(by_id(page, "missing-draft")).to_be_hidden()
+    pages.problems = [p for p in pages.problems if "404" not in p]
+    pages.assert_clean()
