@@ -82,6 +82,9 @@ export class ContextModal {
     const used = ctx.used || 0;
     const scale = ctx.window || ctx.model_window || Math.max(used, 1);
     const bar = byId('context-bar');
+    // No window known yet (an imported session before its first turn here): no bar, whose scale
+    // would be the figure itself, a full bar that read as "the context is full".
+    bar.hidden = !(ctx.window || ctx.model_window);
     bar.setAttribute('aria-valuemax', String(scale));
     bar.setAttribute('aria-valuenow', String(Math.min(used, scale)));
     bar.setAttribute('aria-valuetext', `${fmtTokens(used)} of ${fmtTokens(scale)} tokens`);

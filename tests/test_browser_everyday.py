@@ -9,6 +9,8 @@ from pathlib import Path
 from playwright.sync_api import expect
 
 from app.agents.base import AgentEvent, MessageDone, TextDelta, TurnDone
+from app.db import get_session
+from app.models import Conversation
 from tests.browser import Pages, by_id, item_menu, send_text, user_bubble
 from tests.relay import LiveRelay
 from tests.test_browser_polish import ScriptAgent, use_script
@@ -254,4 +256,21 @@ def test_a_missing_conversation_shows_no_draft_box(pages: Pages, relay: LiveRela
     expect(page.locator("#missing-text")).to_have_text("This conversation does not exist.")
     expect(by_id(page, "missing-draft")).to_be_hidden()
     pages.problems = [p for p in pages.problems if "404" not in p]
+    pages.assert_clean()
+
+
+def test_a_figure_without_a_window_draws_no_full_bar(pages: Pages, relay: LiveRelay) -> None:
+    # As an imported session shows before its first turn here: a figure, no window yet.
+    cid = relay.create(title="Imported")["id"]
+    with get_session(relay.app.state.engine) as session:
+        conversation = session.get(Conversation, cid)
+        assert conversation is not None and conversation.model_window is None
+        conversation.context_tokens = 22_000
+        session.add(conversation)
+        session.commit()
+    page = pages.open(relay, f"/c/{cid}")
+    by_id(page, "context-button").click()
+    expect(by_id(page, "context-used")).to_have_text("22k used")
+    # Before: a bar scaled to the figure itself, full, which read as "the context is full".
+    expect(by_id(page, "context-bar")).to_be_hidden()
     pages.assert_clean()
