@@ -274,3 +274,19 @@ def test_a_figure_without_a_window_draws_no_full_bar(pages: Pages, relay: LiveRe
     # Before: a bar scaled to the figure itself, full, which read as "the context is full".
     expect(by_id(page, "context-bar")).to_be_hidden()
     pages.assert_clean()
+
+
+def test_a_finger_gets_targets_larger_than_the_pointers(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Fingers")["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}", **PHONE)
+    pin = user_bubble(page, "hello").get_by_test_id("pin-toggle")
+    expect(pin).to_be_visible()
+    by_id(page, "menu-button").click()
+    menu = page.locator(".conv-item").get_by_test_id("conv-menu-button")
+    expect(menu).to_be_visible()
+    sizes = [box for box in (pin.bounding_box(), menu.bounding_box()) if box is not None]
+    # Before: the pin 28 x 12 px, the ⋯ 24 x 24 (and both always shown, hover being absent).
+    assert [(b["width"] >= 32, b["height"] >= 28) for b in sizes] == [(True, True)] * 2, sizes
+    pages.assert_clean()
