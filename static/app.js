@@ -1075,6 +1075,14 @@ input.addEventListener('keydown', (e) => {
     e.preventDefault();
     trySend();
   }
+  // Page Up / Page Down scroll the timeline from the composer (a keyboard had no way through
+  // the history but tabbing over every message's Pin).
+  if ((e.key === 'PageUp' || e.key === 'PageDown') && !composing && !e.shiftKey) {
+    e.preventDefault();
+    const timeline = byId('timeline');
+    const page = Math.max(40, timeline.clientHeight - 60);
+    timeline.scrollBy({ top: e.key === 'PageUp' ? -page : page });
+  }
 });
 // A click or a keystroke in the composer warms, and so does reaching it with the Tab key;
 // the focus given by opening a conversation does not (browsing would start every agent).

@@ -238,6 +238,12 @@ function lineEntry(entry, old, timeline) {
   return line;
 }
 
+/** The first words of a message, for its Pin button's name. */
+function pinWords(text) {
+  const line = String(text || '').split(/\s+/).join(' ').trim();
+  return line.length > 60 ? `${line.slice(0, 59)}…` : line;
+}
+
 /** A message's pin: a button in an active conversation, a mark in an archived one (SPEC §8). */
 function pinControl(entry, timeline) {
   if (!timeline || (entry.kind !== 'user' && entry.kind !== 'agent')) return null;
@@ -249,7 +255,9 @@ function pinControl(entry, timeline) {
   }
   return h('button', {
     type: 'button', class: `pin-btn${pinned ? ' pinned' : ''}`, testid: 'pin-toggle',
-    'aria-pressed': String(pinned), 'aria-label': 'Pin',
+    // Named with the message's first words: a list of buttons all called "Pin" told a screen
+    // reader's user nothing of which message each pins.
+    'aria-pressed': String(pinned), 'aria-label': `Pin: ${pinWords(entry.text)}`,
     title: pinned ? 'Unpin: stop carrying this message into compactions' : 'Pin: carry this message into every compaction',
     onclick: () => timeline.hooks.onPin(entry, !pinned),
   });

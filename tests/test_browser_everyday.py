@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -289,4 +290,33 @@ def test_a_finger_gets_targets_larger_than_the_pointers(pages: Pages, relay: Liv
     sizes = [box for box in (pin.bounding_box(), menu.bounding_box()) if box is not None]
     # Before: the pin 28 x 12 px, the ⋯ 24 x 24 (and both always shown, hover being absent).
     assert [(b["width"] >= 32, b["height"] >= 28) for b in sizes] == [(True, True)] * 2, sizes
+    pages.assert_clean()
+
+
+# The timeline's scroll position against where it was (bottom): up, or back down.
+SCROLLED = """([bottom, up]) => {
+  const top = document.querySelector('#timeline').scrollTop;
+  return up ? top < bottom - 100 : top >= bottom - 1;
+}"""
+
+
+def test_page_up_in_the_composer_scrolls_the_timeline(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Long")["id"]
+    for n in range(12):
+        relay.send(cid, f"message number {n} " + "with some words " * 20)
+        relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}", viewport={"width": 900, "height": 600})
+    expect(user_bubble(page, "message number 11")).to_be_in_viewport()
+    box = by_id(page, "message-input")
+    box.focus()
+    bottom = by_id(page, "timeline").evaluate("t => t.scrollTop")
+    # Before: nothing (the keyboard's only way up was tabbing through every Pin button).
+    box.press("PageUp")
+    page.wait_for_function(SCROLLED, arg=[bottom, True])  # up by most of a page
+    box.press("PageDown")
+    page.wait_for_function(SCROLLED, arg=[bottom, False])  # and back down
+    expect(box).to_be_focused()
+    # Each Pin button says which message it pins.
+    pin = user_bubble(page, "message number 11").get_by_test_id("pin-toggle")
+    expect(pin).to_have_attribute("aria-label", re.compile(r"^Pin: message number 11 with some"))
     pages.assert_clean()
