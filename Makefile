@@ -79,7 +79,8 @@ redis:
 # server the run starts and stops itself (tests/postgres.py).
 POSTGRES_TESTS := tests/test_store.py tests/test_migrations.py tests/test_api.py tests/test_ws.py \
 	tests/test_schema_fuzz.py tests/test_supervisor.py tests/test_reliability.py \
-	tests/test_postgres.py tests/test_import.py tests/test_search.py tests/test_archive.py \
+	tests/test_postgres.py tests/test_import.py tests/test_import_hostile.py tests/test_search.py \
+	tests/test_archive.py \
 	tests/test_archive_relay.py tests/test_steer_api.py tests/test_steer_store.py \
 	tests/test_overhead_store.py
 

@@ -115,7 +115,11 @@ def storable(text: str) -> str:
     surrogate (half an emoji: a CLI cutting a long output in UTF-16 leaves one, and no UTF-8
     encoder takes it) and the noncharacters the relay marks with become U+FFFD; the two halves
     of one pair become its character."""
-    text = text.replace("\x00", "\ufffd")
+    return _encodable(text.replace("\x00", "\ufffd"))
+
+
+def _encodable(text: str) -> str:
+    """text with U+FFFD for each lone surrogate and noncharacter (a pair's halves joined)."""
     if text.isascii() or _UNSTORABLE.search(text) is None:
         return text
     text = text.translate(_NONCHARACTERS)
@@ -123,13 +127,14 @@ def storable(text: str) -> str:
 
 
 def storable_data(value: Any) -> Any:
-    """A JSON value as it can be stored and sent: its strings (keys too) storable, and a
-    number that is not finite (NaN, Infinity: not JSON) null."""
+    """A JSON value as it can be stored and sent: its strings (keys too) encodable (a NUL
+    stays: JSON holds it as \\u0000), and a number that is not finite (NaN, Infinity: not
+    JSON) null."""
     if isinstance(value, str):
-        return storable(value)
+        return _encodable(value)
     if isinstance(value, dict):
         return {
-            storable(key) if isinstance(key, str) else key: storable_data(item)
+            _encodable(key) if isinstance(key, str) else key: storable_data(item)
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
