@@ -137,17 +137,23 @@ def test_compaction_line_links_its_backup(pages: Pages, relay: LiveRelay) -> Non
     pages.assert_clean()
 
 
+def compacted_with_backups(relay: LiveRelay, title: str) -> int:
+    """A demo conversation whose sixth turn compacts (as above), its 4 backups written."""
+    cid = relay.create(title=title)["id"]
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
+    for n in range(1, 7):
+        relay.send(cid, f"turn {n}")
+        relay.wait_idle(cid)
+    wait_backups(relay, cid, 4)
+    return cid
+
+
 def test_a_compaction_line_with_its_backup_stays_readable_on_narrow_screens(
     pages: Pages, relay: LiveRelay
 ) -> None:
     """Found by an exploratory run: at 390 px the pill was 37 px wide and 568 px tall, a letter
     a row, beside the backup's unshrinking name (and 115 × 81 px at 768)."""
-    cid = relay.create(title="Narrow")["id"]
-    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
-    for n in range(1, 7):  # turn 6 compacts (as above)
-        relay.send(cid, f"turn {n}")
-        relay.wait_idle(cid)
-    wait_backups(relay, cid, 4)
+    cid = compacted_with_backups(relay, "Narrow")
     page = pages.open(relay, f"/c/{cid}")
     pill, link = by_id(page, "compaction-line"), by_id(page, "compaction-backup")
     expect(pill).to_be_visible()
@@ -171,12 +177,7 @@ def test_a_backup_reads_field_by_field_and_downloads_on_a_phone(
 ) -> None:
     """Found by an exploratory run: the header's fields ran together in one paragraph, and at
     375 px Download began left of the dialog (its buttons did not wrap)."""
-    cid = relay.create(title="Phone backup")["id"]
-    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
-    for n in range(1, 7):  # turn 6 compacts (as above)
-        relay.send(cid, f"turn {n}")
-        relay.wait_idle(cid)
-    wait_backups(relay, cid, 4)
+    cid = compacted_with_backups(relay, "Phone backup")
     phone = {"viewport": {"width": 375, "height": 667}, "is_mobile": True, "has_touch": True}
     page = pages.open(relay, f"/c/{cid}", **phone)
     by_id(page, "compaction-backup").click()
