@@ -376,7 +376,6 @@ function onConversation(conv, asked = null) { // asked: feed.clock when an HTTP 
   }
 }
 
-/** A conversation was deleted (here or in another tab): gone from the sidebar and the view. */
 /** The conversation a compacted one continues in (the last of its successors known), or itself. */
 function successorOf(id) {
   const seen = new Set();
@@ -397,6 +396,7 @@ function showMissing(text, typed = '') {
   showView('missing');
 }
 
+/** A conversation was deleted (here or in another tab): gone from the sidebar and the view. */
 function onRemoved(id) {
   const known = state.convs.get(id) || (state.current && state.current.id === id && state.current.conv);
   if (known) state.removed.set(id, known.created_at);
