@@ -209,6 +209,9 @@ def create_app(settings: Settings) -> FastAPI:
         """Anything unforeseen: a JSON 500 with a message, never plain text (it is logged)."""
         detail = "The relay failed to answer this request (an internal error, logged)."
         headers = {k.decode(): v.decode() for k, v in SECURITY_HEADERS}
+        # uvicorn closes the connection after an unhandled error: said, so that a client does
+        # not send its next request down it (a hostile review's next request was reset).
+        headers["connection"] = "close"
         return JSONResponse({"detail": detail}, status_code=500, headers=headers)
 
     @app.get("/healthz", tags=["health"])

@@ -203,6 +203,9 @@ def test_unforeseen_error_is_a_json_500_and_the_relay_goes_on(tmp_path: Path) ->
     try:
         with fresh_client(relay) as client:
             response = client.get("/api/broken")
+            # The connection is closed, and said to be: the next request takes a new one.
+            assert response.headers["connection"] == "close"
+            assert client.get("/api/conversations").status_code == 200
         detail = assert_json_error(response, 500)
         assert detail == "The relay failed to answer this request (an internal error, logged)."
         assert response.headers["x-content-type-options"] == "nosniff"
