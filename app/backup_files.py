@@ -58,7 +58,9 @@ class BackupFiles:
     def names(self, conversation_id: int) -> list[str]:
         """Backup file names, newest (highest n) first."""
         try:
-            entries = os.listdir(self.folder(conversation_id))
+            with os.scandir(self.folder(conversation_id)) as found:
+                # Files only: a FIFO of a backup's name would hang the list's read of it.
+                entries = [entry.name for entry in found if entry.is_file()]
         except OSError:  # none yet, or the directory cannot be read: no backups to show
             return []
         numbered = [(n, name) for name in entries if (n := number_of(name)) is not None]
@@ -121,8 +123,11 @@ class BackupFiles:
 
     def load_rails(self, conversation_id: int) -> Rails:
         """The rails as the last backup left them (fresh when unknown)."""
+        path = self.folder(conversation_id) / RAILS_FILE
+        if not path.is_file():  # none yet (or a FIFO of that name, whose read would hang)
+            return Rails()
         try:
-            raw = (self.folder(conversation_id) / RAILS_FILE).read_text(encoding="utf-8")
+            raw = path.read_text(encoding="utf-8")
             data = json.loads(raw)
         except (OSError, ValueError):
             return Rails()

@@ -95,7 +95,11 @@ def _without_closing_quotes(link: Match) -> Match:
     of its path; agents quote links that way.
     """
     body = link.raw.rstrip("*")  # "**“https://x.org/a”**": emphasis closes after the quote
-    kept = body.rstrip(CLOSING_QUOTES)
+    kept = body
+    while (shorter := kept.rstrip(CLOSING_QUOTES)) != kept:
+        # and the punctuation inside the quote: “https://x.org/a,” he said (as linkify-it
+        # leaves out a link's last comma or period when nothing follows it)
+        kept = shorter.rstrip(".,;:!?")
     cut = len(link.raw) - len(kept)
     if kept != body and kept:
         link.last_index -= cut

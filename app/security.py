@@ -75,8 +75,11 @@ def load_or_create_token(configured: str | None, data_dir: Path) -> str:
     return token
 
 
-# Headers the checks read once: a second copy could be the one another reader takes.
-SINGLE_HEADERS = frozenset({"host", "origin", "authorization", "content-length"})
+# Headers the checks read once: a second copy could be the one another reader takes (a
+# browser sends each once; RFC 6265 §5.4: one Cookie header).
+SINGLE_HEADERS = frozenset(
+    {"host", "origin", "authorization", "content-length", "content-type", "cookie"}
+)
 
 
 def _duplicated(scope: Scope) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:

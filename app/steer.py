@@ -112,12 +112,12 @@ class Plan:
 def plan_compact(session: Session, conversation: Conversation) -> Plan:
     """What /compact would carry: reads the last 24 messages, the pins and one count.
 
-    A carry-over still pending (no message has taken it to the agent yet) is carried on
-    unchanged: the agent knows nothing newer, and the queued messages move on as they are.
+    A carry-over still pending in a conversation of no message yet is carried on unchanged:
+    the agent knows nothing newer, and the queued messages move on as they are.
     """
     cid = conversation.id or 0
     pins = store.list_pins(session=session, conversation_id=cid)
-    if conversation.pending_summary is not None:
+    if conversation.pending_summary is not None and not conversation.message_count:
         return Plan(kind="compact", summary=conversation.pending_summary, pins=pins)
     window = store.recent_messages(session=session, conversation_id=cid)
     pinned = {pin.entry_id for pin in pins}

@@ -1077,7 +1077,9 @@ input.addEventListener('keydown', (e) => {
   }
   // Page Up / Page Down scroll the timeline from the composer (a keyboard had no way through
   // the history but tabbing over every message's Pin).
-  if ((e.key === 'PageUp' || e.key === 'PageDown') && !composing && !e.shiftKey) {
+  // (a draft taller than the box keeps them: they move its caret)
+  const plain = !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey;
+  if ((e.key === 'PageUp' || e.key === 'PageDown') && !composing && plain && input.scrollHeight <= input.clientHeight + 1) {
     e.preventDefault();
     const timeline = byId('timeline');
     const page = Math.max(40, timeline.clientHeight - 60);

@@ -234,8 +234,9 @@ export class ConvActions {
         // Its ⋯ button goes with it (in the next frame): focus goes to a neighbour's, or New.
         const item = document.querySelector(`.conv-item[data-id="${pending.id}"]`);
         const sibling = [item?.nextElementSibling, item?.previousElementSibling].find((el) => el?.matches('.conv-item[data-id]'));
-        const neighbour = sibling?.querySelector('.conv-menu-btn') || byId('new-conversation');
-        this.confirmDialog.returnFocus = () => (neighbour.isConnected ? neighbour : byId('new-conversation'));
+        const neighbourId = sibling?.dataset.id; // found again when the dialog closes (redrawn)
+        this.confirmDialog.returnFocus = () => document.querySelector(`.conv-item[data-id="${neighbourId}"] .conv-menu-btn`)
+          || byId('new-conversation');
         this.hooks.removed(pending.id);
       } else {
         const asked = this.hooks.clock();

@@ -51,8 +51,9 @@ const TAIL_BLOCKS = new Set(['P', 'LI', 'UL', 'OL', 'BLOCKQUOTE', 'PRE', 'TABLE'
  * one (the rendering drops a paragraph's trailing space: "permission" + "or" ran together). */
 function afterRendered(full, cut) {
   const tail = full.slice(cut);
-  // (an empty tail too: the next deltas are appended to it as they come)
-  return cut > 0 && /\s/.test(full[cut - 1]) && !/^\s/.test(tail) ? ` ${tail}` : tail;
+  // (an empty tail too: the next deltas are appended to it as they come). A space or tab only:
+  // after a newline the text may be a code block's next line, where a space would show.
+  return cut > 0 && /[ \t]/.test(full[cut - 1]) && !/^\s/.test(tail) ? ` ${tail}` : tail;
 }
 
 /** Where the streamed text not yet rendered goes: the end of the rendered text's last block. */
@@ -240,7 +241,7 @@ function lineEntry(entry, old, timeline) {
 
 /** The first words of a message, for its Pin button's name. */
 function pinWords(text) {
-  const line = String(text || '').split(/\s+/).join(' ').trim();
+  const line = String(text || '').slice(0, 300).split(/\s+/).join(' ').trim();
   return line.length > 60 ? `${line.slice(0, 59)}…` : line;
 }
 

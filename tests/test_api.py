@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db import get_session
+from app.models import Conversation
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 
 DEMO_TAIL = (
@@ -751,6 +753,23 @@ def test_compact_again_before_any_message_carries_the_pending_summary(
         "You said: “[Carry-over context from previous compacted conversation] "
         "Conversation: hello User: hello Agent: You said: “hello”"
     )
+
+
+def test_a_pending_summary_beside_messages_is_not_all_a_compact_carries(
+    relay: LiveRelay,
+) -> None:
+    # A review found two ways to have both (a Stop while the agent starts puts the summary back
+    # after the message is marked sent; a cluster move): the messages are summed up as ever.
+    cid = relay.create(title="Both")["id"]
+    chat(relay, cid, "hello")
+    with get_session(relay.app.state.engine) as session:
+        conversation = session.get(Conversation, cid)
+        assert conversation is not None
+        conversation.pending_summary = "OLD"
+        session.add(conversation)
+        session.commit()
+    preview = relay.http.get(f"/api/conversations/{cid}/compact").json()
+    assert preview["summary"].startswith("Conversation: Both\nUser: hello\n")
 
 
 def test_compact_second_message_has_no_summary(relay: LiveRelay) -> None:

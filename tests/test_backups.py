@@ -418,6 +418,9 @@ def test_files_are_numbered_never_overwritten_and_private(tmp_path: Path) -> Non
     for odd in ("8-backup-1st-Jan-2026-1-00am.md", "9-backup-1st-Jan-2026-1-00am.md"):
         with pytest.raises(LookupError):
             files.read(7, odd)
+    assert files.names(7)[0] == "4-backup-18th-Feb-2026-2-15pm.md"  # the list's read: no FIFO
+    os.mkfifo(tmp_path / "backups" / "7" / "rails.json")
+    assert files.load_rails(7) == Rails()
 
 
 def test_rails_survive_in_the_folder(tmp_path: Path) -> None:

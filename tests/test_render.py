@@ -127,6 +127,8 @@ def test_the_closing_quotes_are_unicodes_final_punctuation_and_the_cjk_ones() ->
         ("**“https://example.com/e”**", "https://example.com/e", "”</strong>"),
         ("“mailto:someone@example.com”", "mailto:someone@example.com", "”"),
         ("“//cdn.example.com/f”", "//cdn.example.com/f", "”"),
+        ("“https://example.com/g,” he said", "https://example.com/g", ",” he said"),
+        ("“https://example.com/h.”", "https://example.com/h", ".”"),
     ],
 )
 def test_a_closing_quote_after_a_link_is_not_part_of_it(text: str, link: str, after: str) -> None:

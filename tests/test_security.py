@@ -373,6 +373,7 @@ def test_a_repeated_host_origin_or_token_header_is_a_400(relay: LiveRelay) -> No
             "Authorization: Bearer wrong",
             bearer,
         ],
+        "Cookie": ["GET /api/conversations HTTP/1.1", f"Host: {own}", "Cookie: a=1", "Cookie: b=2"],
     }
     answers = {name: raw_request(relay, lines, "{}") for name, lines in cases.items()}
     assert answers == {

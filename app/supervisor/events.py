@@ -262,7 +262,8 @@ class Events(SupervisorState):
 
     def _publish_text(self, runner: Runner, event: TextDelta, streaming: Streaming) -> None:
         """Number a piece of a streaming message's text, keep it, publish it, have it rendered."""
-        cid, text = runner.conversation_id, event.text
+        # As it will be stored: half an emoji could be neither rendered, sent nor checkpointed.
+        cid, text = runner.conversation_id, store.storable(event.text)
         seq = self.hub.next_seq(cid)
         # Before it is published: a snapshot at a seq shows the text up to it (text_at).
         streaming.parts.append(text)
@@ -278,7 +279,7 @@ class Events(SupervisorState):
         """Write the partial text; skipped while another program holds the write lock."""
         if not write_lock_free(self.engine):
             return  # the next delta tries again
-        streaming.entry.text = streaming.text
+        streaming.entry.text = store.storable(streaming.text)  # as every stored text
         with self.session() as session:
             session.add(streaming.entry)
             session.commit()
