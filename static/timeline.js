@@ -47,23 +47,19 @@ function enhance(body) {
 // Blocks the streamed tail may go into (not links or emphasis: it would take their look).
 const TAIL_BLOCKS = new Set(['P', 'LI', 'UL', 'OL', 'BLOCKQUOTE', 'PRE', 'TABLE', 'THEAD', 'TBODY', 'TR', 'TD', 'TH', 'H1', 'H2', 'H3', 'H4', 'H5', 'H6']);
 
-/** The streamed text after the rendered part: a space first when the rendered part ended with
- * one (the rendering drops a paragraph's trailing space: "permission" + "or" ran together). */
-function afterRendered(full, cut) {
-  const tail = full.slice(cut);
-  // (an empty tail too: the next deltas are appended to it as they come). A space or tab only:
-  // after a newline the text may be a code block's next line, where a space would show.
-  return cut > 0 && /[ \t]/.test(full[cut - 1]) && !/^\s/.test(tail) ? ` ${tail}` : tail;
-}
-
-/** Where the streamed text not yet rendered goes: the end of the rendered text's last block. */
-function streamTail(body, tail) {
+/** Where the streamed text not yet rendered goes: the end of the rendered text's last block.
+ * gap: the rendered part ended with white space, which the rendering drops at a paragraph's end
+ * (a space, or a newline inside it): the tail starts with a space there ("permission" + "or"
+ * ran together), never in code, whose newline is kept. */
+function streamTail(body, tail, gap) {
   let target = body;
   for (let last = target.lastElementChild; last; last = target.lastElementChild) {
     if (!TAIL_BLOCKS.has(last.tagName) && !(last.tagName === 'CODE' && target.tagName === 'PRE')) break;
     target = last;
   }
-  const span = h('span', { class: 'stream-tail streaming', text: tail || '' }); // text only, never HTML
+  const code = target.tagName === 'CODE' || target.tagName === 'PRE';
+  const lead = gap && !code && !/^\s/.test(tail || '') ? ' ' : '';
+  const span = h('span', { class: 'stream-tail streaming', text: lead + (tail || '') }); // text only, never HTML
   target.append(span);
 }
 
@@ -74,7 +70,7 @@ function agentEntry(entry) {
     // most every ~0.1 s), then the newer text as plain text until the next rendering.
     const body = h('div', { class: 'md', dir: 'auto', testid: 'streaming-md' });
     body.innerHTML = entry.html; // sanitized by the server, like a finished message
-    streamTail(body, entry.tail);
+    streamTail(body, entry.tail, entry.gap);
     bubble.append(body);
   } else if (entry.state === 'streaming' || entry.html == null) {
     bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', dir: 'auto', text: entry.text }));
@@ -389,7 +385,10 @@ export class Timeline {
     const was = item.entry;
     if (was.state !== 'streaming') return; // late: the finished message is shown whole
     const full = was.text + text;
-    const update = html != null ? { html, tail: afterRendered(full, rendered ?? full.length) } : { tail: (was.tail || '') + text };
+    const cut = rendered ?? full.length;
+    const update = html != null
+      ? { html, tail: full.slice(cut), gap: cut > 0 && /\s/.test(full[cut - 1]) }
+      : { tail: (was.tail || '') + text };
     item.entry = { ...was, text: full, ...update };
     const streaming = item.el && was.state === 'streaming';
     const plain = streaming && html == null ? item.el.querySelector('.stream-tail, .plain') : null;
