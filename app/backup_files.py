@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -98,28 +99,29 @@ class BackupFiles:
         existing = self.names(conversation_id)
         n = (number_of(existing[0]) or 0) + 1 if existing else 1
         data = markdown.encode("utf-8")
-        while True:
-            name = file_name(n, local)
-            path = folder / name
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-            except FileExistsError:
-                n += 1
-                continue
-            break
+        # Written whole under a hidden name, then linked under its own: the list never shows a
+        # backup still being written (one run listed it empty, its trigger unknown).
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=".backup-", suffix=".tmp")
         try:
-            os.fchmod(fd, FILE_MODE)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
+            try:
+                os.fchmod(fd, FILE_MODE)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            while True:
+                name = file_name(n, local)
+                try:
+                    os.link(temporary, folder / name)  # never over another (as O_EXCL)
+                except FileExistsError:
+                    n += 1
+                    continue
+                return name
+        finally:
             with contextlib.suppress(OSError):
-                path.unlink()  # never leave half a backup
-            raise
-        os.close(fd)
-        return name
+                os.unlink(temporary)  # never leave half a backup
 
     def load_rails(self, conversation_id: int) -> Rails:
         """The rails as the last backup left them (fresh when unknown)."""

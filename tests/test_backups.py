@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -421,6 +423,20 @@ def test_files_are_numbered_never_overwritten_and_private(tmp_path: Path) -> Non
     assert files.names(7)[0] == "4-backup-18th-Feb-2026-2-15pm.md"  # the list's read: no FIFO
     os.mkfifo(tmp_path / "backups" / "7" / "rails.json")
     assert files.load_rails(7) == Rails()
+
+
+def test_a_backup_is_listed_only_once_written_whole(tmp_path: Path) -> None:
+    # A CI run listed a backup being written, empty: its trigger unknown (None).
+    files = BackupFiles(tmp_path / "backups")
+    markdown = "# Session Backup\n\n**Trigger:** precompact_manual\n\n" + "x" * (64 << 20)
+    writer = threading.Thread(target=files.write, args=(7, markdown, datetime(2026, 2, 18)))
+    seen: list[Any] = []
+    writer.start()
+    while writer.is_alive() or not seen:
+        for name in files.names(7):
+            seen.append((files.info(7, name)["trigger"], (files.folder(7) / name).stat().st_size))
+    writer.join()
+    assert set(seen) == {("precompact_manual", len(markdown))}
 
 
 def test_rails_survive_in_the_folder(tmp_path: Path) -> None:
