@@ -230,11 +230,13 @@ export class ConvActions {
     ok.disabled = true;
     try {
       if (pending.action === 'delete') {
-        await api(`/api/conversations/${pending.id}`, { method: 'DELETE' });
-        // Its ⋯ button goes with it (in the next frame): focus goes to a neighbour's, or New.
+        // Its ⋯ button goes with it: focus goes to a neighbour's, or New. The neighbour is
+        // found before the request (the socket's removal may redraw the list before its answer)
+        // and its button again when the dialog closes (the list redrawn meanwhile).
         const item = document.querySelector(`.conv-item[data-id="${pending.id}"]`);
         const sibling = [item?.nextElementSibling, item?.previousElementSibling].find((el) => el?.matches('.conv-item[data-id]'));
-        const neighbourId = sibling?.dataset.id; // found again when the dialog closes (redrawn)
+        const neighbourId = sibling?.dataset.id;
+        await api(`/api/conversations/${pending.id}`, { method: 'DELETE' });
         this.confirmDialog.returnFocus = () => document.querySelector(`.conv-item[data-id="${neighbourId}"] .conv-menu-btn`)
           || byId('new-conversation');
         this.hooks.removed(pending.id);
