@@ -277,9 +277,8 @@ def test_reconnecting_hides_the_unreachable_error_and_never_covers_the_title(
     finally:
         relay.stop()
     # The relay went away: refused, or reset on a kept-alive connection it closed while stopping.
-    gone = ("ERR_CONNECTION_REFUSED", "ERR_CONNECTION_RESET")
-    pages.problems = [p for p in pages.problems if not any(error in p for error in gone)]
-    pages.assert_clean()
+    # (allowed by assert_clean itself: a console error can still arrive while it asks the pages)
+    pages.assert_clean("ERR_CONNECTION_REFUSED", "ERR_CONNECTION_RESET")
 
 
 # ---- 7. the 🧠 button and modal say the same, and say only what is true ----------------------
