@@ -203,7 +203,7 @@ def test_tags_are_found_as_the_regular_expressions_found_them(text: str) -> None
 @pytest.mark.parametrize("name", ["system-reminder", "command-name", "bash-input"])
 def test_a_prompt_of_many_unclosed_tags_is_read_in_one_pass(name: str) -> None:
     # Before: 8,000 unclosed tags took 13 s (quadratic), holding the GIL: the relay stood still.
-    # 100,000 would have taken over half an hour (quadratic); the one-pass read, milliseconds.
+    # 100,000 would have taken over half an hour (quadratic, extrapolated); one pass, a moment.
     prompt = f"<{name}>" * 100_000 + "end"
     answer: list[Any] = []
     reader = threading.Thread(target=lambda: answer.append(user_drafts(prompt)), daemon=True)
