@@ -146,6 +146,34 @@ def _parser(*, breaks: bool = False) -> MarkdownIt:
 
 _markdown = _parser()
 _backup_markdown = _parser(breaks=True)
+_words_markdown = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+
+
+def markdown_words(text: str) -> str:
+    """Markdown as the words its rendering shows, in one line: no emphasis or heading marks,
+    a link as its words, an image as its alt text, code as written (search snippets)."""
+    parts: list[str] = []
+    for token in _words_markdown.parse(text):
+        if token.type == "inline":
+            parts += _inline_words(token.children or [])
+        elif token.type in ("fence", "code_block"):
+            parts.append(token.content)
+        elif token.block and token.nesting == -1:  # a block, a list item or a cell ends
+            parts.append(" ")
+    return " ".join("".join(parts).split())
+
+
+def _inline_words(tokens: Sequence[Token]) -> list[str]:
+    words: list[str] = []
+    for token in tokens:
+        if token.type in ("text", "code_inline"):
+            words.append(token.content)
+        elif token.type in ("softbreak", "hardbreak"):
+            words.append(" ")
+        elif token.type == "image":
+            words += _inline_words(token.children or [])
+    return words
+
 
 _TAGS = {
     "p", "br", "hr", "strong", "em", "del", "s", "code", "pre", "blockquote",

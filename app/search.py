@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import TextClause, bindparam, text
 from sqlmodel import Session
 
+from app.render import markdown_words
+
 # The FTS5 index (migration 0005): user and agent entries' text, kept in sync by triggers.
 FTS_TABLE = "entry_fts"
 SEARCH_KINDS = ("user", "agent")
@@ -99,7 +101,20 @@ def like_snippet(body: str, query_words: list[str]) -> list[dict[str, Any]]:
     return [span for span in spans if span["text"]]
 
 
+def as_shown(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An agent message's snippet as its rendering reads (`**demo**` is shown as demo): the
+    spans as they are when the Markdown hides a match (in a link's address, say)."""
+    marked = "".join(
+        f"{MARK_START}{span['text']}{MARK_END}" if span["match"] else span["text"] for span in spans
+    )
+    shown = snippet_spans(markdown_words(marked))
+    found = [span["text"] for span in spans if span["match"]]
+    return shown if [span["text"] for span in shown if span["match"]] == found else spans
+
+
 def _hit(row: Any, spans: list[dict[str, Any]]) -> dict[str, Any]:
+    if row.kind == "agent":  # the timeline renders agent messages' Markdown, not users' text
+        spans = as_shown(spans)
     return {
         "conversation_id": row.conversation_id,
         "title": row.title,

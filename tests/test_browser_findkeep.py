@@ -59,6 +59,18 @@ def test_search_opens_the_message_scrolled_and_highlighted(pages: Pages, relay: 
     pages.assert_clean()
 
 
+def test_an_agent_hit_reads_as_its_message_is_shown(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Rendered")["id"]
+    fill_conversation(relay, cid, 8, "the **quokka** plan, in `plan_b.md`")  # 8: an agent's
+    page = pages.open(relay)
+    by_id(page, "search-input").fill("quokka")
+    hit = by_id(page, "search-hit")
+    expect(hit.locator("mark")).to_have_text("quokka")
+    expect(hit).to_contain_text("the quokka plan, in plan_b.md")  # as the timeline shows it
+    expect(hit).not_to_contain_text("**")
+    pages.assert_clean()
+
+
 def test_search_finds_archived_conversations_and_says_when_nothing_matches(
     pages: Pages, relay: LiveRelay
 ) -> None:

@@ -17,6 +17,7 @@ from app.render import (
     _highlight,
     _image_as_link,
     _markdown,
+    markdown_words,
     render_backup,
     render_markdown,
 )
@@ -147,3 +148,21 @@ PIECES = [
 @given(st.lists(st.sampled_from(PIECES), max_size=40).map("".join))
 def test_the_quick_test_changes_no_rendering(text: str) -> None:
     assert _markdown.render(text) == _stock().render(text)
+
+
+@pytest.mark.parametrize(
+    ("markdown", "words"),
+    [
+        ("I am the **demo** agent", "I am the demo agent"),
+        ("# Plan\n\nSome *it* and `code_x`", "Plan Some it and code_x"),
+        ("[the docs](https://x.org) and ![a chart](c.png)", "the docs and a chart"),
+        ("| a | b |\n|---|---|\n| 1 | 2 |", "a b 1 2"),
+        ("- one\n- two\n\n```py\nx = 1\n```\nafter", "one two x = 1 after"),
+        (
+            "2 * 3, snake_case, \\*kept\\*, &amp;, ~~gone~~ <b>",
+            "2 * 3, snake_case, *kept*, &, gone <b>",
+        ),
+    ],
+)
+def test_markdown_words_are_what_the_rendering_shows(markdown: str, words: str) -> None:
+    assert markdown_words(markdown) == words

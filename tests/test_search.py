@@ -18,6 +18,7 @@ from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
 from app.search import _search_like, fts_query, search, snippet_spans
+from tests.postgres import sqlite_only
 from tests.relay import LiveRelay, receive_until
 
 
@@ -162,6 +163,39 @@ def test_a_message_cannot_fake_a_highlight(engine: Engine) -> None:
     assert marked(hit) == ["quokka"]
     shown = "".join(span["text"] for span in hit["snippet"])
     assert shown == "alpha \x02spoofed\x03 beta \ufffdforged\ufffd gamma quokka"
+
+
+# PostgreSQL's ts_headline starts its window at the match (a `**` before it is cut off) and
+# reads a URL as one word: these two look at SQLite's snippets; the LIKE test below runs on both.
+@sqlite_only
+def test_an_agent_snippet_reads_as_rendered_and_a_user_snippet_as_typed(engine: Engine) -> None:
+    agent = "the **demo** agent, [docs](https://x.org/a) and `run_all`"  # short: one window
+    user = "I typed **demo** myself"
+    conversation_with(engine, "t", ("agent", agent), ("user", user))
+    hits = {hit["kind"]: hit for hit in find(engine, "demo")}
+    shown = {kind: "".join(span["text"] for span in hit["snippet"]) for kind, hit in hits.items()}
+    assert shown == {
+        "agent": "the demo agent, docs and run_all",
+        "user": user,  # shown as typed in the timeline: no Markdown is read in it
+    }
+    assert marked(hits["agent"]) == marked(hits["user"]) == ["demo"]
+
+
+@sqlite_only
+def test_a_match_the_markdown_hides_keeps_the_raw_snippet(engine: Engine) -> None:
+    body = "the link [here](https://x.org/wombat) is all"
+    conversation_with(engine, "t", ("agent", body))
+    hit = find(engine, "wombat")[0]
+    assert marked(hit) == ["wombat"]  # in the address: rendered, it would not be seen
+    assert "".join(span["text"] for span in hit["snippet"]) == body
+
+
+def test_like_fallback_reads_agent_markdown_too(engine: Engine) -> None:
+    conversation_with(engine, "t", ("agent", "# Plan\n\n1. **ship** it"))
+    with get_session(engine) as session:
+        hit = _search_like(session, "ship", 10)[0]
+    assert "".join(span["text"] for span in hit["snippet"]) == "Plan ship it"
+    assert marked(hit) == ["ship"]
 
 
 def test_like_fallback_finds_every_word_with_a_snippet(engine: Engine) -> None:
