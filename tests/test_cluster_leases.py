@@ -57,7 +57,7 @@ def test_one_node_holds_a_lease_until_it_expires(engine: Engine) -> None:
     assert leases.owner(engine, cid) == "a"
     expire(engine, cid)
     assert leases.owner(engine, cid) is None
-    assert leases.renew(engine, "a", 30) == set()  # too late: not renewed
+    assert leases.renew(engine, "a", 30, {cid}) == set()  # too late: not renewed
     assert leases.acquire(engine, cid, "b", 30)
     assert leases.owner(engine, cid) == "b"
     leases.release(engine, cid, "a")  # not a's any more: nothing happens
@@ -91,9 +91,11 @@ def test_renew_keeps_only_live_leases_and_orphans_are_work_without_one(engine: E
     held = conversation(engine, queued=True)
     assert leases.acquire(engine, held, "a", 30)
     assert leases.acquire(engine, idle, "a", 30)
-    assert leases.renew(engine, "a", 30) == {held, idle}
+    assert leases.renew(engine, "a", 30, {held}) == {held}  # only what the node knows it holds
+    assert leases.renew(engine, "a", 30, {held, idle, waiting}) == {held, idle}
     assert [cid for cid, _ in leases.orphans(engine)] == [waiting]  # idle has no work
     expire(engine, held)
     assert [cid for cid, _ in leases.orphans(engine)] == [waiting, held]
     leases.release_all(engine, "a")
-    assert leases.renew(engine, "a", 30) == set()
+    assert leases.renew(engine, "a", 30, {held, idle}) == set()
+    assert leases.renew(engine, "a", 30, set()) == set()

@@ -7,8 +7,10 @@ time instead of once in a thousand runs; the code under test runs as it does in 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -297,3 +299,45 @@ def test_a_node_whose_lease_went_elsewhere_begins_no_turn(
     view = y.wait_for(cid, settled)
     first = [e for e in view["timeline"] if e["kind"] == "user" and e["text"] == "first"]
     assert first[0]["state"] == "queued"  # left for the lease's holder
+
+
+def test_a_lease_taken_while_the_heartbeat_renews_stays_held(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """A message's job takes a conversation's lease right after the heartbeat's renewal, in the
+    same burst of the writer: the beat must not count that lease lost.
+
+    It did (a cluster reliability run left a message unanswered): the beat compared what the
+    node held once the renewal was answered, the new lease included, with what the renewal had
+    kept. The node forgot the conversation while its lease row stayed the node's, renewed at
+    every beat after, so no node ever ran it again.
+    """
+    _x, y = two_nodes
+    cid = y.create(title="Renewed")["id"]
+    storage, node = y.supervisor.storage, y.supervisor.cluster
+    loop = storage.loop
+
+    def queued(count: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while storage._jobs.qsize() < count:  # jobs waiting behind the gate
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    gate = threading.Event()
+    blocked = asyncio.run_coroutine_threadsafe(storage.write(gate.wait, TIMEOUT), loop)
+    queued(0)
+    time.sleep(0.2)  # the writer is in the gate's job: what comes now waits, then goes as one burst
+    beat = asyncio.run_coroutine_threadsafe(node._beat(), loop)
+    queued(1)  # the renewal
+    sent: list[httpx.Response] = []
+    sending = threading.Thread(target=lambda: sent.append(y.send(cid, "hello")))
+    sending.start()
+    queued(2)  # the message, whose job takes the lease (claim_here)
+    gate.set()
+    blocked.result(TIMEOUT)
+    beat.result(TIMEOUT)
+    sending.join(TIMEOUT)
+    assert sent and sent[0].status_code == 202
+    assert cid in node.held
+    view = y.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]))
+    assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent"]

@@ -29,7 +29,7 @@ _ACQUIRE = text(
 _RENEW = text(
     """
     UPDATE lease SET expires_at = now() + make_interval(secs => :secs)
-    WHERE node = :node AND expires_at >= now()
+    WHERE node = :node AND expires_at >= now() AND conversation_id = ANY(:held)
     RETURNING conversation_id
     """
 )
@@ -76,10 +76,18 @@ def acquire(engine: Engine, conversation_id: int, node: str, seconds: float) -> 
     return row is not None
 
 
-def renew(engine: Engine, node: str, seconds: float) -> set[int]:
-    """Extend every live lease of a node; the conversations it still holds."""
+def renew(engine: Engine, node: str, seconds: float, held: set[int]) -> set[int]:
+    """Extend a node's live leases of the conversations it holds; those it still holds.
+
+    Only the held ones: a lease row of this node that the node does not know it holds (its
+    memory and the table disagree) lapses, and the orphan scan hands its work on, instead of
+    being renewed for ever with nobody running the conversation.
+    """
+    if not held:
+        return set()
     with engine.begin() as connection:
-        rows = connection.execute(_RENEW, {"node": node, "secs": seconds}).all()
+        params = {"node": node, "secs": seconds, "held": sorted(held)}
+        rows = connection.execute(_RENEW, params).all()
     return {int(row[0]) for row in rows}
 
 

@@ -484,11 +484,9 @@ class ClusterNode:
         await self.presence.write()  # renewed: a node that stops is forgotten after a lease
         storage = self.supervisor.storage
         began = time.monotonic()
-        kept = await storage.write(leases.renew, self.engine, self.node, self.seconds)
+        lost = await storage.write(self._renew)
         self.renewed_at = began
-        for cid in self.held - kept:  # expired under us (a stall longer than the lease)
-            log.warning("node %s lost the lease of conversation %s", self.node, cid)
-            self.held.discard(cid)  # first: its runner starts no other turn
+        for cid in lost:  # expired under us (a stall longer than the lease)
             await self.supervisor.drop_agent(cid)
         for cid in list(self.held):
             if self._idle(cid):
@@ -503,9 +501,23 @@ class ClusterNode:
         await self._settle_answered()
         await self._settle_stops()
 
+    def _renew(self) -> set[int]:
+        """In the writer: renew the leases held; those that lapsed leave `held`, and are returned.
+
+        Judged here, against what was held when the renewal ran: a lease that a job after it
+        takes (a message's claim_here, in the same burst) is not lost. Judged on the loop once
+        this job was answered, it was: the node forgot it while its row stayed the node's.
+        """
+        held = set(self.held)
+        lost = held - leases.renew(self.engine, self.node, self.seconds, held)
+        for cid in lost:
+            log.warning("node %s lost the lease of conversation %s", self.node, cid)
+            self.held.discard(cid)  # first: its runner starts no other turn
+        return lost
+
     async def _settle_answered(self) -> None:
         """Settle open questions here that were answered on a node whose notice was lost."""
-        asked = self.supervisor.open_questions(self.held)
+        asked = self.supervisor.open_questions(set(self.held))  # (a copy: jobs change it)
         if not asked:
             return
         for entry in await self.supervisor.storage.read(self._answered, list(asked)):
@@ -516,7 +528,7 @@ class ClusterNode:
 
     async def _settle_stops(self) -> None:
         """Stop turns here that a Stop taken on a node whose notice was lost was for."""
-        running = self.supervisor.running_prompts(self.held)
+        running = self.supervisor.running_prompts(set(self.held))
         if not running:
             return
         cids = list(running)
