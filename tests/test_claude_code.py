@@ -41,6 +41,7 @@ from app.agents.claude_code import (
     ClaudeCodeAgent,
     EventMapper,
     _answers,
+    as_text,
     shorten,
     summarize_input,
 )
@@ -645,3 +646,19 @@ def test_result_of_an_injected_turn_does_not_answer_our_prompt() -> None:
     assert _answers(result_answering("other", "mine"), "mine")  # merged into one turn
     assert not _answers(result_answering("background-notification"), "mine")
     assert _answers(result_answering(), "mine")  # no uuids (older CLI): as before
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sent"),
+    [
+        ("/compact keep the plan", " /compact keep the plan"),
+        ("/clear", " /clear"),
+        ("/compact.x", " /compact.x"),
+        ("/context", "/context"),  # the CLI's other commands still run (a line shows them)
+        ("/COMPACT y", "/COMPACT y"),  # the CLI's names are case-sensitive: text already
+        ("/newline please", "/newline please"),
+        ("say /clear", "say /clear"),
+    ],
+)
+def test_only_the_clis_history_commands_are_made_text(prompt: str, sent: str) -> None:
+    assert as_text(prompt) == sent

@@ -513,6 +513,28 @@ def test_providers_offer_deepseek_only_with_its_key(
 # Issue 4: /compact ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "text", ["/compact keep only the plan", "/clear now please", "/reset", "/new\u00a0start"]
+)
+def test_compact_or_clear_with_more_words_is_text_for_the_model(
+    start: StartRelay, fake: FakeAnthropic, text: str
+) -> None:
+    """Not the relay's command (not the whole message), and not the CLI's either: the CLI ran
+    `/compact …` as its own compaction (the model never answered) and `/clear …`, `/reset` and
+    `/new …` as its /clear, wiping what the agent remembered without a line (SPEC §2)."""
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "first hello")
+    view = turn(live, cid, text)
+    assert shape(view)[2:] == [("user", "sent", text), ("agent", "done", f"You said: {text}")]
+    view = turn(live, cid, "third hello")
+    assert fake.user_texts_sent()[-1] == "third hello"
+    request = fake.message_bodies()[-1]
+    history = [t for m in request["messages"] if m["role"] == "user" for t in user_texts(m)]
+    assert history == ["first hello", text, "third hello"]  # remembered, none run by the CLI
+    assert [e["kind"] for e in view["timeline"]] == ["user", "agent"] * 3  # no line of its own
+
+
 def test_compact_carries_summary_into_a_new_session(start: StartRelay, fake: FakeAnthropic) -> None:
     live = start()
     cid = create_claude(live, title="Compact me")

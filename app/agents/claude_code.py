@@ -94,6 +94,13 @@ WARM_UP_REASON = "oarlock warm-up: stopped before the model"
 STDERR_DRAIN = 2.0  # seconds to wait for an ended CLI's last stderr lines
 STDERR_LINES = 3  # how many of them an error line quotes
 STACK_FRAME = re.compile(r"^\s*at\s")  # a JavaScript stack line says nothing to a user
+# The CLI's own commands that would change what the agent remembers behind the relay's back:
+# /compact (in place, with the rest as instructions) and /clear with its aliases (the history
+# wiped without a line; measured with the bundled CLI). The relay's /compact and /clear are
+# whole messages it never sends; any other prompt that starts so is text for the model
+# (SPEC §2), kept from the CLI's command parser by a leading space (the model reads it as
+# typed). The CLI's other commands (/context, a project's own) still run.
+CLI_HISTORY_COMMAND = re.compile(r"\s*/(?:compact|clear|reset|new)(?![\w-])")
 
 
 def summarize_input(tool_input: dict[str, Any]) -> str:
@@ -366,11 +373,16 @@ class EventMapper:
         return [*events, done]
 
 
+def as_text(prompt: str) -> str:
+    """The prompt as the CLI must take it: text for the model, never its /compact or /clear."""
+    return " " + prompt if CLI_HISTORY_COMMAND.match(prompt) else prompt
+
+
 async def _user_message(prompt: str, prompt_id: str) -> AsyncIterator[dict[str, Any]]:
     """The prompt as the one user message of a query, carrying its own uuid."""
     yield {
         "type": "user",
-        "message": {"role": "user", "content": prompt},
+        "message": {"role": "user", "content": as_text(prompt)},
         "parent_tool_use_id": None,
         "uuid": prompt_id,
     }
