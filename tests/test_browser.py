@@ -713,6 +713,12 @@ def test_meter_warns_and_pill_follows_growth_and_resize(pages: Pages, tmp_path: 
         relay.send(cid, "m3")  # 57k > 53.6k: the meter turns to its warning colour, live
         expect(meter).to_have_text("🧠 Context 57k / 100k")
         expect(meter).to_have_attribute("data-warn", "true")
+        # Near auto-compaction, far below the context watch's soft (300k): dashed, not amber.
+        style = meter.evaluate(
+            "b => [getComputedStyle(b).borderStyle, getComputedStyle(b).backgroundColor]"
+        )
+        assert style[0] == "dashed" and style[1] != "rgb(255, 244, 223)", style
+        assert meter.get_attribute("data-watch") is None
         for n in (4, 5):  # the 6th turn starts at 69k ≥ 67k: a compaction line and its pill
             relay.wait_idle(cid)
             relay.send(cid, f"m{n}")
