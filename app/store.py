@@ -423,9 +423,10 @@ def count_queued(*, session: Session, conversation_id: int) -> int:
 
 
 def conversations_with_work(*, session: Session) -> list[Conversation]:
-    """Conversations (archived ones too) with a turn cut short or messages still queued."""
+    """Conversations (archived ones too) with a turn cut short, messages still queued, or an
+    entry left open (streaming text, a question, a tool call or a compaction)."""
     unfinished = select(Entry.conversation_id).where(
-        col(Entry.state).in_(["queued", "streaming", "pending"])
+        col(Entry.state).in_(["queued", "streaming", "pending", "running"])
     )
     query = select(Conversation).where(
         col(Conversation.turn_active) | col(Conversation.id).in_(unfinished)

@@ -104,10 +104,13 @@ function toolEntry(entry, old) {
   const data = entry.data || {};
   const failed = entry.state === 'error' || data.is_error === true;
   let status;
+  const cut = entry.state === 'interrupted'; // the turn ended (the agent or the relay stopped) first
   if (entry.state === 'running') status = h('span', { class: 'spinner', role: 'img', 'aria-label': 'running' });
+  else if (cut) status = h('span', { class: 'tool-status cut', role: 'img', 'aria-label': 'interrupted', text: '–' });
   else if (failed) status = h('span', { class: 'tool-status err', role: 'img', 'aria-label': 'failed', text: '✗' });
   else status = h('span', { class: 'tool-status ok', role: 'img', 'aria-label': 'done', text: '✓' });
-  const output = data.output ? String(data.output) : entry.state === 'running' ? 'Running…' : '(no output)';
+  const output = data.output ? String(data.output)
+    : entry.state === 'running' ? 'Running…' : cut ? '(no result: the turn ended first)' : '(no output)';
   const details = h('details', { class: `activity tool${failed ? ' failed' : ''}`, testid: 'entry-activity' },
     h('summary', {},
       h('span', { class: 'tool-icon', 'aria-hidden': 'true', text: '🔧' }), ' ',

@@ -505,3 +505,31 @@ def test_claude_write_permission_shows_the_content_above_its_tool_row(
             pages.assert_clean()
         finally:
             relay.stop()
+
+
+def test_a_tool_call_the_agent_never_finished_stops_spinning(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """The agent dies while its tool runs: the call shows it got no result (a spinner and
+    "Running…" stayed for good before, and after a relay crash too)."""
+    calling = threading.Event()
+
+    async def script(_agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+        yield Activity("t1", "Bash", "call", "make test")
+        calling.set()
+        await asyncio.sleep(0.5)
+        raise RuntimeError("the agent process died")
+
+    use_script(relay, script)
+    cid = relay.create(title="Cut")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    send_text(page, "run the tests")
+    tool = page.locator('details[data-testid="entry-activity"]')
+    expect(tool.get_by_role("img", name="running")).to_be_visible()
+    assert calling.wait(10)
+    expect(tool.get_by_role("img", name="interrupted")).to_have_text("–")
+    expect(tool.get_by_role("img", name="running")).to_have_count(0)
+    tool.locator("summary").click()
+    expect(tool.locator(".tool-output")).to_have_text("(no result: the turn ended first)")
+    expect(line(page, "The agent stopped unexpectedly")).to_be_visible()
+    pages.assert_clean()

@@ -353,6 +353,26 @@ def test_killed_cli_shows_error_and_next_message_resumes(
     assert sent[-1] == "what is my name?"
 
 
+def test_a_tool_call_cut_by_a_killed_cli_shows_it_got_no_result(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    live = start()
+    cid = create_claude(live)
+    assert live.send(cid, "wait [[BASH:echo on && sleep 30]]").status_code == 202
+
+    def calling(view: dict[str, Any]) -> bool:
+        return [e["state"] for e in of_kind(view, "activity")] == ["running"]
+
+    live.wait_for(cid, calling, timeout=TIMEOUT)
+    os.kill(agent_pid(live, cid), signal.SIGKILL)
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    (activity,) = of_kind(view, "activity")
+    assert (activity["state"], activity["text"]) == (
+        "interrupted",
+        "echo on && sleep 30",
+    )  # no spinner
+
+
 def test_relay_restart_resumes_then_lost_transcript_starts_anew(
     start: StartRelay, fake: FakeAnthropic, home: Path
 ) -> None:

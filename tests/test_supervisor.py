@@ -204,6 +204,46 @@ def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
         second.stop()
 
 
+def test_restart_drops_a_compaction_left_running_and_ends_a_tool_call(tmp_path: Path) -> None:
+    """A crash mid-compaction and mid-tool: "A compaction that ends without a result leaves no
+    line" (SPEC §3), and the call shows it got no result, not a spinner for ever."""
+    settings = make_settings(tmp_path / "data")
+    engine = make_engine(settings.db_url)
+    first = LiveRelay(settings).start()
+    cid = first.create()["id"]
+    first.stop()
+    with get_session(engine) as session:
+        conversation = store.get_conversation(session=session, conversation_id=cid)
+        assert conversation is not None
+        rows = [
+            ("user", "a", "sent", {}),
+            ("activity", "ls", "running", {"type": "tool", "tool": "Bash", "tool_id": "t1"}),
+            ("line", "Compacting context…", "running", {"type": "compaction", "trigger": "auto"}),
+        ]
+        for seq, (kind, text, state, data) in enumerate(rows, start=1):
+            store.add_entry(
+                session=session,
+                conversation=conversation,
+                seq=seq,
+                kind=kind,
+                text=text,
+                state=state,
+                data=data,
+            )
+        store.update_conversation(session=session, conversation=conversation, turn_active=True)
+    engine.dispose()
+    second = LiveRelay(settings).start()
+    try:
+        view = second.wait_idle(cid)
+        assert [(e["kind"], e["state"], e["text"]) for e in view["timeline"]] == [
+            ("user", "sent", "a"),
+            ("activity", "interrupted", "ls"),
+            ("line", "done", UNKNOWN_LINE),
+        ]
+    finally:
+        second.stop()
+
+
 class BackgroundDemo(DemoAgent):
     """The demo agent, with background work switched on and off by the test."""
 

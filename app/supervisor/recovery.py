@@ -49,6 +49,13 @@ class Recovery(SupervisorState):
             session=session, conversation_id=conversation_id, state="pending"
         ):
             self._save(session, conversation, entry, state="expired", data=entry.data)
+        for entry in store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="running"
+        ):
+            if entry.data.get("type") == "compaction":  # ended without a result: no line (§3)
+                self._remove(session, conversation, entry)
+            else:  # a tool call whose result never came
+                self._save(session, conversation, entry, state="interrupted", data=entry.data)
         if conversation.turn_active:
             if not self._recover_turn(session, conversation):
                 return  # decided a little later, and the queue resumed then (_recover_later)

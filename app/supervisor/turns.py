@@ -367,6 +367,8 @@ class Turns(SupervisorState):
                 self._remove(session, conversation, runner.compaction)
                 runner.compaction = None
             runner.compaction_began = None
+            for entry in runner.tools.values():  # calls whose result never came (agent crashed)
+                self._save(session, conversation, entry, state="interrupted", data=entry.data)
             runner.tools.clear()
             self.storage.soon(runner.calls.clear)
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
