@@ -553,6 +553,12 @@ def delete_conversation(*, session: Session, conversation: Conversation) -> None
             update(Conversation).where(col(link) == conversation_id).values({link.key: None})
         )
     session.connection().execute(delete(Pin).where(col(Pin.conversation_id) == conversation_id))
+    # A handoff is the project's (its cwd), not the conversation's: it stays, unlinked.
+    session.connection().execute(
+        update(Handoff)
+        .where(col(Handoff.conversation_id) == conversation_id)
+        .values(conversation_id=None)
+    )
     session.connection().execute(delete(Entry).where(col(Entry.conversation_id) == conversation_id))
     session.connection().execute(
         delete(Conversation).where(col(Conversation.id) == conversation_id)

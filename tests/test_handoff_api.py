@@ -130,3 +130,15 @@ def test_put_handoff_refuses_bad_input_and_stores_nothing(relay: LiveRelay) -> N
     assert archived.json() == {
         "detail": "This conversation is archived; it can be read, not changed."
     }
+
+
+def test_deleting_a_conversation_keeps_the_projects_handoff(relay: LiveRelay) -> None:
+    # Found by a hostile review: the handoff's link to the conversation failed the delete
+    # (a foreign key: 500 every time, the conversation could never be deleted).
+    cid = relay.create(title="Work")["id"]
+    relay.send(cid, "please save a handoff")
+    relay.wait_idle(cid)
+    assert relay.http.delete(f"/api/conversations/{cid}").status_code == 204
+    other = relay.create(title="Next")["id"]  # the same project (the default cwd)
+    handoff = relay.http.get(f"/api/conversations/{other}/handoff").json()["handoff"]
+    assert handoff["done"] == "Talked with the demo agent, which quoted every message."
