@@ -717,7 +717,7 @@ function renderChrome() {
   else delete ctx.dataset.warn;
   ctx.classList.toggle('warn', warn);
   renderWatch(conv, archived);
-  byId('stop-button').hidden = archived || !isBusy(cur.turn);
+  byId('stop-button').hidden = !isBusy(cur.turn); // archived too: a turn running on stops there
 
   const from = byId('compacted-from');
   from.hidden = conv.compacted_from_id == null;
@@ -761,7 +761,7 @@ function setTurn(turn) {
   if (!cur) return;
   cur.turn = turn || IDLE;
   const stop = byId('stop-button');
-  stop.hidden = isArchived(cur.conv) || !isBusy(cur.turn);
+  stop.hidden = !isBusy(cur.turn);
   stop.disabled = false;
   timeline.setTurn(cur.turn);
   updateComposer();

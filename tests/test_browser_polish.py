@@ -533,3 +533,22 @@ def test_a_tool_call_the_agent_never_finished_stops_spinning(
     expect(tool.locator(".tool-output")).to_have_text("(no result: the turn ended first)")
     expect(line(page, "The agent stopped unexpectedly")).to_be_visible()
     pages.assert_clean()
+
+
+def test_a_turn_still_running_in_an_archived_conversation_can_be_stopped(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a hostile review: /compact during a turn archives the conversation while its
+    # turn runs on (SPEC §2), and the archived view hid Stop, so only the API could stop it.
+    cid = relay.create(title="Asking")["id"]
+    relay.send(cid, "ask permission")
+    relay.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))
+    assert relay.send(cid, "/compact").status_code == 201
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "archived-notice")).to_be_visible()
+    stop = by_id(page, "stop-button")
+    expect(stop).to_be_visible()
+    stop.click()
+    expect(stop).to_be_hidden()
+    assert relay.wait_idle(cid)["turn"]["state"] == "idle"
+    pages.assert_clean()
