@@ -1,17 +1,20 @@
+import asyncio
 import gc
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from app.agents.base import AgentEvent, MessageDone, PermissionRequest, TurnDone
 from app.db import get_session
 from app.models import Conversation
 from tests.relay import LiveRelay, make_settings, receive, receive_until
+from tests.stand_in import StandIn
 
 DEMO_TAIL = (
     "I am the **demo** agent: I run offline and quote what you send. "
@@ -924,6 +927,39 @@ def test_permission_interrupt_expires_question(relay: LiveRelay) -> None:
         409,
         {"detail": "This question was already answered (expired)."},
     )
+
+
+class LingeringAsker(StandIn):
+    """Asks permission; once answered (or stopped), lingers until the test lets it end."""
+
+    go_on = threading.Event()
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """A question, then a wait the test ends, then the end."""
+        decision = await self.spec.ask_permission(PermissionRequest("Bash", {}, "t1"))
+        yield MessageDone("m1", f"allowed: {decision.allow}")
+        await asyncio.to_thread(LingeringAsker.go_on.wait, 30)
+        yield TurnDone()
+
+
+def test_permission_answer_after_stop_409(relay: LiveRelay) -> None:
+    # Found by a hostile review: between Stop (which denies the question at once) and the
+    # turn's end (which marks it expired), an answer was stored as "allowed" for every tab.
+    relay.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
+    LingeringAsker.go_on.clear()
+    cid = relay.create()["id"]
+    relay.send(cid, "go")
+    question = first(relay.wait_for(cid, has_pending_question), is_permission)
+    assert relay.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
+    relay.wait_for(cid, lambda v: any(e["text"] == "allowed: False" for e in v["timeline"]))
+    late = answer(relay, cid, question["id"], allow=True)
+    assert (late.status_code, late.json()) == (
+        409,
+        {"detail": "This question is no longer asked: the turn was stopped or has ended."},
+    )
+    LingeringAsker.go_on.set()
+    view = relay.wait_idle(cid)
+    assert first(view, is_permission)["state"] == "expired"
 
 
 def test_permission_not_a_question_404(relay: LiveRelay) -> None:

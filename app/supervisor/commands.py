@@ -26,6 +26,7 @@ from app.views import conversation_view
 log = logging.getLogger(__name__)
 
 DEFAULT_TITLE = "New conversation"  # a conversation's title until its first message names it
+STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or has ended."
 
 
 class Commands(SupervisorState):
@@ -438,6 +439,9 @@ class Commands(SupervisorState):
                 raise ConversationError(f"This question was already answered ({entry.state}).")
             runner = self.runners.get(conversation.id or 0)  # (none on another node)
             future = runner.questions.pop(entry_id, None) if runner is not None else None
+            here = self.cluster is None or self.cluster.holds(conversation.id or 0)
+            if future is None and here:  # nothing waits for it: Stop denied it, or the turn ended
+                raise ConversationError(STOPPED_QUESTION)
             state = "allowed" if decision.allow else "denied"
             data = entry.data
             if decision.message:  # the owner settles with it if the notice below is lost
