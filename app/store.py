@@ -393,6 +393,21 @@ def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None
     return session.exec(query).first()
 
 
+def answered_after(*, session: Session, conversation_id: int, seq: int) -> bool:
+    """Whether the agent's text, a tool call or a question was stored after seq (a turn's
+    message): then the agent had received that message."""
+    query = (
+        select(Entry.id)
+        .where(
+            Entry.conversation_id == conversation_id,
+            col(Entry.kind).in_(["agent", "activity"]),
+            Entry.seq > seq,
+        )
+        .limit(1)
+    )
+    return session.exec(query).first() is not None
+
+
 def recent_messages(
     *, session: Session, conversation_id: int, limit: int = SUMMARY_WINDOW
 ) -> list[Entry]:

@@ -173,6 +173,36 @@ def test_message_the_cli_received_is_shown_cut_not_sent_again(
     assert prompts_sent(fake, "second [[LONG:300]]") == 2
 
 
+def test_a_message_whose_reply_was_stored_is_not_sent_again_before_the_transcript_says_so(
+    relay: RelayProcess, fake: FakeAnthropic, home: Path, cli_pids: list[int], tmp_path: Path
+) -> None:
+    """Killed before the CLI wrote its transcript's batch (it dies with the relay): the relay's
+    own record of the turn (the agent's text, a tool call) says the CLI got the prompt.
+
+    Found by a hostile review: the message was delivered again, the tool it asked for ran
+    twice, and the timeline said the agent had never received it.
+    """
+    relay.start()
+    cid = relay.create(provider="claude", title="Write", permission_mode="acceptEdits")
+    relay.send(cid, "first")
+    relay.wait_idle(cid)
+    text = f"[[WRITE:{tmp_path / 'f.txt'}|hello]]"
+    message = relay.send(cid, text)
+    relay.wait_for(cid, lambda v: bool(of_kind(v, "activity")))  # the Write call is stored
+    cli_pids += session_pids(home)
+    relay.kill()
+    for pid in cli_pids:
+        kill_pid(pid)
+
+    relay.start()
+    view = relay.wait_idle(cid)
+    assert prompts_sent(fake, text) == 1  # not delivered again
+    [cut_line] = of_kind(view, "line")
+    assert (cut_line["text"], cut_line["data"]["received"]) == (RESTART_LINE, True)
+    assert entry(view, message["id"])["data"]["cut"] == "received"
+    assert not [e for e in of_kind(view, "line") if e["text"] == REDELIVERED_LINE]
+
+
 # Claude Code: never received, so delivered again ----------------------------------------------
 
 
@@ -328,10 +358,10 @@ def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
 
 
 def test_demo_cut_turn_offers_resend_and_resend_answers(relay: RelayProcess) -> None:
-    relay.start(OARLOCK_DEMO_DELAY="0.2")  # "slow" streams 200 words: the kill lands mid-turn
+    relay.start(OARLOCK_DEMO_DELAY="3")  # its first word 3 s after the turn began: none stored
     cid = relay.create(provider="demo", title="Demo")
     message = relay.send(cid, "please be slow")
-    relay.wait_for(cid, lambda v: any(e["state"] == "streaming" for e in of_kind(v, "agent")))
+    relay.wait_for(cid, lambda v: entry(v, message["id"])["state"] == "sent")
     relay.kill()
 
     relay.start(OARLOCK_DEMO_DELAY="0.005")
@@ -377,6 +407,23 @@ def test_demo_cut_turn_offers_resend_and_resend_answers(relay: RelayProcess) -> 
     missing = relay.client.post(f"/api/conversations/{cid}/messages/{cut_line['id']}/resend")
     assert missing.status_code == 404
     assert len(of_kind(relay.get(cid), "user")) == 2  # nothing stored by the refusals
+
+
+def test_a_cut_turn_whose_reply_was_stored_is_received_whatever_the_agent_recorded(
+    relay: RelayProcess,
+) -> None:
+    """The demo keeps no record, but its streamed text was stored: it got the message."""
+    relay.start(OARLOCK_DEMO_DELAY="0.2")  # "slow" streams 200 words: the kill lands mid-turn
+    cid = relay.create(provider="demo", title="Demo")
+    relay.send(cid, "please be slow")
+    relay.wait_for(cid, lambda v: any(e["state"] == "streaming" for e in of_kind(v, "agent")))
+    relay.kill()
+    relay.start(OARLOCK_DEMO_DELAY="0.005")
+    view = relay.wait_idle(cid)
+    [cut_line] = of_kind(view, "line")
+    assert (cut_line["text"], cut_line["data"]["received"]) == (RESTART_LINE, True)
+    assert "resend" not in cut_line["data"]
+    assert [e["state"] for e in of_kind(view, "agent")] == ["interrupted"]
 
 
 def test_resend_in_an_archived_conversation_is_refused(relay: RelayProcess) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from app import store
 from app.agents.demo import DemoAgent
 from app.db import get_session, make_engine
-from app.supervisor import UNKNOWN_LINE, is_compact_command
+from app.supervisor import RESTART_LINE, is_compact_command
 from tests.relay import LiveRelay, make_settings
 
 
@@ -196,7 +196,7 @@ def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
         assert shown == [
             ("user", "sent", "a"),
             ("agent", "interrupted", "par"),
-            ("line", "done", UNKNOWN_LINE),  # the demo keeps no record
+            ("line", "done", RESTART_LINE),  # its streamed text says the agent got "a"
             ("user", "sent", "b"),
             ("agent", "done", "You said: “b"),
         ]
@@ -238,7 +238,7 @@ def test_restart_drops_a_compaction_left_running_and_ends_a_tool_call(tmp_path: 
         assert [(e["kind"], e["state"], e["text"]) for e in view["timeline"]] == [
             ("user", "sent", "a"),
             ("activity", "interrupted", "ls"),
-            ("line", "done", UNKNOWN_LINE),
+            ("line", "done", RESTART_LINE),  # the tool call says the agent got "a"
         ]
     finally:
         second.stop()

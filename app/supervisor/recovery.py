@@ -70,7 +70,12 @@ class Recovery(SupervisorState):
             self._line(session, conversation, RESTART_LINE, level="warning")
             return True
         agent = self._receipt_agent(conversation)
-        got = self._received(agent, conversation, cut)
+        # What the relay stored of the turn says it arrived: the agent's record may not (the
+        # CLI writes its transcript in batches, and dies with a relay killed before a batch).
+        answered = store.answered_after(
+            session=session, conversation_id=conversation.id or 0, seq=cut.seq
+        )
+        got = True if answered else self._received(agent, conversation, cut)
         if got is None and agent is not None and "prompt_uuid" in cut.data:
             # An agent process of the crashed relay may still be taking the message.
             runner = self.runner(conversation.id or 0)
