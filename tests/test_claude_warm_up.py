@@ -12,12 +12,27 @@ import time
 from pathlib import Path
 
 from app.agents.claude_code import WARM_UP_REASON, ClaudeCodeAgent
+from app.agents.sweep import marker_of
 from tests import test_claude_code as claude_code
 from tests import test_claude_relay as claude_relay
 from tests.agent_turns import done, run_turn
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import receive, receive_until
 from tests.test_claude_relay import TIMEOUT, StartRelay, agent_pid, create_claude, turn
+
+
+def marked(marker: str) -> list[int]:
+    """The live processes started with a relay's agent marker (its agents)."""
+    found = []
+    for path in Path("/proc").iterdir():
+        try:
+            environ = (path / "environ").read_bytes() if path.name.isdigit() else b""
+        except OSError:  # gone meanwhile
+            continue
+        if environ and marker_of(environ) == marker:
+            found.append(int(path.name))
+    return found
+
 
 make_agent = claude_code.make_agent
 start = claude_relay.start  # home and fake: conftest
@@ -103,3 +118,26 @@ def test_tab_warm_up_runs_the_prompt_path_before_the_message(
     assert agent_pid(live, cid) == pid  # the warmed CLI answered
     assert fake.user_texts_sent() == ["before", "after warming"]
     assert len(warm_up_lines(home)) == 1
+
+
+def test_deleting_a_conversation_while_its_agent_warms_up_stops_that_agent(
+    start: StartRelay, fake: FakeAnthropic, home: Path
+) -> None:
+    # Found by a hostile review: the delete answered 204 while the warm-up went on starting
+    # the CLI, which then belonged to no conversation (nothing stopped it until the relay
+    # did), and its late "ready" read the deleted conversation on the event loop.
+    live = start()
+    cid = create_claude(live)
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+        deadline = time.monotonic() + TIMEOUT
+        while not getattr(live.supervisor.runners.get(cid), "starting", False):
+            assert time.monotonic() < deadline, "the warm-up never started the agent"
+            time.sleep(0.005)
+        runner = live.supervisor.runners[cid]
+        assert live.http.delete(f"/api/conversations/{cid}").status_code == 204
+    assert cid not in live.supervisor.runners
+    assert runner.agent is None  # started, then closed with the conversation
+    assert marked(live.supervisor.lifetime.marker) == []  # no CLI left behind
+    live.stop()  # (checks that no database call ran on the event loop)
