@@ -12,6 +12,7 @@ from app.window import (
     NOTCHES,
     apply_note,
     free_until_compaction,
+    resolve_window,
     source_text,
     will_compact,
     window_label,
@@ -40,6 +41,13 @@ def context_view(
         "setting": conversation.auto_compact_window,
         "setting_label": window_label(conversation.auto_compact_window),
         "window": resolved.window if resolved else None,
+        # What Auto would give (the environment's window, else the model's): the slider's Auto
+        # notch shows it while the conversation has a setting of its own.
+        "auto_window": (
+            resolve_window(None, env_value, conversation.model_window).window
+            if conversation.model_window is not None
+            else None
+        ),
         "threshold": threshold,
         "free": free_until_compaction(used, threshold) if threshold is not None else None,
         "source": resolved.source if resolved else None,

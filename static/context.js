@@ -177,10 +177,9 @@ export class ContextModal {
   /** The window in force at a notch (null when not known before the first turn). */
   windowAt(value) {
     const ctx = this.ctx;
-    // Auto: the window the conversation runs with on Auto (environment or model), else the model's.
-    let chosen = value;
-    if (chosen == null && ctx.setting == null) chosen = ctx.window;
-    if (chosen == null) chosen = ctx.model_window;
+    // Auto: the window Auto gives (the environment's, else the model's), even while the
+    // conversation has a setting of its own.
+    const chosen = value ?? ctx.auto_window ?? ctx.model_window;
     if (chosen == null) return null;
     return ctx.model_window ? Math.min(chosen, ctx.model_window) : chosen;
   }

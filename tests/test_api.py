@@ -1043,6 +1043,7 @@ def test_queue_delivered_in_order(relay: LiveRelay) -> None:
 
 CONTEXT_KEYS = [
     "agent",
+    "auto_window",
     "capped",
     "categories",
     "free",
@@ -1080,6 +1081,7 @@ def test_context_before_first_turn(relay: LiveRelay, no_env_window) -> None:
         "setting": None,
         "setting_label": "Auto",
         "window": None,
+        "auto_window": None,
         "threshold": None,
         "free": None,
         "source": None,
@@ -1109,6 +1111,7 @@ def test_context_after_turn(relay: LiveRelay, no_env_window) -> None:
         "setting": None,
         "setting_label": "Auto",
         "window": 200000,
+        "auto_window": 200000,
         "threshold": 167000,
         "free": 145999,
         "source": "model",

@@ -465,6 +465,35 @@ def test_context_modal_window_saves_on_close(pages: Pages, relay: LiveRelay) -> 
     pages.assert_clean()
 
 
+def test_the_auto_notch_warns_with_the_environments_window(
+    pages: Pages, relay: LiveRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a spec audit: with a setting of its own, the Auto notch assumed the model's
+    # window, not the relay environment's (SPEC §4), and warned of nothing.
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "100000")
+    cid = relay.create(title="Env")["id"]
+    relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 500_000})
+    for n in range(5):  # 9k + 5 × 12k = 69k: past Auto's 67k threshold (100k − 33k)
+        relay.send(cid, f"m{n}")
+        relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}")
+    modal = open_context(page)
+    expect(by_id(page, "window-label")).to_have_text("500k")
+    expect(by_id(page, "window-warning")).to_be_hidden()
+    slider = by_id(page, "window-slider")
+    slider.focus()
+    slider.press("Home")  # Auto
+    expect(by_id(page, "window-label")).to_have_text("Auto")
+    expect(by_id(page, "window-warning")).to_be_visible()
+    slider.press("ArrowRight")  # 100k would too; 200k would not
+    expect(by_id(page, "window-warning")).to_be_visible()
+    slider.press("ArrowRight")
+    expect(by_id(page, "window-warning")).to_be_hidden()
+    page.keyboard.press("Escape")
+    expect(modal).to_be_hidden()
+    pages.assert_clean()
+
+
 def test_context_modal_backdrop_saves_and_moving_back_saves_nothing(
     pages: Pages, relay: LiveRelay
 ) -> None:
