@@ -6,6 +6,7 @@ a GIN expression index (migration 0007; ts_rank, ts_headline). Any other databas
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,12 +102,20 @@ def like_snippet(body: str, query_words: list[str]) -> list[dict[str, Any]]:
     return [span for span in spans if span["text"]]
 
 
+# What may make Markdown of a snippet's text: emphasis, code, links, images, headings, quotes,
+# tables, strikes, entities, escapes, autolinks, a line's start (blocks, lists), four spaces
+# (code), or a list item's mark at the snippet's start.
+_MARKDOWN_SIGNS = re.compile(r"[*_`\[\]!#>|~&\\<\n]| {4}|^\s*(?:[-+=]|\d+[.)])")
+
+
 def as_shown(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """An agent message's snippet as its rendering reads (`**demo**` is shown as demo): the
     spans as they are when the Markdown hides a match (in a link's address, say)."""
     marked = "".join(
         f"{MARK_START}{span['text']}{MARK_END}" if span["match"] else span["text"] for span in spans
     )
+    if _MARKDOWN_SIGNS.search(marked) is None:  # plain words already: no parse
+        return spans
     shown = snippet_spans(markdown_words(marked))
     found = [span["text"] for span in spans if span["match"]]
     return shown if [span["text"] for span in shown if span["match"]] == found else spans

@@ -17,7 +17,8 @@ from app import store
 from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
-from app.search import _search_like, fts_query, search, snippet_spans
+from app.render import markdown_words
+from app.search import _MARKDOWN_SIGNS, _search_like, fts_query, search, snippet_spans
 from tests.postgres import sqlite_only
 from tests.relay import LiveRelay, receive_until
 
@@ -188,6 +189,17 @@ def test_a_match_the_markdown_hides_keeps_the_raw_snippet(engine: Engine) -> Non
     hit = find(engine, "wombat")[0]
     assert marked(hit) == ["wombat"]  # in the address: rendered, it would not be seen
     assert "".join(span["text"] for span in hit["snippet"]) == body
+
+
+@settings(max_examples=300, deadline=None)
+@given(  # stored text: no NUL, no lone surrogate (store.storable)
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"))
+)
+def test_a_snippet_without_markdown_signs_is_already_its_words(text: str) -> None:
+    # as_shown skips the parse when no sign of Markdown is found: then the rendering would
+    # show the same words (white space aside), so the skip changes nothing the user reads.
+    if _MARKDOWN_SIGNS.search(text) is None:
+        assert markdown_words(text) == " ".join(text.split())
 
 
 def test_like_fallback_reads_agent_markdown_too(engine: Engine) -> None:
