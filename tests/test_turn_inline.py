@@ -144,12 +144,13 @@ def test_deltas_that_come_while_a_storing_event_is_stored_wait_for_it(relay: Liv
         "e",
         ("agent", "done"),
     ]
-    assert set(said[8:]) <= {("agent", "done")}
+    # The call got no result: the turn's end says so (no spinner for ever).
+    assert set(said[8:]) <= {("agent", "done"), ("activity", "interrupted")}
     timeline = relay.wait_idle(cid, timeout=TIMEOUT)["timeline"]
-    assert [(e["kind"], e["text"]) for e in timeline] == [
-        ("user", "go"),
-        ("agent", "done"),
-        ("activity", "Running ls"),
+    assert [(e["kind"], e["text"], e["state"]) for e in timeline] == [
+        ("user", "go", "sent"),
+        ("agent", "done", "done"),
+        ("activity", "Running ls", "interrupted"),
     ]
 
 
