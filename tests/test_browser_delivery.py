@@ -9,16 +9,18 @@ from playwright.sync_api import expect
 
 from app.supervisor import UNKNOWN_LINE
 from tests.browser import Pages, agent_reply, by_id, line, own_relay, user_bubble
-from tests.crash import RelayProcess, of_kind
+from tests.crash import RelayProcess, entry
 
 
 def test_resend_on_a_cut_turn_gets_the_message_answered(pages: Pages, tmp_path: Path) -> None:
     crashed = RelayProcess(tmp_path / "data")
     try:
-        crashed.start(OARLOCK_DEMO_DELAY="0.2")  # "slow" streams 200 words: the kill lands mid-turn
+        # Its first word 3 s after the turn began: killed before any, so nothing stored says
+        # whether the demo (which keeps no record) got the message.
+        crashed.start(OARLOCK_DEMO_DELAY="3")
         cid = crashed.create(provider="demo", title="Cut")
-        crashed.send(cid, "please be slow")
-        crashed.wait_for(cid, lambda v: any(e["state"] == "streaming" for e in of_kind(v, "agent")))
+        message = crashed.send(cid, "please be slow")
+        crashed.wait_for(cid, lambda v: entry(v, message["id"])["state"] == "sent")
         crashed.kill()
     finally:
         crashed.close()
