@@ -9,8 +9,9 @@ from typing import Any
 
 from uvicorn.config import LOGGING_CONFIG
 
-# A token= query parameter, as in the printed login URL /?token=… (guesses included).
-TOKEN_PARAM = re.compile(r"(?i)([?&;]token=)[^&#\s\"']*")
+# A token= query parameter, as in the printed login URL /?token=… (guesses included), its
+# name's letters percent-encoded or not (the login decodes the name: ?%74oken= logs in too).
+TOKEN_PARAM = re.compile(r"(?i)([?&;](?:t|%74)(?:o|%6f)(?:k|%6b)(?:e|%65)(?:n|%6e)=)[^&#\s\"']*")
 REDACTED = r"\1[redacted]"
 
 

@@ -372,10 +372,14 @@ def last_entries(
     return list(reversed(session.exec(query).all()))
 
 
-def entries_in_state(*, session: Session, conversation_id: int, state: str) -> list[Entry]:
-    """Entries of a conversation in one state (queued messages, streaming text...), by seq."""
+def entries_in_state(
+    *, session: Session, conversation_id: int, state: str, limit: int | None = None
+) -> list[Entry]:
+    """Entries of a conversation in one state (queued messages, streaming text...), by seq;
+    the first `limit` of them when given."""
     params = {"_conversation_id": conversation_id, "_state": state}
-    return list(session.exec(_entries_in_state(), params=params))
+    query = _entries_in_state() if limit is None else _entries_in_state().limit(limit)
+    return list(session.exec(query, params=params))
 
 
 def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None:

@@ -962,6 +962,38 @@ def test_permission_answer_after_stop_409(relay: LiveRelay) -> None:
     assert first(view, is_permission)["state"] == "expired"
 
 
+class Holding(StandIn):
+    """Answers each message, the first only once the test lets it go on."""
+
+    go_on = threading.Event()
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Wait for the test (the first turn), then answer."""
+        await asyncio.to_thread(Holding.go_on.wait, 30)
+        yield MessageDone("m", f"got {prompt}")
+        yield TurnDone()
+
+
+def test_a_read_shows_the_next_hundred_queued_messages_and_counts_them_all(
+    relay: LiveRelay,
+) -> None:
+    # Found by a hostile review: every queued message was in every read, whatever its limit:
+    # a queue of many large messages made each GET of the conversation as large.
+    relay.supervisor.agent_factory = lambda _p, spec, _s: Holding(spec)
+    Holding.go_on.clear()
+    cid = relay.create()["id"]
+    for n in range(106):  # the first runs (and waits), 105 queue behind it
+        assert relay.send(cid, f"m{n}").status_code == 202
+    view = relay.http.get(f"/api/conversations/{cid}", params={"limit": 1}).json()
+    assert view["turn"] == {"state": "running", "queued": 105}
+    Holding.go_on.set()  # (before the checks: a failed one must not hold the relay's stop)
+    queued = [e["text"] for e in view["timeline"] if e["state"] == "queued"]
+    assert queued[-100:] == [f"m{n}" for n in range(1, 101)]  # the next 100, in order
+    assert len(view["timeline"]) <= 1 + 100  # the page asked for, and those
+    view = relay.wait_idle(cid, timeout=60)
+    assert view["timeline"][-1]["text"] == "got m105"  # every one delivered, in order
+
+
 def test_permission_not_a_question_404(relay: LiveRelay) -> None:
     cid = relay.create()["id"]
     entry = relay.send(cid, "hello").json()

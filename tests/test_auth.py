@@ -340,10 +340,12 @@ def test_trusted_proxy_limits_each_forwarded_client(tmp_path: Path) -> None:
 
 def test_redact_replaces_every_token_parameter() -> None:
     lines = ["GET /?token=abc HTTP/1.1", "/c/3?view=full&token=x-y_z&a=1", "/api?xtoken=keep"]
+    lines.append("GET /?%74%6Fken=abc HTTP/1.1")  # the login decodes the name: it logs in too
     assert [redact(line) for line in lines] == [
         "GET /?token=[redacted] HTTP/1.1",
         "/c/3?view=full&token=[redacted]&a=1",
         "/api?xtoken=keep",
+        "GET /?%74%6Fken=[redacted] HTTP/1.1",
     ]
 
 
@@ -388,9 +390,10 @@ def test_access_log_never_holds_the_token(tmp_path: Path) -> None:
             client.get(f"/?token={SERVE_TOKEN}").status_code,
             client.get(f"/c/1?view=full&token={SERVE_TOKEN}").status_code,
             client.get(f"/?token={SERVE_TOKEN[:-1]}").status_code,  # a near miss, too
+            client.get(f"/?%74oken={SERVE_TOKEN}").status_code,  # found by a hostile review
         ]
     lines = log.read_text().splitlines()
-    assert statuses == [303, 303, 303]
+    assert statuses == [303, 303, 303, 303]
     # The one line holding the token is the URL printed at start, for the owner to open.
     assert [line.strip() for line in lines if SERVE_TOKEN[:-1] in line] == [
         f"http://127.0.0.1:{client.base_url.port}/?token={SERVE_TOKEN}"
@@ -399,6 +402,9 @@ def test_access_log_never_holds_the_token(tmp_path: Path) -> None:
         "GET /?token=[redacted] HTTP/1.1",
         "GET /c/1?view=full&token=[redacted] HTTP/1.1",
         "GET /?token=[redacted] HTTP/1.1",
+    ]
+    assert [line.split('"')[1] for line in lines if "%74oken=" in line] == [
+        "GET /?%74oken=[redacted] HTTP/1.1"
     ]
 
 

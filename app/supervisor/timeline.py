@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 
 TIMELINE_PAGE = 200
+QUEUED_SHOWN = 100  # queued messages a read of the conversation shows at most
 
 
 class Timeline(SupervisorState):
@@ -67,9 +68,11 @@ class Timeline(SupervisorState):
         )
         has_more = len(entries) > limit
         entries = entries[-limit:]
-        # Queued messages are shown at the end, whichever page is asked for.
+        # Queued messages are shown at the end, whichever page is asked for: the next
+        # QUEUED_SHOWN (the turn's `queued` counts them all), so that a queue of many large
+        # messages cannot make every read of the conversation as large.
         queued = store.entries_in_state(
-            session=session, conversation_id=conversation_id, state="queued"
+            session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
         )
         seen = {entry.id for entry in entries}
         entries += [entry for entry in queued if entry.id not in seen]
