@@ -74,6 +74,14 @@ def kill_pid(pid: int) -> None:
         time.sleep(0.02)
 
 
+def crash(relay: RelayProcess, home: Path, cli_pids: list[int]) -> None:
+    """SIGKILL the relay and its CLIs (a crash of the machine's relay, its agents with it)."""
+    cli_pids += session_pids(home)
+    relay.kill()
+    for pid in cli_pids:
+        kill_pid(pid)
+
+
 def transcript_lines(home: Path) -> list[dict[str, Any]]:
     """Every record of every session transcript under HOME."""
     records = []
@@ -145,11 +153,7 @@ def test_message_the_cli_received_is_shown_cut_not_sent_again(
         lambda: any(r.get("uuid") == prompt_id for r in transcript_lines(home)),
         "the transcript never recorded the prompt",
     )
-    cli_pids += session_pids(home)
-    relay.kill()
-    for pid in cli_pids:
-        kill_pid(pid)
-
+    crash(relay, home, cli_pids)
     relay.start()
     view = relay.wait_idle(cid)
     lines = of_kind(view, "line")
@@ -189,11 +193,7 @@ def test_a_message_whose_reply_was_stored_is_not_sent_again_before_the_transcrip
     text = f"[[WRITE:{tmp_path / 'f.txt'}|hello]]"
     message = relay.send(cid, text)
     relay.wait_for(cid, lambda v: bool(of_kind(v, "activity")))  # the Write call is stored
-    cli_pids += session_pids(home)
-    relay.kill()
-    for pid in cli_pids:
-        kill_pid(pid)
-
+    crash(relay, home, cli_pids)
     relay.start()
     view = relay.wait_idle(cid)
     assert prompts_sent(fake, text) == 1  # not delivered again

@@ -163,33 +163,39 @@ def test_window_changed_back_restarts_nothing(relay: LiveRelay) -> None:
     assert texts(relay.wait_idle(cid), "line") == []
 
 
-def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
+Row = tuple[str, str, str, dict[str, Any]]  # kind, text, state, data
+
+
+def after_a_crash(tmp_path: Path, rows: list[Row]) -> tuple[LiveRelay, int]:
+    """A relay started on what a crash mid-turn left: a conversation holding rows, its turn
+    marked active; and the conversation's id."""
     settings = make_settings(tmp_path / "data")
-    engine = make_engine(settings.db_url)
     first = LiveRelay(settings).start()
     cid = first.create()["id"]
     first.stop()
-    # What a crash mid-turn leaves behind: a turn marked active, streamed text, a queued message.
+    engine = make_engine(settings.db_url)
     with get_session(engine) as session:
         conversation = store.get_conversation(session=session, conversation_id=cid)
         assert conversation is not None
-        store.add_entry(
-            session=session, conversation=conversation, seq=1, kind="user", text="a", state="sent"
-        )
-        store.add_entry(
-            session=session,
-            conversation=conversation,
-            seq=2,
-            kind="agent",
-            text="par",
-            state="streaming",
-        )
-        store.add_entry(
-            session=session, conversation=conversation, seq=3, kind="user", text="b", state="queued"
-        )
+        for seq, (kind, text, state, data) in enumerate(rows, start=1):
+            store.add_entry(
+                session=session,
+                conversation=conversation,
+                seq=seq,
+                kind=kind,
+                text=text,
+                state=state,
+                data=data,
+            )
         store.update_conversation(session=session, conversation=conversation, turn_active=True)
     engine.dispose()
-    second = LiveRelay(settings).start()
+    return LiveRelay(settings).start(), cid
+
+
+def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
+    # Streamed text, and a message queued behind the cut turn.
+    rows = [("user", "a", "sent", {}), ("agent", "par", "streaming", {})]
+    second, cid = after_a_crash(tmp_path, [*rows, ("user", "b", "queued", {})])
     try:
         view = second.wait_idle(cid)
         shown = [(e["kind"], e["state"], e["text"].split("”")[0]) for e in view["timeline"]]
@@ -207,32 +213,14 @@ def test_restart_marks_cut_turn_and_delivers_queue(tmp_path: Path) -> None:
 def test_restart_drops_a_compaction_left_running_and_ends_a_tool_call(tmp_path: Path) -> None:
     """A crash mid-compaction and mid-tool: "A compaction that ends without a result leaves no
     line" (SPEC §3), and the call shows it got no result, not a spinner for ever."""
-    settings = make_settings(tmp_path / "data")
-    engine = make_engine(settings.db_url)
-    first = LiveRelay(settings).start()
-    cid = first.create()["id"]
-    first.stop()
-    with get_session(engine) as session:
-        conversation = store.get_conversation(session=session, conversation_id=cid)
-        assert conversation is not None
-        rows = [
+    second, cid = after_a_crash(
+        tmp_path,
+        [
             ("user", "a", "sent", {}),
             ("activity", "ls", "running", {"type": "tool", "tool": "Bash", "tool_id": "t1"}),
             ("line", "Compacting context…", "running", {"type": "compaction", "trigger": "auto"}),
-        ]
-        for seq, (kind, text, state, data) in enumerate(rows, start=1):
-            store.add_entry(
-                session=session,
-                conversation=conversation,
-                seq=seq,
-                kind=kind,
-                text=text,
-                state=state,
-                data=data,
-            )
-        store.update_conversation(session=session, conversation=conversation, turn_active=True)
-    engine.dispose()
-    second = LiveRelay(settings).start()
+        ],
+    )
     try:
         view = second.wait_idle(cid)
         assert [(e["kind"], e["state"], e["text"]) for e in view["timeline"]] == [
