@@ -15,9 +15,9 @@ from tests.crash import RelayProcess, entry
 def test_resend_on_a_cut_turn_gets_the_message_answered(pages: Pages, tmp_path: Path) -> None:
     crashed = RelayProcess(tmp_path / "data")
     try:
-        # Its first word 3 s after the turn began: killed before any, so nothing stored says
+        # Its first word 20 s after the turn began: killed before any, so nothing stored says
         # whether the demo (which keeps no record) got the message.
-        crashed.start(OARLOCK_DEMO_DELAY="3")
+        crashed.start(OARLOCK_DEMO_DELAY="20")
         cid = crashed.create(provider="demo", title="Cut")
         message = crashed.send(cid, "please be slow")
         crashed.wait_for(cid, lambda v: entry(v, message["id"])["state"] == "sent")

@@ -8,6 +8,7 @@ sees the warm-up. Through the relay, a tab's `warm` does it after starting the a
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.agent_turns import done, run_turn
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import receive, receive_until
 from tests.test_claude_relay import TIMEOUT, StartRelay, agent_pid, create_claude, turn
+from tests.test_delivery import held_cli
 
 
 def marked(marker: str) -> list[int]:
@@ -121,22 +123,29 @@ def test_tab_warm_up_runs_the_prompt_path_before_the_message(
 
 
 def test_deleting_a_conversation_while_its_agent_warms_up_stops_that_agent(
-    start: StartRelay, fake: FakeAnthropic, home: Path
+    start: StartRelay, fake: FakeAnthropic, home: Path, tmp_path: Path
 ) -> None:
     # Found by a hostile review: the delete answered 204 while the warm-up went on starting
     # the CLI, which then belonged to no conversation (nothing stopped it until the relay
     # did), and its late "ready" read the deleted conversation on the event loop.
-    live = start()
+    wrapper, hold = held_cli(tmp_path)  # the CLI waits for the test: it is starting throughout
+    hold.touch()
+    live = start(claude_cli=str(wrapper))
     cid = create_claude(live)
     with live.socket() as ws:
         assert receive(ws)["type"] == "hello"
         ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
-        deadline = time.monotonic() + TIMEOUT
-        while not getattr(live.supervisor.runners.get(cid), "starting", False):
-            assert time.monotonic() < deadline, "the warm-up never started the agent"
-            time.sleep(0.005)
+        receive_until(ws, lambda m: m.get("agent") == "starting", timeout=TIMEOUT)
         runner = live.supervisor.runners[cid]
-        assert live.http.delete(f"/api/conversations/{cid}").status_code == 204
+        deleted: list[int] = []
+        deleting = threading.Thread(
+            target=lambda: deleted.append(live.http.delete(f"/api/conversations/{cid}").status_code)
+        )
+        deleting.start()
+        deleting.join(0.5)  # it waits for the agent being started
+        hold.unlink()
+        deleting.join(TIMEOUT)
+    assert deleted == [204]
     assert cid not in live.supervisor.runners
     assert runner.agent is None  # started, then closed with the conversation
     assert marked(live.supervisor.lifetime.marker) == []  # no CLI left behind

@@ -323,10 +323,15 @@ def test_a_lease_taken_while_the_heartbeat_renews_stays_held(
             assert time.monotonic() < deadline
             time.sleep(0.01)
 
-    gate = threading.Event()
-    blocked = asyncio.run_coroutine_threadsafe(storage.write(gate.wait, TIMEOUT), loop)
-    queued(0)
-    time.sleep(0.2)  # the writer is in the gate's job: what comes now waits, then goes as one burst
+    gate, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        gate.wait(TIMEOUT)
+
+    blocked = asyncio.run_coroutine_threadsafe(storage.write(hold), loop)
+    assert held.wait(TIMEOUT)  # the writer is in the gate's job: what comes now is one burst
+    assert storage._jobs.qsize() == 0  # (nothing else waits: the next two are ours)
     beat = asyncio.run_coroutine_threadsafe(node._beat(), loop)
     queued(1)  # the renewal
     sent: list[httpx.Response] = []

@@ -358,7 +358,7 @@ def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
 
 
 def test_demo_cut_turn_offers_resend_and_resend_answers(relay: RelayProcess) -> None:
-    relay.start(OARLOCK_DEMO_DELAY="3")  # its first word 3 s after the turn began: none stored
+    relay.start(OARLOCK_DEMO_DELAY="20")  # its first word 20 s after the turn began: none stored
     cid = relay.create(provider="demo", title="Demo")
     message = relay.send(cid, "please be slow")
     relay.wait_for(cid, lambda v: entry(v, message["id"])["state"] == "sent")
