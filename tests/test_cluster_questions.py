@@ -20,6 +20,7 @@ import pytest
 from tests.crash import TIMEOUT
 from tests.redis import control_forbidden
 from tests.relay import LiveRelay
+from tests.test_api import STOPPED_QUESTION, LingeringAsker
 from tests.test_browser_races import pending_question
 from tests.test_cluster_control import until
 from tests.test_cluster_races import Pause, started_nodes, two_nodes  # noqa: F401 - fixture
@@ -94,3 +95,27 @@ def test_answers_on_two_nodes_at_once_the_first_wins(
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["allowed"]
     assert tool_output(view) == "created demo.txt (not really: this is the demo)"
+
+
+def test_an_answer_on_another_node_after_stop_is_refused(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """y's turn lingers after Stop denied its question; x takes an answer meanwhile."""
+    x, y = two_nodes
+    y.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
+    LingeringAsker.go_on.clear()
+    cid = y.create(title="Stopped on y")["id"]
+    assert y.send(cid, "go").status_code == 202
+    question = pending_question(y, cid)
+    assert x.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
+    y.wait_for(cid, lambda v: any(e["text"] == "allowed: False" for e in v["timeline"]))
+    try:  # expired by the Stop, while the turn still runs (before: at its end only)
+        x.wait_for(
+            cid, lambda v: [e["state"] for e in v["timeline"] if e["id"] == question] == ["expired"]
+        )
+        late = answer(x, cid, question, allow=True)
+        assert (late.status_code, late.json()) == (409, {"detail": STOPPED_QUESTION})
+    finally:
+        LingeringAsker.go_on.set()
+    view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["expired"]

@@ -408,8 +408,24 @@ class Commands(SupervisorState):
         if prompt_id is not None and prompt_id != runner.prompt_id:
             return False  # a Stop for a turn that has ended: not for the one running now
         runner.stop_requested = True  # seen by _run_turn when the agent is still starting
-        await self._interrupt_agent(runner)
+        if denied := await self._interrupt_agent(runner):
+            # Expired at once, not at the turn's end: an answer taken on any node is refused.
+            try:
+                await self.storage.write(self._expire_questions, conversation_id, denied)
+            except Exception as error:  # noqa: BLE001 - the turn's end expires them too
+                log.warning("conversation %s: questions not expired: %s", conversation_id, error)
         return True
+
+    def _expire_questions(self, conversation_id: int, entry_ids: list[int]) -> None:
+        """Mark questions that Stop denied as expired (those still pending). In the writer."""
+        with self.session() as session:
+            conversation = store.get_conversation(session=session, conversation_id=conversation_id)
+            if conversation is None:
+                return
+            for entry_id in entry_ids:
+                entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
+                if entry is not None and entry.state == "pending":
+                    self._save(session, conversation, entry, state="expired", data=entry.data)
 
     def _turn_elsewhere(self, conversation_id: int) -> tuple[bool, str | None]:
         """Another node's conversation: whether it is busy, and its turn's prompt id.
@@ -439,6 +455,8 @@ class Commands(SupervisorState):
                 raise LookupError("No such question in this conversation.")
             if entry.data.get("type") != "permission":
                 raise LookupError("That entry is not a permission question.")
+            if entry.state == "expired":
+                raise ConversationError(STOPPED_QUESTION)
             if entry.state != "pending":
                 raise ConversationError(f"This question was already answered ({entry.state}).")
             runner = self.runners.get(conversation.id or 0)  # (none on another node)
