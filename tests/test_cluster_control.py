@@ -7,13 +7,14 @@ process, as in tests/test_cluster_races.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import redis
@@ -23,6 +24,7 @@ from app.supervisor.runner import DELETING
 from tests.crash import TIMEOUT
 from tests.redis import control_forbidden
 from tests.relay import TOKEN, LiveRelay, receive, receive_until
+from tests.stand_in import StandIn
 from tests.test_cluster_races import (  # noqa: F401 - two_nodes: the fixture
     LEASE_SECONDS,
     Pause,
@@ -188,6 +190,52 @@ def test_a_delete_on_another_node_makes_the_owner_forget_the_conversation(
         assert client.exists(stream_key(cid), seq_key(cid)) == 0
     finally:
         client.close()
+
+
+class SlowStart(StandIn):
+    """An agent whose start waits for the test; it records its close."""
+
+    go = threading.Event()
+    closed: ClassVar[list[StandIn]] = []
+
+    async def start(self) -> None:
+        """Wait for go."""
+        await asyncio.to_thread(SlowStart.go.wait, TIMEOUT)
+
+    async def close(self) -> None:
+        """Note it."""
+        SlowStart.closed.append(self)
+
+
+def starting(relay: LiveRelay, cid: int) -> bool:
+    """Whether the relay is starting the conversation's agent."""
+    runner = relay.supervisor.runners.get(cid)
+    return runner is not None and runner.starting
+
+
+def test_a_delete_on_another_node_while_the_owner_warms_up_stops_that_agent(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """y's warm-up is starting the agent when x deletes the conversation: y closes the agent
+    once started (before: y forgot the runner, and the agent came after, owned by nobody)."""
+    x, y = two_nodes
+    y.supervisor.agent_factory = lambda _p, spec, _s: SlowStart(spec)
+    SlowStart.go.clear()
+    SlowStart.closed.clear()
+    cid = y.create(title="Deleted while warming")["id"]
+    try:
+        with y.socket() as ws:
+            receive(ws)  # hello
+            ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+            until(lambda: starting(y, cid), "y's warm-up never started the agent")
+            runner = y.supervisor.runners[cid]
+            assert cid in y.supervisor.cluster.held
+            assert x.http.delete(f"/api/conversations/{cid}").status_code == 204
+            until(lambda: cid not in y.supervisor.runners, "y still has the deleted one's runner")
+    finally:
+        SlowStart.go.set()
+    until(lambda: len(SlowStart.closed) == 1, "the warmed-up agent was never closed")
+    assert runner.agent is None
 
 
 def delete_held_at_its_lock(

@@ -318,10 +318,7 @@ class Commands(SupervisorState):
             await self.storage.write(self._refuse_while_busy, conversation, "delete")
             runner = self.runners.pop(cid, None)
             if runner is not None:
-                if runner.warming is not None and not runner.warming.done():
-                    # A tab's warm-up is starting its agent: closed below once started (else
-                    # it outlived the conversation, with nothing left to stop it).
-                    await asyncio.wait({runner.warming})
+                await self._warmed(runner)  # a tab's warm-up's agent: closed below once started
                 await self._close_agent(runner, publish=False)  # hub.forget drops its stream
             changed = await self.storage.write(self._delete_rows, conversation)
         except BaseException:

@@ -238,6 +238,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         """Drop a conversation deleted on another node: its runner, agent and recent events."""
         runner = self.runners.pop(conversation_id, None)
         if runner is not None:
+            await self._warmed(runner)
             await self._interrupt_agent(runner)
             await self._close_agent(runner, publish=False)  # its stream and counter are gone
         self.hub.release(conversation_id)
@@ -246,5 +247,6 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         """Stop the conversation's turn and agent here (its lease went to another node)."""
         runner = self.runners.get(conversation_id)
         if runner is not None:
+            await self._warmed(runner)
             await self._interrupt_agent(runner)
             await self._close_agent(runner)

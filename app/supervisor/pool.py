@@ -31,6 +31,16 @@ REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own re
 class Pool(SupervisorState):
     """The agent processes (mixed into Supervisor)."""
 
+    async def _warmed(self, runner: Runner) -> None:
+        """Wait for a warm-up under way (started or failed), so that a close closes its agent.
+
+        Without it, a runner dropped while its warm-up starts the agent gets that agent after,
+        with nothing left to stop it.
+        """
+        warming = runner.warming
+        if warming is not None and not warming.done() and warming is not asyncio.current_task():
+            await asyncio.wait({warming})  # never raises its error, never cancels it
+
     async def _ensure_agent(self, runner: Runner) -> Agent:
         warming = runner.warming
         if warming is not None and warming is not asyncio.current_task():
