@@ -25,14 +25,17 @@ def url() -> Iterator[str]:
         postgres.start().drop_database(url)
 
 
-def conversation(engine: Engine, *, queued: bool = False) -> int:
+def conversation(engine: Engine, *, queued: bool = False, state: str | None = None) -> int:
+    """A conversation; with a queued message, or an entry in the given state."""
     with get_session(engine) as session:
         made = store.create_conversation(
             session=session, title="T", provider="demo", cwd="/w", permission_mode="default"
         )
         if queued:
+            state = "queued"
+        if state is not None:
             store.add_entry(
-                session=session, conversation=made, seq=1, kind="user", text="hi", state="queued"
+                session=session, conversation=made, seq=1, kind="user", text="hi", state=state
             )
         return made.id or 0
 
@@ -99,3 +102,20 @@ def test_renew_keeps_only_live_leases_and_orphans_are_work_without_one(engine: E
     leases.release_all(engine, "a")
     assert leases.renew(engine, "a", 30, {held, idle}) == set()
     assert leases.renew(engine, "a", 30, set()) == set()
+
+
+def test_an_idle_lease_goes_back_unless_a_message_waits(engine: Engine) -> None:
+    idle, waiting = conversation(engine), conversation(engine, queued=True)
+    for cid in (idle, waiting):
+        assert leases.acquire(engine, cid, "a", 30)
+    assert not leases.release_idle(engine, idle, "b")  # not b's
+    assert leases.release_idle(engine, idle, "a")
+    assert not leases.release_idle(engine, waiting, "a")  # its message keeps it with a
+    assert (leases.owner(engine, idle), leases.owner(engine, waiting)) == (None, "a")
+
+
+def test_a_call_left_running_is_work_for_the_orphan_scan(engine: Engine) -> None:
+    # A tool call or a compaction line a dead node left running: single-node recovery closed
+    # it, a cluster's scan did not look for it.
+    cid = conversation(engine, state="running")
+    assert [found for found, _ in leases.orphans(engine)] == [cid]

@@ -25,6 +25,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy import text as sql
 
 from app import db
+from app.cluster import leases
 from app.migrate import upgrade
 from tests import postgres
 from tests.crash import TIMEOUT
@@ -301,6 +302,53 @@ def test_a_node_whose_lease_went_elsewhere_begins_no_turn(
     assert first[0]["state"] == "queued"  # left for the lease's holder
 
 
+def jobs_queued(storage: Any) -> Callable[[int], None]:
+    """A wait for a number of jobs queued for the storage writer (not taken yet)."""
+
+    def queued(count: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while storage._jobs.qsize() < count:
+            assert time.monotonic() < deadline, f"{storage._jobs.qsize()} jobs queued"
+            time.sleep(0.01)
+
+    return queued
+
+
+@contextmanager
+def writer_held(storage: Any) -> Iterator[Callable[[int], None]]:
+    """The storage writer held in a job: what is queued meanwhile runs as one burst after.
+
+    Yields a wait for a number of jobs queued behind it (nothing else is queued before).
+    """
+    gate, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        gate.wait(TIMEOUT)
+
+    blocked = asyncio.run_coroutine_threadsafe(storage.write(hold), storage.loop)
+    assert held.wait(TIMEOUT)  # the writer is in the gate's job: what comes now is one burst
+    assert storage._jobs.qsize() == 0  # (nothing else waits: the next ones are the test's)
+    try:
+        yield jobs_queued(storage)
+    finally:
+        gate.set()
+    blocked.result(TIMEOUT)
+
+
+class Sending:
+    """A message sent in a thread of its own (its POST waits for the writer)."""
+
+    def __init__(self, relay: LiveRelay, cid: int) -> None:
+        self.sent: list[httpx.Response] = []
+        self.thread = threading.Thread(target=lambda: self.sent.append(relay.send(cid, "hello")))
+        self.thread.start()
+
+    def answer(self) -> httpx.Response:
+        self.thread.join(TIMEOUT)
+        return self.sent[0]
+
+
 def test_a_lease_taken_while_the_heartbeat_renews_stays_held(
     two_nodes: tuple[LiveRelay, LiveRelay],
 ) -> None:
@@ -315,34 +363,55 @@ def test_a_lease_taken_while_the_heartbeat_renews_stays_held(
     _x, y = two_nodes
     cid = y.create(title="Renewed")["id"]
     storage, node = y.supervisor.storage, y.supervisor.cluster
-    loop = storage.loop
-
-    def queued(count: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while storage._jobs.qsize() < count:  # jobs waiting behind the gate
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-
-    gate, held = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        held.set()
-        gate.wait(TIMEOUT)
-
-    blocked = asyncio.run_coroutine_threadsafe(storage.write(hold), loop)
-    assert held.wait(TIMEOUT)  # the writer is in the gate's job: what comes now is one burst
-    assert storage._jobs.qsize() == 0  # (nothing else waits: the next two are ours)
-    beat = asyncio.run_coroutine_threadsafe(node._beat(), loop)
-    queued(1)  # the renewal
-    sent: list[httpx.Response] = []
-    sending = threading.Thread(target=lambda: sent.append(y.send(cid, "hello")))
-    sending.start()
-    queued(2)  # the message, whose job takes the lease (claim_here)
-    gate.set()
-    blocked.result(TIMEOUT)
+    with writer_held(storage) as queued:
+        beat = asyncio.run_coroutine_threadsafe(node._beat(), storage.loop)
+        queued(1)  # the renewal
+        sending = Sending(y, cid)
+        queued(2)  # the message, whose job takes the lease (claim_here)
     beat.result(TIMEOUT)
-    sending.join(TIMEOUT)
-    assert sent and sent[0].status_code == 202
+    assert sending.answer().status_code == 202
     assert cid in node.held
+    view = y.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]))
+    assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent"]
+
+
+def test_a_lease_a_message_needs_is_not_given_back_as_idle(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """The heartbeat gives back the lease of a conversation with nothing live here while a
+    message's job waits in the writer to take that lease: the lease stays held.
+
+    It did not: the beat judged the conversation idle on the loop and forgot it there, the
+    message's job took the lease again (its own row), and the release job queued by the beat
+    after it deleted that row: the node ran the turn with no lease (another node could too).
+    """
+    _x, y = two_nodes
+    made = y.create(title="Kept")
+    cid = made["id"]
+    storage, node = y.supervisor.storage, y.supervisor.cluster
+    claimed = storage.write(node.claim_here, cid, made["cwd"])
+    asyncio.run_coroutine_threadsafe(claimed, storage.loop).result(TIMEOUT)
+    assert cid in node.held and node._idle(cid)  # held, with nothing live: a beat releases it
+    # The renewal is held in the writer (a burst of its own) while the message's job and a
+    # gate are queued: they are the next burst, which the gate holds until the beat, its
+    # renewal answered, has queued its release behind them.
+    renewing = Pause(y, lambda statement, _params: "UPDATE lease" in statement, after=True)
+    renewing.armed = True
+    beat = asyncio.run_coroutine_threadsafe(node._beat(), storage.loop)
+    assert renewing.reached.wait(TIMEOUT), "the beat never renewed"
+    between = threading.Event()
+    gate = asyncio.run_coroutine_threadsafe(storage.write(between.wait, TIMEOUT), storage.loop)
+    queued = jobs_queued(storage)
+    queued(1)
+    sending = Sending(y, cid)
+    queued(2)  # the message, behind the gate
+    renewing.release.set()
+    queued(1)  # the next burst taken (gate, message), then the beat's release queued
+    between.set()
+    gate.result(TIMEOUT)
+    beat.result(TIMEOUT)
+    assert sending.answer().status_code == 202
+    assert cid in node.held
+    assert leases.owner(node.engine, cid) == node.node
     view = y.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]))
     assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent"]

@@ -41,9 +41,17 @@ _RENEW_ONE = text(
     """
 )
 _RELEASE = text("DELETE FROM lease WHERE conversation_id = :cid AND node = :node")
+# Given back only while no message waits: one stored meanwhile keeps its node running it.
+_RELEASE_IDLE = text(
+    """
+    DELETE FROM lease WHERE conversation_id = :cid AND node = :node
+      AND NOT EXISTS (SELECT 1 FROM entry e WHERE e.conversation_id = :cid AND e.state = 'queued')
+    """
+)
 _RELEASE_ALL = text("DELETE FROM lease WHERE node = :node")
 # Conversations with work (a turn cut short, messages queued, text left streaming, a question
-# left open) that no live lease covers: a dead node's, or never taken.
+# left open, a tool call or compaction left running) that no live lease covers: a dead node's,
+# or never taken.
 _ORPHANS = text(
     """
     SELECT c.id, c.cwd FROM conversation c
@@ -51,7 +59,7 @@ _ORPHANS = text(
     WHERE l.conversation_id IS NULL
       AND (c.turn_active OR EXISTS (
           SELECT 1 FROM entry e WHERE e.conversation_id = c.id
-            AND e.state IN ('queued', 'streaming', 'pending')))
+            AND e.state IN ('queued', 'streaming', 'pending', 'running')))
     ORDER BY c.id
     LIMIT :limit
     """
@@ -107,6 +115,13 @@ def release(engine: Engine, conversation_id: int, node: str) -> None:
     """Give a lease back (another node may take the conversation at once)."""
     with engine.begin() as connection:
         connection.execute(_RELEASE, {"cid": conversation_id, "node": node})
+
+
+def release_idle(engine: Engine, conversation_id: int, node: str) -> bool:
+    """Give an idle conversation's lease back unless a message waits; whether it was."""
+    with engine.begin() as connection:
+        result = connection.execute(_RELEASE_IDLE, {"cid": conversation_id, "node": node})
+    return bool(result.rowcount)
 
 
 def release_all(engine: Engine, node: str) -> None:

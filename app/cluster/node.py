@@ -488,10 +488,7 @@ class ClusterNode:
         self.renewed_at = began
         for cid in lost:  # expired under us (a stall longer than the lease)
             await self.supervisor.drop_agent(cid)
-        for cid in list(self.held):
-            if self._idle(cid):
-                self.held.discard(cid)
-                await storage.write(leases.release, self.engine, cid, self.node)
+        await storage.write(self._release_idle)
         for cid, cwd in await storage.read(leases.orphans, self.engine):
             await self.claim(cid, cwd)
         # Pub/sub delivers at most once: a wake-up lost on the way is made up for here.
@@ -514,6 +511,17 @@ class ClusterNode:
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
             self.held.discard(cid)  # first: its runner starts no other turn
         return lost
+
+    def _release_idle(self) -> None:
+        """In the writer: give back the leases of conversations with nothing live here.
+
+        Judged here, in order with the jobs that store messages: a message stored before keeps
+        the lease (judged on the loop, it was given back under the message's feet, which then
+        waited for another node's scan).
+        """
+        for cid in list(self.held):
+            if self._idle(cid) and leases.release_idle(self.engine, cid, self.node):
+                self.held.discard(cid)
 
     async def _settle_answered(self) -> None:
         """Settle open questions here that were answered on a node whose notice was lost."""
