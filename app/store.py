@@ -398,18 +398,22 @@ def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None
 
 
 def answered_after(*, session: Session, conversation_id: int, seq: int) -> bool:
-    """Whether the agent's text, a tool call or a question was stored after seq (a turn's
-    message): then the agent had received that message."""
+    """Whether the agent's text, a tool call, a question or a compaction (the agent compacts
+    once it has a message) was stored after seq (a turn's message): then the agent had
+    received that message."""
     query = (
-        select(Entry.id)
+        select(Entry.kind, Entry.data)
         .where(
             Entry.conversation_id == conversation_id,
-            col(Entry.kind).in_(["agent", "activity"]),
+            col(Entry.kind).in_(["agent", "activity", "line"]),
             Entry.seq > seq,
         )
-        .limit(1)
+        .order_by(col(Entry.seq))
     )
-    return session.exec(query).first() is not None
+    for kind, data in session.exec(query):  # (lines after a turn's message: a few at most)
+        if kind != "line" or data.get("type") == "compaction":
+            return True
+    return False
 
 
 def recent_messages(

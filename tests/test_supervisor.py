@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app import store
 from app.agents.demo import DemoAgent
 from app.db import get_session, make_engine
@@ -228,6 +230,27 @@ def test_restart_drops_a_compaction_left_running_and_ends_a_tool_call(tmp_path: 
             ("activity", "interrupted", "ls"),
             ("line", "done", RESTART_LINE),  # the tool call says the agent got "a"
         ]
+    finally:
+        second.stop()
+
+
+@pytest.mark.parametrize("state", ["running", "done"])
+def test_restart_takes_a_compaction_after_the_message_for_its_receipt(
+    tmp_path: Path, state: str
+) -> None:
+    """A crash during the compaction the agent began on getting the message (or after it):
+    the agent had the message, which is not delivered again. Before, a compaction line left
+    running was dropped before the turn was judged, and a finished one was not looked at."""
+    compaction = {"type": "compaction", "trigger": "auto"}
+    second, cid = after_a_crash(
+        tmp_path,
+        [("user", "a", "sent", {}), ("line", "Compacting context…", state, compaction)],
+    )
+    try:
+        view = second.wait_idle(cid)
+        shown = [(e["kind"], e["text"]) for e in view["timeline"]]
+        kept = [("line", "Compacting context…")] if state == "done" else []
+        assert shown == [("user", "a"), *kept, ("line", RESTART_LINE)]
     finally:
         second.stop()
 

@@ -49,16 +49,20 @@ class Recovery(SupervisorState):
             session=session, conversation_id=conversation_id, state="pending"
         ):
             self._save(session, conversation, entry, state="expired", data=entry.data)
-        for entry in store.entries_in_state(
+        running = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="running"
-        ):
-            if entry.data.get("type") == "compaction":  # ended without a result: no line (§3)
-                self._remove(session, conversation, entry)
-            else:  # a tool call whose result never came
+        )
+        compactions = [entry for entry in running if entry.data.get("type") == "compaction"]
+        for entry in running:
+            if entry not in compactions:  # a tool call whose result never came
                 self._save(session, conversation, entry, state="interrupted", data=entry.data)
+        # The turn judged first: a compaction begun after its message says the agent had it.
+        decided = not conversation.turn_active or self._recover_turn(session, conversation)
+        for entry in compactions:  # ended without a result: no line (§3)
+            self._remove(session, conversation, entry)
+        if not decided:
+            return  # decided a little later, and the queue resumed then (_recover_later)
         if conversation.turn_active:
-            if not self._recover_turn(session, conversation):
-                return  # decided a little later, and the queue resumed then (_recover_later)
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
         if store.count_queued(session=session, conversation_id=conversation_id):
             self._wake(conversation_id)
