@@ -364,8 +364,9 @@ def answered_questions(*, session: Session, entry_ids: Collection[int]) -> list[
 def last_entries(
     *, session: Session, conversation_id: int, limit: int, before_seq: int | None = None
 ) -> list[Entry]:
-    """The last `limit` entries (before before_seq), oldest first; one index range scan."""
-    query = select(Entry).where(Entry.conversation_id == conversation_id)
+    """The last `limit` entries that are not queued messages (before before_seq), oldest
+    first; one index range scan (queued messages are read on their own: entries_in_state)."""
+    query = select(Entry).where(Entry.conversation_id == conversation_id, Entry.state != "queued")
     if before_seq is not None:
         query = query.where(Entry.seq < before_seq)
     query = query.order_by(col(Entry.seq).desc()).limit(limit)

@@ -275,6 +275,7 @@ export class Timeline {
     this.inner = byId('timeline-inner');
     this.list = byId('entries'); // sent entries, by seq
     this.queuedList = byId('queued-entries'); // queued user messages, by seq, always last
+    this.queuedMore = byId('queued-more'); // how many more wait (a read shows the next 100)
     this.rail = byId('pill-rail');
     this.newPill = byId('new-messages');
     this.earlier = byId('load-earlier');
@@ -500,6 +501,10 @@ export class Timeline {
     const streaming = Boolean(last) && last.dataset.kind === 'agent' && last.dataset.state === 'streaming';
     this.indicator.hidden = !busy || (streaming && !compacting);
     this.emptyHint.hidden = busy || this.list.childElementCount + this.queuedList.childElementCount > 0;
+    const more = this.turn.queued - this.queuedList.childElementCount;
+    this.queuedMore.hidden = more <= 0;
+    const moreText = more > 0 ? `…and ${more} more queued (each shows here as its turn comes)` : '';
+    if (this.queuedMore.textContent !== moreText) this.queuedMore.textContent = moreText;
     const label = compacting ? 'Compacting the conversation…' : 'Working…';
     const labelEl = this.indicator.querySelector('.thinking-label');
     if (labelEl.textContent !== label) labelEl.textContent = label;

@@ -72,3 +72,25 @@ def test_message_queued_before_compact_is_answered_in_the_new_conversation(
     finally:
         pages.close()
         relay.stop()
+
+
+def test_a_queue_longer_than_a_read_says_how_many_more_wait(pages: Pages, tmp_path: Path) -> None:
+    # Found by a review: a read shows the next 100 queued messages (the turn counts them
+    # all); a tab opened on a longer queue showed 100 and said nothing of the rest.
+    relay = own_relay(tmp_path, demo_delay=0.08)  # "slow" streams 200 words: about 16 s
+    try:
+        cid = relay.create(title="A long queue")["id"]
+        assert relay.send(cid, "slow please").status_code == 202
+        for n in range(102):
+            assert relay.send(cid, f"q{n}").status_code == 202
+        page = pages.open(relay, f"/c/{cid}")
+        expect(page.get_by_test_id("queued-badge")).to_have_count(100)
+        expect(user_bubble(page, "q99")).to_have_count(1)  # the next 100: q0 to q99
+        expect(user_bubble(page, "q100")).to_have_count(0)
+        more = by_id(page, "queued-more")
+        expect(more).to_have_text("…and 2 more queued (each shows here as its turn comes)")
+        send_text(page, "one more")  # the live tab gets each new one: shown, not counted
+        expect(user_bubble(page, "one more")).to_have_count(1)
+        expect(more).to_have_text("…and 2 more queued (each shows here as its turn comes)")
+    finally:
+        relay.stop()

@@ -71,11 +71,9 @@ class Timeline(SupervisorState):
         # Queued messages are shown at the end, whichever page is asked for: the next
         # QUEUED_SHOWN (the turn's `queued` counts them all), so that a queue of many large
         # messages cannot make every read of the conversation as large.
-        queued = store.entries_in_state(
+        entries += store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
         )
-        seen = {entry.id for entry in entries}
-        entries += [entry for entry in queued if entry.id not in seen]
         view = conversation_view(conversation)
         view["backup"] = self.backups.latest(conversation_id)
         # Live text only for what is stored as streaming: a stored message's own text is whole
