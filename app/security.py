@@ -99,11 +99,18 @@ def is_loopback(host: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
+# A Host header (RFC 9110): a DNS name or IPv4 address, or an IPv6 address in brackets; then
+# maybe a port.
+_HOST = re.compile(r"(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::[0-9]*)?")
+
+
 def host_name(host_header: str) -> str:
-    """The name part of a Host header (no port; IPv6 brackets removed)."""
-    if host_header.startswith("["):
-        return host_header[1 : host_header.find("]")]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+    """The name part of a Host header (no port; IPv6 brackets removed); "" when the header is
+    not a host (a list, junk after the brackets, two ports), which no allowed host matches."""
+    match = _HOST.fullmatch(host_header)
+    if match is None:
+        return ""
+    return match["ip6"] or match["name"]
 
 
 class FailureLimiter:

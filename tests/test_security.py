@@ -15,7 +15,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from app.security import load_or_create_token
+from app.security import host_name, load_or_create_token
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,6 +322,36 @@ def test_rebinding_host_403(relay: LiveRelay) -> None:
         for host in hosts
         for _ in range(3)
     ]
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [
+        ("localhost:8000", "localhost"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("[::1]:8000", "::1"),
+        ("[::1]", "::1"),
+        ("Relay.Example:", "Relay.Example"),
+        # Found by a hostile review: these passed as a loopback name (a browser cannot send
+        # them; a script or proxy could).
+        ("[::1]x:8000", ""),
+        ("127.0.0.1:8000, evil.example", ""),
+        ("127.0.0.1:80:80", ""),
+        ("::1", ""),
+        ("", ""),
+    ],
+)
+def test_the_name_of_a_host_header(header: str, name: str) -> None:
+    assert host_name(header) == name
+
+
+def test_a_host_header_that_is_not_one_host_is_refused(relay: LiveRelay) -> None:
+    host = f"127.0.0.1:{relay.settings.port}, evil.example"
+    status, body = raw_request(relay, ["GET /api/conversations HTTP/1.1", f"Host: {host}"])
+    assert (status, body) == (
+        403,
+        {"detail": f"Host {host!r} is not allowed; add it to OARLOCK_ALLOWED_HOSTS."},
+    )
 
 
 def test_localhost_host_allowed(relay: LiveRelay) -> None:
