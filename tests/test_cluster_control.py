@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import httpx
 import redis
+from sqlalchemy import text as sql
 
 from app.cluster.events import seq_key, stream_key
 from app.supervisor.runner import DELETING
@@ -236,6 +237,35 @@ def test_a_delete_on_another_node_while_the_owner_warms_up_stops_that_agent(
         SlowStart.go.set()
     until(lambda: len(SlowStart.closed) == 1, "the warmed-up agent was never closed")
     assert runner.agent is None
+
+
+def test_a_lease_lost_while_the_warm_up_starts_the_agent_stops_that_agent(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """y's warm-up is starting the agent when y's heartbeat finds the lease lost: the beat goes
+    on at once (it renews y's other leases), and the agent is closed once started."""
+    _x, y = two_nodes
+    y.supervisor.agent_factory = lambda _p, spec, _s: SlowStart(spec)
+    SlowStart.go.clear()
+    SlowStart.closed.clear()
+    cid = y.create(title="Handed on while warming")["id"]
+    node = y.supervisor.cluster
+    try:
+        with y.socket() as ws:
+            receive(ws)  # hello
+            ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+            until(lambda: starting(y, cid), "y's warm-up never started the agent")
+        with y.supervisor.engine.begin() as connection:  # another node's now
+            connection.execute(
+                sql("UPDATE lease SET node = 'z' WHERE conversation_id = :c"), {"c": cid}
+            )
+        beat = asyncio.run_coroutine_threadsafe(node._beat(), y.supervisor.storage.loop)
+        beat.result(TIMEOUT)  # (before: it waited for the agent's start)
+        assert cid not in node.held
+    finally:
+        SlowStart.go.set()
+    until(lambda: len(SlowStart.closed) == 1, "the warmed-up agent was never closed")
+    assert y.supervisor.runners[cid].agent is None
 
 
 def delete_held_at_its_lock(

@@ -383,10 +383,22 @@ class Commands(SupervisorState):
     async def _warm(self, runner: Runner) -> None:
         try:
             agent = await self._ensure_agent(runner)
-            if isinstance(agent, WarmsUp):  # a turn waits for this task, so for this too
-                await agent.warm_up()
+            if not self._dropped(runner) and isinstance(agent, WarmsUp):
+                await agent.warm_up()  # (a turn waits for this task, so for this too)
         except Exception as error:  # noqa: BLE001 - the message's own turn will say why
             log.info("warming conversation %s failed: %s", runner.conversation_id, error)
+        if self._dropped(runner) and runner.agent is not None and not self._closing:
+            # Deleted (on another node) or handed on while its agent started: nothing else
+            # would stop it. (Not waited for there: that would hold the heartbeat.)
+            kept = self.runners.get(runner.conversation_id) is runner
+            await self._close_agent(runner, publish=kept)
+
+    def _dropped(self, runner: Runner) -> bool:
+        """Whether a runner is no longer this node's to run (deleted, or its lease gone)."""
+        cid = runner.conversation_id
+        if self.runners.get(cid) is not runner:
+            return True
+        return self.cluster is not None and not self.cluster.holds(cid)
 
     async def interrupt(self, conversation_id: int) -> bool:
         """Stop the running turn, if any (queued messages stay queued)."""
@@ -405,12 +417,16 @@ class Commands(SupervisorState):
         if prompt_id is not None and prompt_id != runner.prompt_id:
             return False  # a Stop for a turn that has ended: not for the one running now
         runner.stop_requested = True  # seen by _run_turn when the agent is still starting
-        if denied := await self._interrupt_agent(runner):
-            # Expired at once, not at the turn's end: an answer taken on any node is refused.
+        if runner.questions:
+            # Expired before they are denied (not at the turn's end): an answer taken on any
+            # node from now on is refused; one taken before stands.
             try:
-                await self.storage.write(self._expire_questions, conversation_id, denied)
+                await self.storage.write(
+                    self._expire_questions, conversation_id, [*runner.questions]
+                )
             except Exception as error:  # noqa: BLE001 - the turn's end expires them too
                 log.warning("conversation %s: questions not expired: %s", conversation_id, error)
+        await self._interrupt_agent(runner)
         return True
 
     def _expire_questions(self, conversation_id: int, entry_ids: list[int]) -> None:

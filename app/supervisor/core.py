@@ -235,10 +235,12 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         self._retire_now(conversation_id)
 
     async def forget_here(self, conversation_id: int) -> None:
-        """Drop a conversation deleted on another node: its runner, agent and recent events."""
+        """Drop a conversation deleted on another node: its runner, agent and recent events.
+
+        (An agent a warm-up is starting is closed by the warm-up once started: _warm.)
+        """
         runner = self.runners.pop(conversation_id, None)
         if runner is not None:
-            await self._warmed(runner)
             await self._interrupt_agent(runner)
             await self._close_agent(runner, publish=False)  # its stream and counter are gone
         self.hub.release(conversation_id)
@@ -247,6 +249,5 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         """Stop the conversation's turn and agent here (its lease went to another node)."""
         runner = self.runners.get(conversation_id)
         if runner is not None:
-            await self._warmed(runner)
             await self._interrupt_agent(runner)
             await self._close_agent(runner)

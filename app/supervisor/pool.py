@@ -183,17 +183,13 @@ class Pool(SupervisorState):
                 resolved.source,
             )
 
-    async def _interrupt_agent(self, runner: Runner) -> list[int]:
-        """Deny the runner's open questions and interrupt its agent; the ids it denied."""
-        denied = []
+    async def _interrupt_agent(self, runner: Runner) -> None:
         for entry_id, future in list(runner.questions.items()):
             if not future.done():
                 future.set_result(PermissionDecision(False, "Stopped by the user."))
-                denied.append(entry_id)
             runner.questions.pop(entry_id, None)
         if runner.agent is not None:
             await runner.agent.interrupt()
-        return denied
 
     async def _close_agent(self, runner: Runner, *, publish: bool = True) -> None:
         agent, runner.agent = runner.agent, None
