@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import traceback
@@ -376,7 +377,7 @@ def test_a_lease_taken_while_the_heartbeat_renews_stays_held(
 
 
 def test_a_lease_a_message_needs_is_not_given_back_as_idle(
-    two_nodes: tuple[LiveRelay, LiveRelay],
+    two_nodes: tuple[LiveRelay, LiveRelay], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The heartbeat gives back the lease of a conversation with nothing live here while a
     message's job waits in the writer to take that lease: the lease stays held.
@@ -389,6 +390,7 @@ def test_a_lease_a_message_needs_is_not_given_back_as_idle(
     made = y.create(title="Kept")
     cid = made["id"]
     storage, node = y.supervisor.storage, y.supervisor.cluster
+    caplog.set_level(logging.INFO, logger="app.cluster.node")
     claimed = storage.write(node.claim_here, cid, made["cwd"])
     asyncio.run_coroutine_threadsafe(claimed, storage.loop).result(TIMEOUT)
     assert cid in node.held and node._idle(cid)  # held, with nothing live: a beat releases it
@@ -399,14 +401,20 @@ def test_a_lease_a_message_needs_is_not_given_back_as_idle(
     renewing.armed = True
     beat = asyncio.run_coroutine_threadsafe(node._beat(), storage.loop)
     assert renewing.reached.wait(TIMEOUT), "the beat never renewed"
-    between = threading.Event()
-    gate = asyncio.run_coroutine_threadsafe(storage.write(between.wait, TIMEOUT), storage.loop)
+    between, taken = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        taken.set()
+        between.wait(TIMEOUT)
+
+    gate = asyncio.run_coroutine_threadsafe(storage.write(hold), storage.loop)
     queued = jobs_queued(storage)
     queued(1)
     sending = Sending(y, cid)
     queued(2)  # the message, behind the gate
     renewing.release.set()
-    queued(1)  # the next burst taken (gate, message), then the beat's release queued
+    assert taken.wait(TIMEOUT)  # the next burst taken (gate, message)
+    queued(1)  # then the beat's release queued behind it
     between.set()
     gate.result(TIMEOUT)
     beat.result(TIMEOUT)
@@ -415,3 +423,5 @@ def test_a_lease_a_message_needs_is_not_given_back_as_idle(
     assert leases.owner(node.engine, cid) == node.node
     view = y.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]))
     assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent"]
+    taken = f"node y runs conversation {cid}"
+    assert caplog.text.count(taken) == 1  # taken once, never given back and taken again

@@ -520,8 +520,10 @@ class ClusterNode:
         waited for another node's scan).
         """
         for cid in list(self.held):
-            if self._idle(cid) and leases.release_idle(self.engine, cid, self.node):
-                self.held.discard(cid)
+            if self._idle(cid):
+                self.held.discard(cid)  # first: from now on a warm-up here claims it anew
+                if not leases.release_idle(self.engine, cid, self.node):
+                    self.held.add(cid)  # a message waits: kept
 
     async def _settle_answered(self) -> None:
         """Settle open questions here that were answered on a node whose notice was lost."""
