@@ -248,21 +248,29 @@ def protocol_options(settings: Settings) -> dict[str, Any]:
 
 
 def fit_snapshot(view: dict[str, Any], chars: int = SNAPSHOT_CHARS) -> dict[str, Any]:
-    """A conversation view whose timeline keeps the newest entries that fit in `chars` of JSON.
+    """A conversation view whose timeline fits in `chars` of JSON.
 
-    Older entries are left out (has_more becomes true, so the tab pages back over HTTP);
-    the newest entry stays even when it alone is larger.
+    The queued messages at its end go first, the last to run first (the turn's `queued`
+    still counts them: the UI says how many more wait); then the oldest entries (has_more
+    becomes true, so the tab pages back over HTTP). The newest entry that is not queued stays
+    even when it alone is larger.
     """
     timeline: list[dict[str, Any]] = view["timeline"]
     sizes = [len(encode(entry)) + 1 for entry in timeline]
     total = len(encode({**view, "timeline": []})) + sum(sizes)
     if total <= chars:
         return view
-    keep = len(timeline)
-    while keep > 1 and total > chars:
-        total -= sizes[len(timeline) - keep]
-        keep -= 1
-    return {**view, "timeline": timeline[-keep:], "has_more": True}
+    queued = next((i for i, e in enumerate(timeline) if e.get("state") == "queued"), len(timeline))
+    end = len(timeline)
+    while end > queued and total > chars:
+        end -= 1
+        total -= sizes[end]
+    start = 0
+    while queued - start > 1 and total > chars:
+        total -= sizes[start]
+        start += 1
+    has_more = view.get("has_more", False) or start > 0
+    return {**view, "timeline": timeline[start:end], "has_more": has_more}
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:

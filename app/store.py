@@ -364,9 +364,8 @@ def answered_questions(*, session: Session, entry_ids: Collection[int]) -> list[
 def last_entries(
     *, session: Session, conversation_id: int, limit: int, before_seq: int | None = None
 ) -> list[Entry]:
-    """The last `limit` entries that are not queued messages (before before_seq), oldest
-    first; one index range scan (queued messages are read on their own: entries_in_state)."""
-    query = select(Entry).where(Entry.conversation_id == conversation_id, Entry.state != "queued")
+    """The last `limit` entries (before before_seq), oldest first; one index range scan."""
+    query = select(Entry).where(Entry.conversation_id == conversation_id)
     if before_seq is not None:
         query = query.where(Entry.seq < before_seq)
     query = query.order_by(col(Entry.seq).desc()).limit(limit)
@@ -410,8 +409,9 @@ def answered_after(*, session: Session, conversation_id: int, seq: int) -> bool:
             Entry.seq > seq,
         )
         .order_by(col(Entry.seq))
+        .limit(100)  # (the relay's own lines before the agent's first entry: a few at most)
     )
-    for kind, data in session.exec(query):  # (lines after a turn's message: a few at most)
+    for kind, data in session.exec(query):
         if kind != "line" or data.get("type") == "compaction":
             return True
     return False

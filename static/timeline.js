@@ -341,10 +341,16 @@ export class Timeline {
     this.earlier.disabled = false;
   }
 
-  /** Lowest seq loaded: where "Load earlier messages" continues from. */
+  /** Lowest seq loaded: where "Load earlier messages" continues from (not a queued message's:
+   *  the next ones to run are always shown, whatever page was read, and may be older). */
   lowestSeq() {
     let low = Infinity;
-    for (const { entry } of this.items.values()) low = Math.min(low, entry.seq);
+    let lowQueued = Infinity; // (when only queued messages are loaded: from the oldest of them)
+    for (const { entry } of this.items.values()) {
+      if (isQueued(entry)) lowQueued = Math.min(lowQueued, entry.seq);
+      else low = Math.min(low, entry.seq);
+    }
+    if (!Number.isFinite(low)) low = lowQueued;
     return Number.isFinite(low) ? low : null;
   }
 

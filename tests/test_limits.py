@@ -335,3 +335,15 @@ def test_fit_snapshot_keeps_the_newest_entry_even_alone_too_large() -> None:
     view = {"id": 1, "timeline": [entry(1, 10), entry(2, 5000)], "has_more": False}
     fitted = fit_snapshot(view, 1000)
     assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([2], True)
+
+
+def test_fit_snapshot_leaves_out_the_last_queued_messages_first() -> None:
+    # Found by a review: the oldest went first, queued ones included, so a long queue of
+    # large messages could leave the next ones to run out and the last ones in.
+    sent = [entry(n, 1000) for n in range(1, 4)]
+    queued = [{**entry(n, 1000), "state": "queued"} for n in range(4, 8)]
+    view = {"id": 1, "timeline": sent + queued, "has_more": False}
+    fitted = fit_snapshot(view, 5500)
+    assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([1, 2, 3, 4, 5], False)
+    fitted = fit_snapshot(view, 1500)  # then the oldest; the newest sent one stays
+    assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([3], True)

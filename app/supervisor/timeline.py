@@ -67,10 +67,12 @@ class Timeline(SupervisorState):
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
         has_more = len(entries) > limit
-        entries = entries[-limit:]
         # Queued messages are shown at the end, whichever page is asked for: the next
         # QUEUED_SHOWN (the turn's `queued` counts them all), so that a queue of many large
-        # messages cannot make every read of the conversation as large.
+        # messages cannot make every read of the conversation as large. (Those of the page
+        # are left out of it, not left out of the scan: a filter on state would read every
+        # queued row's text to skip it.)
+        entries = [entry for entry in entries[-limit:] if entry.state != "queued"]
         entries += store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
         )
