@@ -430,7 +430,8 @@ class Commands(SupervisorState):
         return True
 
     def _expire_questions(self, conversation_id: int, entry_ids: list[int]) -> None:
-        """Mark questions that Stop denied as expired (those still pending). In the writer."""
+        """Mark the questions Stop is about to deny expired (those still pending). In the
+        writer, in order with answers: one taken before stands, one after is refused."""
         with self.session() as session:
             conversation = store.get_conversation(session=session, conversation_id=conversation_id)
             if conversation is None:
