@@ -6,7 +6,9 @@ dialogs; each test ends by asserting there were none.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -814,6 +816,53 @@ def test_load_earlier_pages_back_through_a_long_timeline(pages: Pages, relay: Li
     expect(by_id(page, "entry-user")).to_have_count(110)
     expect(by_id(page, "entry-user").first).to_have_text("n0")
     expect(by_id(page, "load-earlier")).to_be_hidden()
+    pages.assert_clean()
+
+
+class ManyReplies(StandIn):
+    """ "long turn": once the test has queued a message, 210 replies, then a wait for the test."""
+
+    queued = threading.Event()
+    go_on = threading.Event()
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Many replies in the long turn; one for any other."""
+        if prompt == "long turn":
+            await asyncio.to_thread(ManyReplies.queued.wait, 30)
+            for n in range(210):
+                yield MessageDone(f"r{n}", f"reply {n}")
+            await asyncio.to_thread(ManyReplies.go_on.wait, 60)
+        yield MessageDone("end", f"done: {prompt}")
+        yield TurnDone()
+
+
+def test_load_earlier_pages_back_past_a_message_queued_early_in_a_long_turn(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a review: "Load earlier" went on from the lowest seq loaded, a queued message's
+    # (always shown, numbered when it was queued): the turn's entries between it and the
+    # first page were never shown.
+    relay.supervisor.agent_factory = lambda _provider, spec, _settings: ManyReplies(spec)
+    ManyReplies.queued.clear()
+    ManyReplies.go_on.clear()
+    cid = relay.create(title="Queued early")["id"]
+    try:
+        assert relay.send(cid, "long turn").status_code == 202
+        assert relay.send(cid, "queued early").status_code == 202
+        ManyReplies.queued.set()
+        relay.wait_for(cid, lambda v: any(e["text"] == "reply 209" for e in v["timeline"]))
+        page = pages.open(relay, f"/c/{cid}")
+        replies = page.get_by_test_id("entry-agent")
+        expect(replies.filter(has_text="reply 209")).to_have_count(1)
+        expect(user_bubble(page, "queued early").get_by_test_id("queued-badge")).to_be_visible()
+        expect(replies.filter(has_text="reply 0")).to_have_count(0)  # not in the first page
+        by_id(page, "load-earlier").click()
+        expect(replies.filter(has_text="reply 0")).to_have_count(1)
+        expect(replies).to_have_count(210)
+        expect(by_id(page, "load-earlier")).to_be_hidden()
+    finally:
+        ManyReplies.go_on.set()
+    relay.wait_idle(cid, timeout=60)
     pages.assert_clean()
 
 
