@@ -119,3 +119,30 @@ def test_an_answer_on_another_node_after_stop_is_refused(
         LingeringAsker.go_on.set()
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["expired"]
+
+
+def test_an_answer_taken_elsewhere_before_stop_is_what_the_agent_gets(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """x stores "allow" while its notice to y is lost; then Stop on y: the agent gets the
+    stored answer, as every tab shows it (before: Stop denied it; the timeline said allowed)."""
+    x, y = two_nodes
+    y.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
+    LingeringAsker.go_on.clear()
+    cid = y.create(title="Answered, then stopped")["id"]
+    assert y.send(cid, "go").status_code == 202
+    question = pending_question(y, cid)
+    try:
+        with control_forbidden(y.settings.redis_url or ""):
+            assert answer(x, cid, question, allow=True).status_code == 200
+        assert y.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
+        view = y.wait_for(
+            cid, lambda v: any(e["text"].startswith("allowed:") for e in v["timeline"])
+        )
+    finally:
+        LingeringAsker.go_on.set()
+    assert [e["text"] for e in view["timeline"] if e["text"].startswith("allowed:")] == [
+        "allowed: True"
+    ]
+    view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["allowed"]

@@ -419,27 +419,40 @@ class Commands(SupervisorState):
         runner.stop_requested = True  # seen by _run_turn when the agent is still starting
         if runner.questions:
             # Expired before they are denied (not at the turn's end): an answer taken on any
-            # node from now on is refused; one taken before stands.
+            # node from now on is refused; one taken before stands, and is what the agent gets.
             try:
-                await self.storage.write(
+                answered = await self.storage.write(
                     self._expire_questions, conversation_id, [*runner.questions]
                 )
             except Exception as error:  # noqa: BLE001 - the turn's end expires them too
                 log.warning("conversation %s: questions not expired: %s", conversation_id, error)
+            else:
+                for entry_id, decision in answered.items():
+                    self.settle_question(conversation_id, entry_id, decision)
         await self._interrupt_agent(runner)
         return True
 
-    def _expire_questions(self, conversation_id: int, entry_ids: list[int]) -> None:
-        """Mark the questions Stop is about to deny expired (those still pending). In the
+    def _expire_questions(
+        self, conversation_id: int, entry_ids: list[int]
+    ) -> dict[int, PermissionDecision]:
+        """Mark the questions Stop is about to deny expired, those still pending; the stored
+        answers of the others (taken on another node, their notice still on its way). In the
         writer, in order with answers: one taken before stands, one after is refused."""
+        answered: dict[int, PermissionDecision] = {}
         with self.session() as session:
             conversation = store.get_conversation(session=session, conversation_id=conversation_id)
             if conversation is None:
-                return
+                return answered
             for entry_id in entry_ids:
                 entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
-                if entry is not None and entry.state == "pending":
+                if entry is None:
+                    continue
+                if entry.state == "pending":
                     self._save(session, conversation, entry, state="expired", data=entry.data)
+                elif entry.state in ("allowed", "denied"):
+                    message = str(entry.data.get("answer_message") or "")
+                    answered[entry_id] = PermissionDecision(entry.state == "allowed", message)
+        return answered
 
     def _turn_elsewhere(self, conversation_id: int) -> tuple[bool, str | None]:
         """Another node's conversation: whether it is busy, and its turn's prompt id.
