@@ -256,6 +256,33 @@ def test_create_conversation_cwd_rejected_400(relay: LiveRelay, tmp_path: Path) 
     assert relay.http.get("/api/conversations").json()["conversations"] == []
 
 
+def test_a_working_directory_that_became_unusable_stops_the_agent_start(
+    relay: LiveRelay, tmp_path: Path
+) -> None:
+    # Checked at creation only, it was not checked again: an agent started in a directory
+    # that had gone, or that a symlink on its way now sent outside the roots.
+    root = relay.settings.roots[0]
+    (root / "work" / "gone").mkdir()
+    (root / "work" / "moved").mkdir()
+    gone = relay.create(cwd=str(root / "work" / "gone"))["id"]
+    (root / "work" / "gone").rmdir()
+    moved = relay.create(cwd=str(root / "work" / "moved"))["id"]
+    (root / "work" / "moved").rmdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "work" / "moved").symlink_to(outside)
+    for cid in (gone, moved):
+        assert relay.send(cid, "hello").status_code == 202
+    lines = [relay.wait_idle(cid)["timeline"][-1] for cid in (gone, moved)]
+    assert [(line["kind"], line["text"]) for line in lines] == [
+        (
+            "line",
+            f"The agent could not start: The working directory {root}/work/gone does not exist.",
+        ),
+        ("line", f"The agent could not start: {outside_error(relay)['detail']}"),
+    ]
+
+
 # -- list --------------------------------------------------------------------------------
 
 

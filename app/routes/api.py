@@ -33,6 +33,7 @@ from app.supervisor.commands import DEFAULT_TITLE
 from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
 from app.window import validate_setting
+from app.workspace import WorkspaceError, usable_cwd
 
 PERMISSION_MODES = ("default", "acceptEdits", "bypassPermissions", "plan")
 
@@ -53,36 +54,10 @@ def _settings(request: Request) -> Settings:
 
 def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
     """The conversation's working directory: inside the allowed roots, existing; else 400."""
-    if cwd and "\0" in cwd:
-        raise HTTPException(400, "The working directory cannot contain a NUL character.")
     try:
-        raw = Path(cwd).expanduser() if cwd else settings.cwd_default
-    except RuntimeError:  # "~name" of a user this machine does not know
-        raise HTTPException(400, f"The working directory {cwd!r} names an unknown user.") from None
-    if not raw.is_absolute():
-        raise HTTPException(400, "The working directory must be an absolute path.")
-    try:
-        path = raw.resolve()  # follows symlinks and "..", so escapes show as outside the roots
-    except RuntimeError:  # Python 3.11 and 3.12 say "Symlink loop" this way
-        raise HTTPException(400, "The working directory goes through a symlink loop.") from None
-    except OSError as error:  # a name too long for the file system, a loop on 3.13, …
-        raise HTTPException(
-            400, f"The working directory cannot be used: {error.strerror}."
-        ) from None
-    if not any(path == root or root in path.parents for root in settings.roots):
-        roots = ", ".join(str(root) for root in settings.roots)
-        raise HTTPException(
-            400, f"The working directory must be inside {roots} (OARLOCK_WORKSPACE_ROOTS)."
-        )
-    try:
-        exists = path.is_dir()
-    except OSError as error:
-        raise HTTPException(
-            400, f"The working directory cannot be used: {error.strerror}."
-        ) from None
-    if not exists:
-        raise HTTPException(400, f"The working directory {path} does not exist.")
-    return path
+        return usable_cwd(cwd or settings.cwd_default, settings.roots)
+    except WorkspaceError as error:
+        raise HTTPException(400, str(error)) from None
 
 
 @router.get("/providers")

@@ -21,6 +21,7 @@ from app.supervisor.runner import Runner, TurnState
 from app.tools import relay_tools
 from app.views import effective_window
 from app.window import ENV_VAR, restart_line
+from app.workspace import usable_cwd
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class Pool(SupervisorState):
         if runner.agent is not None:
             return runner.agent
         conversation = await self._conversation(runner.conversation_id)
+        # Checked again at each start (WorkspaceError: the turn's error line says why): the
+        # roots may have changed, the directory gone, a symlink on its way pointed elsewhere.
+        await asyncio.to_thread(usable_cwd, conversation.cwd, self.settings.roots)
         spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         runner.starting = True
