@@ -212,6 +212,23 @@ async def test_interrupt_ends_turn_and_keeps_process(
     assert agent.pid == pid
 
 
+async def test_a_stop_before_the_turn_is_read_sends_nothing(
+    make_agent: MakeAgent, fake: FakeAnthropic
+) -> None:
+    # Found by a review: the relay reads a turn in a task of its own, a loop step after asking
+    # for it; a Stop in between found the agent neither starting nor in a turn, did nothing,
+    # and the turn then ran whole.
+    agent = make_agent()
+    await agent.start()
+    turn = agent.turn("never sent")  # asked for, not read yet
+    await agent.interrupt()
+    events = [event async for event in turn]
+    assert events == [TurnDone(interrupted=True)]
+    assert "never sent" not in "".join(fake.user_texts_sent())
+    events = await run_turn(agent, "after the stop")
+    assert of(events, MessageDone)[0].text == "You said: after the stop"
+
+
 async def test_kill_mid_turn_ends_turn_then_resume(
     make_agent: MakeAgent, fake: FakeAnthropic
 ) -> None:

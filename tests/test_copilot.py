@@ -242,6 +242,22 @@ async def test_interrupt_before_sending_sends_nothing(
     assert of(events, MessageDone)[0].text == "You said: sent"
 
 
+async def test_a_stop_before_the_turn_is_read_sends_nothing(
+    make_agent: MakeAgent, fake: FakeOpenAI
+) -> None:
+    # As for Claude Code: a Stop between asking for a turn and reading it was lost.
+    agent = make_agent()
+    await agent.start()
+    turn = agent.turn("never sent")  # asked for, not read yet
+    await agent.interrupt()
+    events = [event async for event in turn]
+    assert events[-1] == TurnDone(interrupted=True)
+    assert of(events, MessageDone) == []
+    assert fake.chat_bodies() == []
+    events = await run_turn(agent, "sent")
+    assert of(events, MessageDone)[0].text == "You said: sent"
+
+
 async def test_permission_request_reaches_ask(make_agent: MakeAgent, tmp_path: Path) -> None:
     asked: list[PermissionRequest] = []
 

@@ -669,27 +669,37 @@ class ClaudeCodeAgent(TurnFlags):
             return None
         return compaction_summary(self.spec.env, self.session_id, record_id)
 
-    async def turn(self, prompt: str, prompt_id: str | None = None) -> AsyncIterator[AgentEvent]:
-        """Run one turn: send prompt (with the uuid prompt_id), yield events until TurnDone."""
-        self._stop_early = False
-        if self._dirty or not self.is_alive():
-            self._starting = True
-            try:
-                if self._dirty:  # a turn abandoned midway left its messages in the stream
-                    await self.close()
-                await self.start()
-            except AgentError as e:
-                for event in self._take_pending():
-                    yield event
-                yield TurnDone(error=str(e))
+    def turn(self, prompt: str, prompt_id: str | None = None) -> AsyncIterator[AgentEvent]:
+        """Run one turn: send prompt (with the uuid prompt_id), yield events until TurnDone.
+
+        A plain method: a Stop from this call on stops the turn, even one that comes before
+        its first event is asked for (the relay reads it in a task of its own, a step later).
+        """
+        self._stop_early, self._turn_asked = False, True
+        return self._turn(prompt, prompt_id)
+
+    async def _turn(self, prompt: str, prompt_id: str | None) -> AsyncIterator[AgentEvent]:
+        try:
+            if self._dirty or not self.is_alive():
+                self._starting = True
+                try:
+                    if self._dirty:  # a turn abandoned midway left its messages in the stream
+                        await self.close()
+                    await self.start()
+                except AgentError as e:
+                    for event in self._take_pending():
+                        yield event
+                    yield TurnDone(error=str(e))
+                    return
+                finally:
+                    self._starting = False
+            for event in self._take_pending():
+                yield event
+            if self._stop_early:  # Stop came before the prompt was sent: send nothing
+                yield TurnDone(interrupted=True)
                 return
-            finally:
-                self._starting = False
-        for event in self._take_pending():
-            yield event
-        if self._stop_early:  # Stop came while the CLI was starting: send nothing
-            yield TurnDone(interrupted=True)
-            return
+        finally:
+            self._turn_asked = False  # (the prompt goes next, with no await before _in_turn)
         client, mapper = self._client, self._mapper
         assert client is not None
         mapper.begin_turn()
@@ -741,7 +751,7 @@ class ClaudeCodeAgent(TurnFlags):
 
     async def interrupt(self) -> None:
         """Ask the running turn to stop; the process stays alive."""
-        if self._starting:
+        if self._starting or self._turn_asked:
             self._stop_early = True
             return
         await self._interrupt_cli()

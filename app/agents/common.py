@@ -56,6 +56,7 @@ class TurnFlags:
         self._pending: list[AgentEvent] = []  # yielded at the start of the next turn
         self._in_turn = False
         self._stop_early = False  # interrupt() came before the prompt was sent
+        self._turn_asked = False  # turn() was called, its prompt not sent yet
         self._dirty = False  # a turn was abandoned midway: its leftovers go before the next
         self._closing = False  # close() is stopping the process, maybe under a turn
 

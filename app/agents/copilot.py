@@ -495,10 +495,18 @@ class CopilotAgent(TurnFlags):
             return PermissionDecisionApproveOnce()
         return PermissionDecisionReject(feedback=decision.message)
 
-    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
-        """Run one turn: send prompt, yield events until TurnDone."""
+    def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """Run one turn: send prompt, yield events until TurnDone.
+
+        A plain method: a Stop from this call on stops the turn, even one that comes before
+        its first event is asked for (the relay reads it in a task of its own, a step later).
+        """
+        self._in_turn, self._stop_early = True, False
+        return self._turn(prompt)
+
+    async def _turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         began = time.monotonic()
-        self._in_turn, self._stop_early, finished = True, False, False
+        finished = False
         try:
             if not self.is_alive():
                 try:
