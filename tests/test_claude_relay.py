@@ -798,6 +798,25 @@ def test_cli_killed_during_compaction_leaves_no_line_and_resumes(
     assert after["session_id"] == view["session_id"]  # the same session, resumed
 
 
+def test_stop_interrupts_a_turn_that_began_right_after_another(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a review: a turn was left to the garbage collector once its result was read; its
+    # clean-up ran a few steps later, in the queued message's turn, and reset the adapter's
+    # flags under it: a Stop then found no turn to stop, and the reply ran whole.
+    live = start()
+    cid = create_claude(live)
+    assert live.send(cid, "first").status_code == 202
+    assert live.send(cid, "talk [[LONG:400]]").status_code == 202  # queued behind it
+    live.wait_for(cid, lambda view: streaming_words(view, 5), timeout=TIMEOUT)  # (not "first")
+    response = live.http.post(f"/api/conversations/{cid}/interrupt")
+    assert (response.status_code, response.json()) == (202, {"interrupted": True})
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    *_, agent, line = view["timeline"]
+    assert 3 <= len(agent["text"].split()) < 400
+    assert (line["kind"], line["text"]) == ("line", "Interrupted by the user.")
+
+
 def test_idle_agent_is_stopped_then_resumed(start: StartRelay, fake: FakeAnthropic) -> None:
     live = start(agent_idle_timeout=1.0)
     cid = create_claude(live)

@@ -136,3 +136,23 @@ def test_stop_interrupts_the_turn(relay: LiveRelay) -> None:
     assert (
         of_kind(relay.wait_idle(cid, timeout=60), "agent")[-1]["text"] == "You said: still there?"
     )
+
+
+def test_stop_interrupts_a_turn_that_began_right_after_another(relay: LiveRelay) -> None:
+    # As with Claude Code: the first turn's clean-up, left to the garbage collector, ran in the
+    # queued message's turn and cleared its flag: the Stop found no turn.
+    cid = relay.create(provider="openai")["id"]
+    relay.send(cid, "first")
+    relay.send(cid, "go [[LONG:400]]")  # queued behind it
+    relay.wait_for(
+        cid,
+        lambda v: any(
+            e["text"] == "go [[LONG:400]]" and e["state"] == "sent" for e in v["timeline"]
+        ),
+        timeout=60,
+    )
+    relay.wait_for(cid, lambda v: of_kind(v, "agent")[-1]["text"] != "You said: first", timeout=60)
+    assert relay.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
+    view = relay.wait_idle(cid, timeout=60)
+    assert [e["text"] for e in of_kind(view, "line")] == ["Interrupted by the user."]
+    assert len(of_kind(view, "agent")[-1]["text"].split()) < 400

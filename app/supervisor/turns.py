@@ -287,25 +287,28 @@ class Turns(SupervisorState):
             # More text of a stored message, arriving while nothing is being stored, is
             # published by the task reading the agent: no queue, no hop to this one.
             inline = None if self.cluster is not None else partial(self._stream_now, runner)
-            async for burst in bursts(turn, ahead, inline):
-                try:
-                    # On a cluster node every burst goes to the writer: a number is a Redis
-                    # round trip there, never taken on the loop.
-                    if self.cluster is not None or any(self._stores(runner, e) for e in burst):
-                        if any(isinstance(event, TurnDone) for event in burst):
-                            runner.again = False  # the job looks at the queue (_finish_turn)
-                        await self._patiently(self._handle_all, runner, burst)
-                    else:  # text of messages already stored: published from here
-                        for event in burst:
-                            self._handle(runner, event)
-                except LeaseLost:  # this node stalled: the new owner closes the turn, not this one
-                    runner.ended = True
-                    return
-                except Exception as error:  # noqa: BLE001 - the database failed: turn not recorded
-                    await self._unrecorded(runner, error)
-                    return
-                if any(isinstance(event, TurnDone) for event in burst):
-                    break
+            # Closed here, at once (its reader closes the agent's turn): see bursts.
+            async with contextlib.aclosing(bursts(turn, ahead, inline)) as stream:
+                async for burst in stream:
+                    try:
+                        # On a cluster node every burst goes to the writer: a number is a
+                        # Redis round trip there, never taken on the loop.
+                        cluster = self.cluster is not None
+                        if cluster or any(self._stores(runner, event) for event in burst):
+                            if any(isinstance(event, TurnDone) for event in burst):
+                                runner.again = False  # the job looks at the queue (_finish_turn)
+                            await self._patiently(self._handle_all, runner, burst)
+                        else:  # text of messages already stored: published from here
+                            for event in burst:
+                                self._handle(runner, event)
+                    except LeaseLost:  # this node stalled: the new owner closes the turn
+                        runner.ended = True
+                        return
+                    except Exception as error:  # noqa: BLE001 - the database failed
+                        await self._unrecorded(runner, error)  # (the turn not recorded)
+                        return
+                    if any(isinstance(event, TurnDone) for event in burst):
+                        break
             if runner.reported_agent is not agent:
                 # The window is fixed for a process's life: check it once per process. (Fresh
                 # categories are fetched when someone opens the 🧠 modal: refresh_context.)
@@ -527,6 +530,13 @@ async def bursts(
         except Exception as error:  # noqa: BLE001 - handed to the consumer, in order
             queue.put_nowait(error)
         finally:
+            # The turn closed now, its own clean-up run: left to the garbage collector, it ran
+            # a few loop steps later, in the next turn (a queued message's), and reset the
+            # adapter's flags under it: a Stop then found no turn to stop.
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
             queue.put_nowait(None)
 
     reader = asyncio.create_task(read(), name="agent-events")
