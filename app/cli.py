@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -95,6 +96,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     # handlers that were there before it: make those end the process with status 0.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
+    # `kill -USR1 <pid>`: every thread's Python stack on stderr (a relay that hangs says where).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -78,7 +78,15 @@ class RelayProcess:
         assert self.process is not None and self.http is not None
         self.http.close()
         self.process.send_signal(signum)
-        return self.process.wait(timeout=TIMEOUT)
+        try:
+            return self.process.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:  # hung: its threads' stacks into its log, then gone
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            self.process.kill()
+            self.process.wait(timeout=TIMEOUT)
+            tail = self.log.read_text(errors="replace")[-8000:]
+            raise AssertionError(f"the relay did not end on signal {signum}:\n{tail}") from None
 
     def close(self) -> None:
         """Stop it if it still runs."""

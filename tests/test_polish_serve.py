@@ -6,10 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 
+from tests.crash import TIMEOUT, RelayProcess
 from tests.relay import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,3 +91,20 @@ def test_make_serve_installs_with_progress_not_quietly(tmp_path: Path) -> None:
     ]
     assert installs and all(" -q" not in line for line in installs), installs
     assert any("takes a few minutes" in line for line in dry.stdout.splitlines())
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_relay_goes_on(tmp_path: Path) -> None:
+    # A relay that hung at shutdown in a CI run said nothing of where: now it can be asked.
+    relay = RelayProcess(tmp_path / "data").start()
+    try:
+        assert relay.process is not None
+        relay.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + TIMEOUT
+        # Every thread's stack, the loop's in the server among them.
+        while "uvicorn/server.py" not in relay.log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, "no stacks in the log"
+            time.sleep(0.05)
+        assert "most recent call first" in relay.log.read_text(errors="replace")
+        assert relay.client.get("/healthz").status_code == 200
+    finally:
+        relay.close()
