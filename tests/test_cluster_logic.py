@@ -57,6 +57,8 @@ def test_a_node_takes_only_conversations_in_its_directories_and_within_its_limit
     assert not can_run(str(tmp_path / "mine" / "missing"), roots, 0, None)  # not on this node
     assert not can_run(str(tmp_path / "mine" / "project"), roots, 2, 2)  # OARLOCK_MAX_AGENTS
     assert can_run(str(tmp_path / "mine" / "project"), roots, 1, 2)
+    (tmp_path / "mine" / "loop").symlink_to(tmp_path / "mine" / "loop")
+    assert not can_run(str(tmp_path / "mine" / "loop"), roots, 0, None)  # (was a RuntimeError)
 
 
 def test_a_claude_session_is_reachable_only_where_its_transcript_is(tmp_path: Path) -> None:

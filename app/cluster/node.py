@@ -44,6 +44,7 @@ from app.config import Settings
 from app.providers import agent_env
 from app.summary import SummaryMessage, build_summary
 from app.supervisor.pool import REFRESH_SECONDS
+from app.workspace import WorkspaceError, usable_cwd
 
 if TYPE_CHECKING:
     from app.models import Conversation, Entry
@@ -86,8 +87,11 @@ def can_run(cwd: str, roots: list[Path], running: int, max_agents: int | None) -
     """Whether a node may take a conversation: its directory is here and there is room."""
     if max_agents is not None and running >= max_agents:
         return False
-    path = Path(cwd).expanduser().resolve()
-    return path.is_dir() and any(path.is_relative_to(root) for root in roots)
+    try:
+        usable_cwd(cwd, roots)  # (the check an agent's start makes, without its error)
+    except WorkspaceError:
+        return False
+    return True
 
 
 def session_reachable(provider: str, session_id: str, env: dict[str, str]) -> bool:
