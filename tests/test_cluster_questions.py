@@ -97,16 +97,22 @@ def test_answers_on_two_nodes_at_once_the_first_wins(
     assert tool_output(view) == "created demo.txt (not really: this is the demo)"
 
 
+def lingering_question(y: LiveRelay, title: str) -> tuple[int, int]:
+    """A conversation on y whose turn asks, then lingers until LingeringAsker.go_on; its id and
+    the question's."""
+    y.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
+    LingeringAsker.go_on.clear()
+    cid = y.create(title=title)["id"]
+    assert y.send(cid, "go").status_code == 202
+    return cid, pending_question(y, cid)
+
+
 def test_an_answer_on_another_node_after_stop_is_refused(
     two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
 ) -> None:
     """y's turn lingers after Stop denied its question; x takes an answer meanwhile."""
     x, y = two_nodes
-    y.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
-    LingeringAsker.go_on.clear()
-    cid = y.create(title="Stopped on y")["id"]
-    assert y.send(cid, "go").status_code == 202
-    question = pending_question(y, cid)
+    cid, question = lingering_question(y, "Stopped on y")
     assert x.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
     y.wait_for(cid, lambda v: any(e["text"] == "allowed: False" for e in v["timeline"]))
     try:  # expired by the Stop, while the turn still runs (before: at its end only)
@@ -127,11 +133,7 @@ def test_an_answer_taken_elsewhere_before_stop_is_what_the_agent_gets(
     """x stores "allow" while its notice to y is lost; then Stop on y: the agent gets the
     stored answer, as every tab shows it (before: Stop denied it; the timeline said allowed)."""
     x, y = two_nodes
-    y.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
-    LingeringAsker.go_on.clear()
-    cid = y.create(title="Answered, then stopped")["id"]
-    assert y.send(cid, "go").status_code == 202
-    question = pending_question(y, cid)
+    cid, question = lingering_question(y, "Answered, then stopped")
     try:
         with control_forbidden(y.settings.redis_url or ""):
             assert answer(x, cid, question, allow=True).status_code == 200
