@@ -69,13 +69,11 @@ class Timeline(SupervisorState):
         has_more = len(entries) > limit
         # Queued messages are shown at the end, whichever page is asked for: the next
         # QUEUED_SHOWN (the turn's `queued` counts them all), so that a queue of many large
-        # messages cannot make every read of the conversation as large. (Those of the page
-        # are left out of it, not left out of the scan: a filter on state would read every
-        # queued row's text to skip it.)
-        entries = [entry for entry in entries[-limit:] if entry.state != "queued"]
-        entries += store.entries_in_state(
+        # messages cannot make every read of the conversation as large.
+        queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
         )
+        entries = [*_page_without(entries[-limit:], queued), *queued]
         view = conversation_view(conversation)
         view["backup"] = self.backups.latest(conversation_id)
         # Live text only for what is stored as streaming: a stored message's own text is whole
@@ -253,3 +251,21 @@ class Timeline(SupervisorState):
             )
             if conversation is not None:
                 self._line(session, conversation, text, level="error")
+
+
+def _page_without(page: list[Entry], queued: list[Entry]) -> list[Entry]:
+    """A page of entries without the queued messages read on their own, nor those queued
+    after them (left out when QUEUED_SHOWN were read: no gap among those shown).
+
+    A message the page read as queued and the second read did not (its turn began between
+    the two: on PostgreSQL each statement sees the latest commits) stays. Filtered here, not
+    in the page's query: a condition on the state would read every queued row to skip it.
+    """
+    ids = {entry.id for entry in queued}
+    last = queued[-1].seq if len(queued) == QUEUED_SHOWN else None
+    return [
+        entry
+        for entry in page
+        if entry.id not in ids
+        and not (entry.state == "queued" and last is not None and entry.seq > last)
+    ]
