@@ -283,6 +283,13 @@ def test_permission_allow_then_deny(start: StartRelay, fake: FakeAnthropic) -> N
     assert of_kind(view, "line") == []
 
 
+def stopped(live: LiveRelay, cid: int) -> dict[str, Any]:
+    """Press Stop on the conversation's running turn; its view once idle."""
+    response = live.http.post(f"/api/conversations/{cid}/interrupt")
+    assert (response.status_code, response.json()) == (202, {"interrupted": True})
+    return live.wait_idle(cid, timeout=TIMEOUT)
+
+
 def test_stop_interrupts_and_next_message_continues(start: StartRelay, fake: FakeAnthropic) -> None:
     live = start()
     cid = create_claude(live)
@@ -290,9 +297,7 @@ def test_stop_interrupts_and_next_message_continues(start: StartRelay, fake: Fak
     live.wait_for(cid, streaming_words, timeout=TIMEOUT)
     pid = agent_pid(live, cid)
     session_id = live.get(cid)["session_id"]
-    response = live.http.post(f"/api/conversations/{cid}/interrupt")
-    assert (response.status_code, response.json()) == (202, {"interrupted": True})
-    view = live.wait_idle(cid, timeout=TIMEOUT)
+    view = stopped(live, cid)
 
     user, agent, line = view["timeline"]
     assert (user["kind"], user["state"], user["text"]) == ("user", "sent", "talk [[LONG:400]]")
@@ -809,9 +814,7 @@ def test_stop_interrupts_a_turn_that_began_right_after_another(
     assert live.send(cid, "first").status_code == 202
     assert live.send(cid, "talk [[LONG:400]]").status_code == 202  # queued behind it
     live.wait_for(cid, lambda view: streaming_words(view, 5), timeout=TIMEOUT)  # (not "first")
-    response = live.http.post(f"/api/conversations/{cid}/interrupt")
-    assert (response.status_code, response.json()) == (202, {"interrupted": True})
-    view = live.wait_idle(cid, timeout=TIMEOUT)
+    view = stopped(live, cid)
     *_, agent, line = view["timeline"]
     assert 3 <= len(agent["text"].split()) < 400
     assert (line["kind"], line["text"]) == ("line", "Interrupted by the user.")
