@@ -115,6 +115,15 @@ def to_stop(agents: Sequence[Live], budget: int, incoming: int = 0) -> list[int]
     return chosen
 
 
-def largest(sizes: Iterable[int]) -> int:
-    """The largest of some agent sizes (0 when there are none): the next agent's estimate."""
-    return max(sizes, default=0)
+def fits(agents: Sequence[Live], budget: int, incoming: int = 0) -> bool:
+    """Whether the agents that cannot be stopped, and the incoming, fit the budget (so that
+    stopping the idle ones, as to_stop picks them, makes room)."""
+    return sum(agent.rss for agent in agents if not agent.stoppable) + incoming <= budget
+
+
+def starting_size(sizes: Iterable[int], count: int) -> int:
+    """What `count` agents about to start will hold: each as much as the largest live agent,
+    or AGENT_SIZE when none is live (so that starts at the same moment are all counted)."""
+    if count <= 0:
+        return 0
+    return count * max(sizes, default=AGENT_SIZE)

@@ -12,7 +12,17 @@ from typing import Any
 
 import pytest
 
-from app.agent_memory import MIB, Live, default_budget, parse_size, to_stop, tree_rss
+from app.agent_memory import (
+    AGENT_SIZE,
+    MIB,
+    Live,
+    default_budget,
+    fits,
+    parse_size,
+    starting_size,
+    to_stop,
+    tree_rss,
+)
 from tests import test_claude_relay as claude_relay
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, gone_error, receive, receive_until
@@ -69,6 +79,15 @@ def test_to_stop_picks_least_recently_used_idle_agents() -> None:
     assert to_stop(agents, budget=600, incoming=200) == [2]
     assert to_stop(agents, budget=250, incoming=200) == [2, 3]  # busy 1 is never chosen
     assert to_stop(agents, budget=0) == [2, 3]
+
+
+def test_agents_starting_are_counted_and_only_idle_ones_make_room() -> None:
+    agents = [Live(1, 200, 1.0, stoppable=False), Live(2, 300, 2.0, stoppable=True)]
+    assert starting_size([200, 300], 2) == 600  # each as the largest live agent
+    assert starting_size([], 2) == 2 * AGENT_SIZE  # none live: each as a CLI
+    assert starting_size([], 0) == 0
+    assert fits(agents, budget=500, incoming=300)  # agent 2 stopped: 200 + 300
+    assert not fits(agents, budget=500, incoming=301)  # agent 1 runs: no room for more
 
 
 def test_sizes_and_default_budget() -> None:
@@ -132,6 +151,39 @@ def test_budget_stops_least_recently_used_idle_agent_never_one_asking(
     assert "You said: three" in view["timeline"][-1]["text"]
     wait_gone(pid_c)
     assert agent_pid(live, a) == pid_a
+
+
+def test_warm_ups_at_once_start_only_the_agents_the_budget_holds(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Until the fix each warm-up made room for itself alone, before any of them was live:
+    # more CLIs started than the budget holds (two stayed live in the run that showed it).
+    live = start(agent_memory=int(AGENT_SIZE * 1.5))  # one CLI fits, two do not
+    cids = [create_claude(live) for _ in range(4)]
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        for cid in cids:
+            warm(ws, cid)
+        replies = receive_until(
+            ws, lambda m: m.get("type") == "warm" and m["conversation_id"] == cids[-1]
+        )
+        assert [m["agent"] for m in replies if m.get("type") == "warm"] == ["starting"] * 4
+    runners = live.supervisor.runners
+    deadline = time.monotonic() + TIMEOUT
+    while any(runners[cid].warming is not None and not runners[cid].warming.done() for cid in cids):
+        assert time.monotonic() < deadline, "the warm-ups did not end"
+        time.sleep(0.05)
+    states = [live.get(cid)["agent"] for cid in cids]
+    assert sorted(states) == ["asleep", "asleep", "asleep", "ready"], states
+    warmed = cids[states.index("ready")]
+    pid = agent_pid(live, warmed)
+    assert fake.message_bodies() == []
+
+    # A message to one that was not warmed still starts its agent: the idle one makes room.
+    other = next(cid for cid in cids if cid != warmed)
+    assert "You said: now" in turn(live, other, "now")["timeline"][-1]["text"]
+    wait_gone(pid)
+    assert [live.get(cid)["agent"] == "ready" for cid in cids].count(True) == 1
 
 
 # warming -------------------------------------------------------------------------------------

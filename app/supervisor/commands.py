@@ -18,6 +18,7 @@ from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
 from app.supervisor.base import SupervisorState
+from app.supervisor.pool import NoRoom
 from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
 from app.titles import compacted_title
 from app.tools import ToolResult
@@ -382,9 +383,14 @@ class Commands(SupervisorState):
 
     async def _warm(self, runner: Runner) -> None:
         try:
-            agent = await self._ensure_agent(runner)
+            agent = await self._ensure_agent(runner, warm_up=True)
             if not self._dropped(runner) and isinstance(agent, WarmsUp):
                 await agent.warm_up()  # (a turn waits for this task, so for this too)
+        except NoRoom:  # it starts with the message, as it would have without warming
+            log.info(
+                "conversation %s not warmed: the agent memory budget is full",
+                runner.conversation_id,
+            )
         except Exception as error:  # noqa: BLE001 - the message's own turn will say why
             log.info("warming conversation %s failed: %s", runner.conversation_id, error)
         if self._dropped(runner) and runner.agent is not None and not self._closing:

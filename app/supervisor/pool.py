@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app import archive, store
-from app.agent_memory import Live, largest, to_stop, tree_rss
+from app.agent_memory import Live, fits, starting_size, to_stop, tree_rss
 from app.agents.base import Agent, AgentSpec, PermissionDecision, PermissionRequest
 from app.limits import give_back_memory
 from app.models import Conversation
@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
 
 
+class NoRoom(Exception):
+    """A warm-up not started: the agents running or starting fill the memory budget."""
+
+
 class Pool(SupervisorState):
     """The agent processes (mixed into Supervisor)."""
 
@@ -42,7 +46,8 @@ class Pool(SupervisorState):
         if warming is not None and not warming.done() and warming is not asyncio.current_task():
             await asyncio.wait({warming})  # never raises its error, never cancels it
 
-    async def _ensure_agent(self, runner: Runner) -> Agent:
+    async def _ensure_agent(self, runner: Runner, *, warm_up: bool = False) -> Agent:
+        """The runner's live agent, started if need be (NoRoom: a warm-up the budget refuses)."""
         warming = runner.warming
         if warming is not None and warming is not asyncio.current_task():
             # A warm-up under way: its agent serves this turn (if it fails, this one starts).
@@ -59,7 +64,11 @@ class Pool(SupervisorState):
         self.publish_agent(runner.conversation_id)
         try:
             # Room first, sized as the largest live agent, so that the peak stays in budget.
-            await self._fit_budget(exclude=runner.conversation_id, incoming=True)
+            # A message's agent starts whatever the rest hold (their turns are never stopped);
+            # a warm-up only when the budget holds it, with every agent starting meanwhile.
+            room = await self._fit_budget(exclude=runner.conversation_id, incoming=True)
+            if warm_up and not room:
+                raise NoRoom(runner.conversation_id)
             await agent.start()
         except BaseException:
             runner.starting = False
@@ -221,19 +230,23 @@ class Pool(SupervisorState):
             and not agent.background_work()
         )
 
-    async def _fit_budget(self, *, exclude: int | None = None, incoming: bool = False) -> None:
-        """Stop the least recently used idle agents until the live ones fit the budget."""
+    async def _fit_budget(self, *, exclude: int | None = None, incoming: bool = False) -> bool:
+        """Stop the least recently used idle agents until the live ones fit the budget, with
+        the agents being started (and one more, incoming); whether they fit then."""
+        runners = self.runners.copy()  # storage threads add runners
         live = [
             Live(cid, tree_rss(getattr(r.agent, "pid", None)), r.last_used, self._stoppable(r))
-            for cid, r in self.runners.copy().items()  # storage threads add runners
+            for cid, r in runners.items()
             if r.agent is not None and cid != exclude
         ]
-        estimate = largest(agent.rss for agent in live) if incoming else 0
+        starting = sum(r.starting and r.agent is None for c, r in runners.items() if c != exclude)
+        estimate = starting_size((agent.rss for agent in live), starting + incoming)
         for conversation_id in to_stop(live, self.agent_budget, estimate):
             runner = self.runners.get(conversation_id)
             if runner is not None and self._stoppable(runner):  # still, after the awaits
                 log.info("agent memory budget: stopping the agent of %s", conversation_id)
                 await self._close_agent(runner)
+        return fits(live, self.agent_budget, estimate)
 
     async def _reap_idle(self) -> None:
         """Stop agent processes of conversations idle for longer than the idle timeout."""
