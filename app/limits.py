@@ -269,8 +269,10 @@ def fit_snapshot(view: dict[str, Any], chars: int = SNAPSHOT_CHARS) -> dict[str,
     while queued - start > 1 and total > chars:
         total -= sizes[start]
         start += 1
-    has_more = view.get("has_more", False) or start > 0
-    return {**view, "timeline": timeline[start:end], "has_more": has_more}
+    if start == 0:
+        return {**view, "timeline": timeline[:end]}
+    earlier = timeline[start]["seq"]  # the older ones left out: read from the oldest kept
+    return {**view, "timeline": timeline[start:end], "has_more": True, "earlier": earlier}
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:

@@ -429,9 +429,9 @@ async function revealPending() {
   if (!target || !cur || !cur.loaded || cur.id !== target.conversationId) return;
   state.reveal = null;
   while (!timeline.has(target.entryId) && !byId('load-earlier').hidden && state.current === cur) {
-    const lowest = timeline.lowestSeq();
+    const from = timeline.pageBefore();
     await loadEarlier();
-    if (timeline.lowestSeq() === lowest) break; // nothing more came: stop rather than spin
+    if (timeline.pageBefore() === from) break; // no page further back: stop rather than spin
   }
   if (state.current !== cur) return;
   const el = byId('entries').querySelector(`[data-entry-id="${target.entryId}"]`)
@@ -637,7 +637,7 @@ async function openConversation(id, { focus = false } = {}) {
 /** Render a conversation as GET /api/conversations/{id} (asked: see merged) or a snapshot gives it. */
 function showConversation(data, { keepScroll, asked = null }) {
   const cur = state.current;
-  const { timeline: entries, has_more: hasMore, turn, agent, seq, epoch, ...conv } = data;
+  const { timeline: entries, has_more: hasMore, earlier, turn, agent, seq, epoch, ...conv } = data;
   state.convs.set(conv.id, merged(conv, asked));
   cur.conv = overtaken(conv.id, asked) ? { ...conv, ...state.convs.get(conv.id) } : conv;
   cur.seq = seq ?? 0;
@@ -648,19 +648,21 @@ function showConversation(data, { keepScroll, asked = null }) {
   showView('chat');
   pins.load(conv.id, !isArchived(conv)); // again on a snapshot: a pins event may have been missed
   renderChrome();
-  timeline.reset(entries || [], Boolean(hasMore), { keepScroll });
+  timeline.reset(entries || [], Boolean(hasMore), { keepScroll, earlier });
   setTurn(turn || IDLE);
   setAgent(agent);
 }
 
 async function loadEarlier() {
   const cur = state.current;
-  const before = timeline.lowestSeq();
+  const before = timeline.pageBefore();
   if (!cur || !cur.loaded || before == null) return;
   byId('load-earlier').disabled = true;
   try {
     const { data } = await api(`/api/conversations/${cur.id}?limit=200&before=${before}`);
-    if (state.current === cur) timeline.prepend(data.timeline || [], Boolean(data.has_more));
+    if (state.current === cur) {
+      timeline.prepend(data.timeline || [], Boolean(data.has_more), data.earlier);
+    }
   } catch (err) {
     toast(err.message);
     byId('load-earlier').disabled = false;

@@ -279,6 +279,7 @@ export class Timeline {
     this.rail = byId('pill-rail');
     this.newPill = byId('new-messages');
     this.earlier = byId('load-earlier');
+    this.cursor = null; // the relay's "earlier": where the page before the loaded ones ends
     this.emptyHint = byId('timeline-empty');
     this.items = new Map(); // entry id → { entry, el } (el is null for entries not shown)
     this.askedFor = new Map(); // tool id → seq of its permission question
@@ -318,14 +319,14 @@ export class Timeline {
   }
 
   /** Replace everything (a conversation opened, or a snapshot). */
-  reset(entries, hasMore, { keepScroll = false } = {}) {
+  reset(entries, hasMore, { keepScroll = false, earlier = null } = {}) {
     const top = this.scroller.scrollTop;
     this.items.clear();
     this.askedFor.clear();
     this.list.replaceChildren();
     this.queuedList.replaceChildren();
     for (const entry of entries) this.add(entry);
-    this.setHasMore(hasMore);
+    this.setHasMore(hasMore, earlier);
     if (keepScroll && !this.stick) {
       this.scroller.scrollTop = top;
     } else {
@@ -336,9 +337,17 @@ export class Timeline {
     this.changed(false);
   }
 
-  setHasMore(hasMore) {
+  setHasMore(hasMore, earlier = null) {
     this.earlier.hidden = !hasMore;
     this.earlier.disabled = false;
+    this.cursor = hasMore ? earlier ?? null : null;
+  }
+
+  /** Where "Load earlier messages" continues from: the relay's cursor (the lowest seq its
+   *  last page read, which may have shown nothing of its own when it held only queued
+   *  messages), else (a relay without one) the lowest seq loaded. */
+  pageBefore() {
+    return this.cursor ?? this.lowestSeq();
   }
 
   /** Lowest seq loaded: where "Load earlier messages" continues from (not a queued message's:
@@ -355,11 +364,11 @@ export class Timeline {
   }
 
   /** Add older entries above the ones shown without moving what the user is looking at. */
-  prepend(entries, hasMore) {
+  prepend(entries, hasMore, earlier = null) {
     const before = this.scroller.scrollHeight;
     const top = this.scroller.scrollTop;
     for (const entry of entries) if (!this.items.has(entry.id)) this.add(entry);
-    this.setHasMore(hasMore);
+    this.setHasMore(hasMore, earlier);
     this.scroller.scrollTop = top + (this.scroller.scrollHeight - before);
     this.changed(false);
   }

@@ -370,6 +370,7 @@ def test_get_conversation_new_is_empty(relay: LiveRelay) -> None:
         **created,
         "timeline": [],
         "has_more": False,
+        "earlier": None,  # no page before this one
         "turn": {"state": "idle", "queued": 0},
         "agent": "asleep",  # no agent process yet (issue 18)
         "seq": 0,
@@ -452,8 +453,10 @@ def test_get_conversation_pages(relay: LiveRelay) -> None:
         page = relay.http.get(f"/api/conversations/{cid}{query}").json()
         pages.append(([e["seq"] for e in page["timeline"]], page["has_more"]))
         if not page["has_more"]:
+            assert page["earlier"] is None
             break
-        before = page["timeline"][0]["seq"]
+        before = page["earlier"]
+        assert before == page["timeline"][0]["seq"]  # nothing queued: the page's first
     whole = relay.http.get(f"/api/conversations/{cid}?limit=6").json()
     assert pages == [(all_seqs[4:], True), (all_seqs[2:4], True), (all_seqs[:2], False)]
     assert ([e["seq"] for e in whole["timeline"]], whole["has_more"]) == (all_seqs, False)

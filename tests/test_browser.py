@@ -820,8 +820,9 @@ def test_load_earlier_pages_back_through_a_long_timeline(pages: Pages, relay: Li
 
 
 class ManyReplies(StandIn):
-    """ "long turn": once the test has queued a message, 210 replies, then a wait for the test."""
+    """ "long turn": once the test has queued messages, 210 replies, then a wait for the test."""
 
+    REPLIES = 210
     queued = threading.Event()
     go_on = threading.Event()
 
@@ -829,7 +830,7 @@ class ManyReplies(StandIn):
         """Many replies in the long turn; one for any other."""
         if prompt == "long turn":
             await asyncio.to_thread(ManyReplies.queued.wait, 30)
-            for n in range(210):
+            for n in range(self.REPLIES):
                 yield MessageDone(f"r{n}", f"reply {n}")
             await asyncio.to_thread(ManyReplies.go_on.wait, 60)
         yield MessageDone("end", f"done: {prompt}")
@@ -863,6 +864,48 @@ def test_load_earlier_pages_back_past_a_message_queued_early_in_a_long_turn(
     finally:
         ManyReplies.go_on.set()
     relay.wait_idle(cid, timeout=60)
+    pages.assert_clean()
+
+
+class FewReplies(ManyReplies):
+    """ "long turn": 50 replies, after the messages the test queued."""
+
+    REPLIES = 50
+
+
+def test_load_earlier_goes_on_past_a_page_that_held_only_queued_messages(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a review: with 250 messages queued in a long turn, the first page showed the
+    # turn's 50 replies and the next 100 queued; the page before the replies held only
+    # queued messages (shown already), so it added nothing and "Load earlier" asked for the
+    # same page again: the messages before the queue could never be reached.
+    relay.supervisor.agent_factory = lambda _provider, spec, _settings: FewReplies(spec)
+    ManyReplies.queued.clear()
+    ManyReplies.go_on.clear()
+    cid = relay.create(title="Only queued")["id"]
+    try:
+        assert relay.send(cid, "hello").status_code == 202
+        relay.wait_idle(cid)
+        assert relay.send(cid, "long turn").status_code == 202
+        for n in range(250):
+            assert relay.send(cid, f"q{n}").status_code == 202
+        ManyReplies.queued.set()
+        relay.wait_for(cid, lambda v: any(e["text"] == "reply 49" for e in v["timeline"]))
+        page = pages.open(relay, f"/c/{cid}")
+        replies = page.get_by_test_id("entry-agent")
+        expect(replies.filter(has_text="reply 49")).to_have_count(1)
+        expect(replies).to_have_count(50)
+        expect(page.get_by_test_id("queued-badge")).to_have_count(100)
+        expect(user_bubble(page, "long turn")).to_have_count(0)
+        by_id(page, "load-earlier").click()
+        expect(user_bubble(page, "long turn")).to_have_count(1)
+        expect(replies.filter(has_text="done: hello")).to_have_count(1)
+        expect(by_id(page, "load-earlier")).to_be_hidden()
+        expect(page.get_by_test_id("queued-badge")).to_have_count(100)  # none twice
+    finally:
+        ManyReplies.go_on.set()
+    relay.wait_idle(cid, timeout=120)
     pages.assert_clean()
 
 

@@ -328,6 +328,7 @@ def test_fit_snapshot_keeps_the_newest_entries_that_fit() -> None:
     view = {"id": 1, "timeline": [entry(n, 1000) for n in range(1, 11)], "has_more": False}
     fitted = fit_snapshot(view, 3500)
     assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([8, 9, 10], True)
+    assert fitted["earlier"] == 8  # "Load earlier" reads what was left out
     assert len(encode(fitted)) <= 3500 < len(encode({**fitted, "timeline": view["timeline"][-4:]}))
 
 
@@ -347,3 +348,4 @@ def test_fit_snapshot_leaves_out_the_last_queued_messages_first() -> None:
     assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([1, 2, 3, 4, 5], False)
     fitted = fit_snapshot(view, 1500)  # then the oldest; the newest sent one stays
     assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([3], True)
+    assert fitted["earlier"] == 3

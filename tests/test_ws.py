@@ -52,7 +52,7 @@ def numbered(messages: list[dict[str, Any]], conversation_id: int) -> list[dict[
 
 def conversation_only(view: dict[str, Any]) -> dict[str, Any]:
     """A GET view without the snapshot-only keys: a Conversation."""
-    extra = ("timeline", "has_more", "turn", "agent", "seq", "epoch", "backup")
+    extra = ("timeline", "has_more", "earlier", "turn", "agent", "seq", "epoch", "backup")
     return {key: value for key, value in view.items() if key not in extra}
 
 

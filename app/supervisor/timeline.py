@@ -73,7 +73,8 @@ class Timeline(SupervisorState):
         queued = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
         )
-        entries = [*_page_without(entries[-limit:], queued), *queued]
+        page = entries[-limit:]
+        entries = [*_page_without(page, queued), *queued]
         view = conversation_view(conversation)
         view["backup"] = self.backups.latest(conversation_id)
         # Live text only for what is stored as streaming: a stored message's own text is whole
@@ -83,6 +84,9 @@ class Timeline(SupervisorState):
             for entry in entries
         ]
         view["has_more"] = has_more
+        # Where the page before this one ends: the lowest seq read, not the lowest shown (a
+        # page of queued messages read again below shows nothing of its own).
+        view["earlier"] = page[0].seq if has_more and page else None
         view["turn"] = self.turn_view(conversation_id, session)
         if state is not None:  # this node runs it
             view["turn"]["state"] = state
