@@ -1,6 +1,6 @@
 // app.js — the oarlock browser UI: state, the WebSocket, the sidebar, routing, the chat's
 // header and notices, the composer with /compact, and the dialogs.
-import { h, api, byId, fmtTokens, isBusy, isolate } from './util.js';
+import { h, api, byId, fmtTokens, isBusy, isolate, toLogin } from './util.js';
 import { Timeline } from './timeline.js';
 import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
 import { ContextModal } from './context.js';
@@ -213,7 +213,7 @@ function connect() {
     if (event.code === 4401) { // the relay ended this session (a log out, here or in another tab)
       // Straight to /login: probing the API first would get a 401 that Chromium logs as a
       // console error, and a reconnect would be refused (logged too).
-      location.assign('/login');
+      toLogin();
       return;
     }
     // A refused socket (the handshake fails before opening: code 1006 in browsers) may mean
@@ -878,6 +878,29 @@ function carryDraftInto(intoId) {
   input.value = ''; // (leaving saves no draft for the old one)
 }
 
+// Unsent text survives this tab's own navigations (a reload; the login form when a log out in
+// another tab or an expired session sent it there), in this tab's sessionStorage until read
+// back; a log out from this tab takes it away.
+const DRAFTS_KEY = 'oarlock-drafts';
+
+function keepDrafts() {
+  saveDraft();
+  try {
+    if (socket.leaving || !state.drafts.size) sessionStorage.removeItem(DRAFTS_KEY);
+    else sessionStorage.setItem(DRAFTS_KEY, JSON.stringify([...state.drafts]));
+  } catch { /* storage full or off: nothing more can be done as the page goes */ }
+}
+
+function restoreDrafts() {
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(DRAFTS_KEY) || '[]');
+    sessionStorage.removeItem(DRAFTS_KEY);
+    for (const [id, text] of Array.isArray(kept) ? kept : []) {
+      if (Number.isInteger(id) && typeof text === 'string' && text) state.drafts.set(id, text);
+    }
+  } catch { /* a value this page did not write: ignored */ }
+}
+
 function saveDraft() {
   const cur = state.current;
   if (!cur || !cur.loaded) return;
@@ -893,7 +916,9 @@ function updateComposer() {
   if (send.textContent !== label) send.textContent = label;
   send.title = busy ? 'The agent is busy: the message waits its turn' : '';
   send.disabled = !cur || !cur.loaded || isArchived(cur.conv) || !input.value.trim();
-  byId('compact-hint').hidden = !(busy && input.value.startsWith('/'));
+  // Only for what may become /compact (the one command that should wait for an idle agent).
+  const typed = input.value.trim();
+  byId('compact-hint').hidden = !(busy && typed.startsWith('/') && '/compact'.startsWith(typed));
 }
 
 function showComposerError(message, offline = false) {
@@ -1278,6 +1303,13 @@ function wire() {
     state.archiveQuery = e.target.value;
     renderLists();
   });
+  byId('archive-search').addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape' || !e.target.value) return; // (empty: Esc stops a turn, as anywhere)
+    e.preventDefault(); // clears it here, and it is not a Stop
+    e.target.value = '';
+    state.archiveQuery = '';
+    renderLists();
+  });
   byId('title').addEventListener('click', startRename);
   byId('stop-button').addEventListener('click', interrupt);
   byId('context-button').addEventListener('click', () => {
@@ -1306,6 +1338,8 @@ function wire() {
 }
 
 async function boot() {
+  restoreDrafts();
+  window.addEventListener('pagehide', keepDrafts);
   wire();
   notify.start();
   connect();

@@ -47,6 +47,12 @@ function detailText(body, response) {
   return `The relay answered ${response.status} ${response.statusText}`.trim();
 }
 
+/** Send this tab to the login form; from a conversation's page, back to it after. */
+export function toLogin() {
+  const here = location.pathname;
+  location.assign(/^\/c\/[1-9][0-9]*$/.test(here) ? `/login?next=${here}` : '/login');
+}
+
 /** Call the relay's API (same origin, cookie auth); answers {status, data}, throws ApiError. */
 export async function api(path, { method = 'GET', body } = {}) {
   const init = { method, headers: { Accept: 'application/json' } };
@@ -61,7 +67,7 @@ export async function api(path, { method = 'GET', body } = {}) {
     throw new ApiError(0, 'The relay cannot be reached. Check the connection and try again.');
   }
   if (response.status === 401) {
-    location.assign('/login');
+    toLogin();
     throw new ApiError(401, 'You are logged out.');
   }
   let data = null;

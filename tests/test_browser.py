@@ -688,7 +688,8 @@ def test_tab_goes_to_login_when_its_session_is_gone(pages: Pages, tmp_path: Path
     expect(by_id(page, "connection-status")).to_be_visible()
     again = LiveRelay(relay.settings).start()  # same port, same data: the socket retries
     try:
-        expect(page).to_have_url(re.compile(r"/login$"), timeout=20_000)
+        # Back to this conversation after the login (before: to the newest one).
+        expect(page).to_have_url(re.compile(rf"/login\?next=/c/{cid}$"), timeout=20_000)
     finally:
         again.stop()
 

@@ -142,6 +142,38 @@ def test_log_out_sends_the_browsers_other_tabs_to_login(pages: Pages, relay: Liv
     pages.assert_clean()
 
 
+def test_a_tab_logged_out_elsewhere_comes_back_to_its_conversation_and_draft(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a review: the other tab went to /login and, after it, to the newest
+    # conversation with an empty composer: what was typed there was lost.
+    mine, theirs = relay.create(title="Mine")["id"], relay.create(title="Theirs")["id"]
+    first = pages.open(relay, f"/c/{mine}")
+    second = pages.watch(first.context.new_page())
+    second.goto(f"{relay.base}/c/{theirs}")
+    expect(by_id(second, "title")).to_have_text("Theirs")
+    by_id(second, "message-input").fill("half a thought,\nnot sent")
+    expect(by_id(first, "title")).to_have_text("Mine")
+    by_id(first, "message-input").fill("typed where I logged out")
+    deadline = time.monotonic() + 15
+    while len(relay.supervisor.hub._everyone) < 2:
+        assert time.monotonic() < deadline, "the tabs' sockets did not open"
+        time.sleep(0.02)
+    by_id(first, "logout").click()
+    expect(first).to_have_url(f"{relay.base}/login")
+    expect(second).to_have_url(f"{relay.base}/login?next=/c/{theirs}")
+    by_id(second, "login-token").fill(TOKEN)
+    by_id(second, "login-submit").click()
+    expect(second).to_have_url(f"{relay.base}/c/{theirs}")
+    expect(by_id(second, "title")).to_have_text("Theirs")
+    expect(by_id(second, "message-input")).to_have_value("half a thought,\nnot sent")
+    # The tab that logged out keeps nothing of what was typed in it.
+    first.goto(f"{relay.base}/c/{mine}")
+    expect(by_id(first, "title")).to_have_text("Mine")
+    expect(by_id(first, "message-input")).to_have_value("")
+    pages.assert_clean()
+
+
 def test_a_hostile_page_cannot_lock_the_owner_out(pages: Pages, relay: LiveRelay) -> None:
     owner = pages.open(relay)
     expect(by_id(owner, "new-conversation")).to_be_visible()

@@ -59,6 +59,20 @@ def test_search_opens_the_message_scrolled_and_highlighted(pages: Pages, relay: 
     pages.assert_clean()
 
 
+def test_a_search_longer_than_the_relay_takes_is_cut_where_typed(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a review: 600 characters showed the API's own 422 wording in the status line
+    # (and a console error); the box now takes 500, as the relay does.
+    page = pages.open(relay)
+    box = by_id(page, "search-input")
+    box.click()
+    page.keyboard.insert_text("word " * 120)  # as a paste: 600 characters
+    expect(box).to_have_value(("word " * 100)[:500])
+    expect(by_id(page, "search-status")).not_to_contain_text("characters")
+    pages.assert_clean()
+
+
 def test_an_agent_hit_reads_as_its_message_is_shown(pages: Pages, relay: LiveRelay) -> None:
     cid = relay.create(title="Rendered")["id"]
     fill_conversation(relay, cid, 8, "the **quokka** plan, in `plan_b.md`")  # 8: an agent's

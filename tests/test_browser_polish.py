@@ -238,6 +238,36 @@ def test_escape_stops_the_turn_and_keeps_the_draft(pages: Pages, relay: LiveRela
     pages.assert_clean()
 
 
+def test_while_a_turn_runs_esc_in_the_archive_search_clears_it_and_only_compact_gets_its_hint(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a review: Esc in the archive search stopped the turn (and the box kept its
+    # text), and the "/compact" hint showed for any text beginning with a slash.
+    page, cid = open_new(pages, relay)
+    send_text(page, "slow please")
+    expect(page.locator('[data-testid="entry-agent"][data-state="streaming"]')).to_be_visible()
+    archive = by_id(page, "archive-search")
+    archive.fill("Watch")
+    archive.press("Escape")
+    expect(archive).to_have_value("")
+    box, hint = by_id(page, "message-input"), by_id(page, "compact-hint")
+    box.fill("/comp")
+    expect(hint).to_have_text("Send /compact when the agent is idle.")
+    expect(hint).to_be_visible()
+    box.fill("/handoff")
+    page.wait_for_timeout(300)  # (expect would pass on any moment it is hidden)
+    assert hint.is_hidden()
+    box.fill(" /compact ")
+    expect(hint).to_be_visible()
+    expect(by_id(page, "stop-button")).to_be_visible()  # the turn still runs
+    expect(line(page, "Interrupted by the user.")).to_have_count(0)
+    by_id(page, "stop-button").click()
+    expect(line(page, "Interrupted by the user.")).to_be_visible()
+    expect(hint).to_be_hidden()  # idle: /compact may go
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 # ---- 9. a reconnection clears what the disconnection showed -------------------------------------
 
 
