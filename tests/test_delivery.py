@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from app.agents.transcript import holds_prompt, prompt_received
+from app.handoff import first_message
 from app.supervisor import MISSED_AGAIN_LINE, REDELIVERED_LINE, RESTART_LINE, UNKNOWN_LINE
 from tests.crash import TIMEOUT, RelayProcess, entry, of_kind
 from tests.fake_anthropic import FakeAnthropic, last_user_text
@@ -297,17 +298,28 @@ def test_restart_waits_for_a_cli_left_running_before_it_decides(
     assert prompts_sent(fake, "busy [[LONG:60]]") == 1
 
 
+@pytest.mark.parametrize("compacted", [False, True])
 def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
     relay: RelayProcess,
     fake: FakeAnthropic,
     home: Path,
     cli_pids: list[int],
     tmp_path: Path,
+    compacted: bool,
 ) -> None:
     wrapper, hold = held_cli(tmp_path)
     cli = {"OARLOCK_CLAUDE_CLI": str(wrapper)}
     relay.start(**cli)
     cid = relay.create(provider="claude", title="Held twice")
+    summary = None
+    if compacted:  # the message is the first of a compacted conversation: it carries a summary
+        relay.send(cid, "remember the kestrel plan")
+        relay.wait_idle(cid)
+        answer = relay.client.post(f"/api/conversations/{cid}/messages", json={"text": "/compact"})
+        cid = answer.json()["compacted_into"]["id"]
+        summary = relay.get(cid)["pending_summary"]
+        assert "kestrel" in summary
+    spawned_before = len(wrapper_pids(tmp_path))
     hold.touch()
     message = relay.send(cid, "held back")
     for spawned, condition in enumerate(
@@ -318,7 +330,10 @@ def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
         start=1,
     ):
         relay.wait_for(cid, lambda v, condition=condition: condition(entry(v, message["id"])))
-        wait_until(lambda n=spawned: len(wrapper_pids(tmp_path)) == n, "the CLI never spawned")
+        wait_until(
+            lambda n=spawned: len(wrapper_pids(tmp_path)) == spawned_before + n,
+            "the CLI never spawned",
+        )
         relay.kill()
         for pid in wrapper_pids(tmp_path):
             kill_pid(pid)
@@ -346,12 +361,18 @@ def test_a_message_missed_twice_offers_resend_instead_of_a_third_delivery(
         ),
     ]
     assert entry(view, message["id"])["data"]["cut"] == "missed"
+    # Never received: its carry-over waits for the conversation's next message (found by a
+    # review: a Resend went without it, and the old conversation's context was lost).
+    assert view["pending_summary"] == summary
     url = f"/api/conversations/{cid}/messages/{message['id']}/resend"
     assert relay.client.post(url).status_code == 202
     view = relay.wait_idle(cid)
     cli_pids += session_pids(home)
-    assert prompts_sent(fake, "held back") == 1
-    assert [e["text"] for e in of_kind(view, "agent")] == ["You said: held back"]
+    sent = [last_user_text(b) for b in fake.message_bodies()]
+    assert [text for text in sent if text.endswith("held back")] == [
+        first_message(summary, "held back") if summary else "held back"
+    ]
+    assert [e["text"] for e in of_kind(view, "agent")] == [f"You said: {sent[-1]}"]
 
 
 # The demo agent keeps no record: Resend ------------------------------------------------------
@@ -407,6 +428,41 @@ def test_demo_cut_turn_offers_resend_and_resend_answers(relay: RelayProcess) -> 
     missing = relay.client.post(f"/api/conversations/{cid}/messages/{cut_line['id']}/resend")
     assert missing.status_code == 404
     assert len(of_kind(relay.get(cid), "user")) == 2  # nothing stored by the refusals
+
+
+def test_a_resent_first_message_of_a_compacted_conversation_carries_its_summary(
+    relay: RelayProcess,
+) -> None:
+    # Found by a review: the cut message had taken the carry-over with it, and its Resend
+    # went without: the old conversation's context never reached the agent.
+    relay.start(OARLOCK_DEMO_DELAY="0.005")
+    old = relay.create(provider="demo", title="Before")
+    relay.send(old, "remember the kestrel plan")
+    relay.wait_idle(old)
+    compacted = relay.client.post(f"/api/conversations/{old}/messages", json={"text": "/compact"})
+    assert compacted.status_code == 201, compacted.text
+    cid = compacted.json()["compacted_into"]["id"]
+    summary = relay.get(cid)["pending_summary"]
+    assert "kestrel" in summary
+    relay.kill()
+    relay.start(OARLOCK_DEMO_DELAY="20")  # its first word 20 s after the turn began: none stored
+    message = relay.send(cid, "please be slow")
+    relay.wait_for(cid, lambda v: entry(v, message["id"])["state"] == "sent")
+    assert relay.get(cid)["pending_summary"] is None  # it went out with the message
+    relay.kill()
+
+    relay.start(OARLOCK_DEMO_DELAY="0.005")
+    view = relay.wait_idle(cid)
+    assert [e["text"] for e in of_kind(view, "line")] == [UNKNOWN_LINE]
+    assert view["pending_summary"] is None  # maybe it arrived: the user decides (Resend)
+    url = f"/api/conversations/{cid}/messages/{message['id']}/resend"
+    resent = relay.client.post(url).json()
+    view = relay.wait_idle(cid)
+    assert entry(view, resent["id"])["data"]["summary"] == summary  # it went with this one
+    assert "summary" not in entry(view, message["id"])["data"]  # and only once
+    assert view["pending_summary"] is None
+    [reply] = [e for e in of_kind(view, "agent") if e["state"] == "done"]
+    assert reply["text"].startswith("You said: “[Carry-over")
 
 
 def test_a_cut_turn_whose_reply_was_stored_is_received_whatever_the_agent_recorded(

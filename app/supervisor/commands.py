@@ -232,7 +232,8 @@ class Commands(SupervisorState):
             if entry.data.get("resent"):
                 raise ConversationError("This message was already resent.")
             # Marked in the transaction that stores the new message: resent once, never lost.
-            entry.data = {**entry.data, "resent": True}
+            # A carry-over it went out with goes again, with it (unknown whether it arrived).
+            entry.data = {**self._summary_back(session, conversation, entry.data), "resent": True}
             session.add(entry)
             line_id = entry.data.get("cut_line")
             line = store.get_entry(session=session, entry_id=line_id) if line_id else None

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC
+from typing import Any
 
 from sqlmodel import Session
 
@@ -143,9 +144,23 @@ class Recovery(SupervisorState):
             data = {"type": "cut", "entry_id": cut.id, "received": got, "resend": True}
         line = self._line(session, conversation, text, level="warning", data=data)
         cut_as = "received" if got else "unknown" if got is None else "missed"
-        self._save(
-            session, conversation, cut, data={**cut.data, "cut": cut_as, "cut_line": line.id}
-        )
+        kept = dict(cut.data)
+        if got is False:  # never received: the next message carries it (a Resend, or any)
+            kept = self._summary_back(session, conversation, kept)
+        self._save(session, conversation, cut, data={**kept, "cut": cut_as, "cut_line": line.id})
+
+    def _summary_back(
+        self, session: Session, conversation: Conversation, data: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A message's data without the carry-over it went out with, which the conversation's
+        next message carries again (the agent never got it, or the user sends it again)."""
+        data = dict(data)
+        summary = data.pop("summary", None)
+        if isinstance(summary, str) and conversation.pending_summary is None:
+            conversation.pending_summary = summary
+            session.add(conversation)
+            self.publish_conversation(conversation)  # the "will be sent" bar shows again
+        return data
 
     def _receipt_agent(self, conversation: Conversation) -> Agent | None:
         """The conversation's agent, not started, when it can tell what it received."""
@@ -177,10 +192,7 @@ class Recovery(SupervisorState):
             session=session, conversation_id=conversation.id or 0, state="queued"
         )
         data = {key: value for key, value in entry.data.items() if key != "prompt_uuid"}
-        summary = data.pop("summary", None)
-        if isinstance(summary, str) and conversation.pending_summary is None:
-            conversation.pending_summary = summary  # it went out with the message: it goes again
-            session.add(conversation)
+        data = self._summary_back(session, conversation, data)
         data["redelivered"] = True
         line_data = {"type": "redelivered", "entry_id": entry.id}
         self._line(session, conversation, REDELIVERED_LINE, level="warning", data=line_data)
