@@ -5,6 +5,7 @@ import { handoffCard, withContextNote } from './handoff.js';
 import { withDetails } from './compaction.js';
 
 const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
+const USER_SCROLL_MS = 1000; // a scroll this soon after the user's wheel, key or drag is theirs
 
 const isQueued = (entry) => entry.kind === 'user' && entry.state === 'queued';
 // Agent messages made only of tool calls have no text: they are not shown.
@@ -296,9 +297,28 @@ export class Timeline {
         h('span', { class: 'thinking-label', text: 'Working…' })));
     byId('timeline-end').append(this.indicator);
 
+    // Only the user's own scrolling lets go of the bottom. A scroll event the content caused
+    // (a card replaced by a taller one: the browser clamps, the content grows again before
+    // the event is handled) read as "away from the bottom", and the timeline stopped following.
+    this.userScrolled = -Infinity; // when the user last did something that scrolls
+    const intent = () => { this.userScrolled = performance.now(); };
+    this.scroller.addEventListener('wheel', intent, { passive: true });
+    this.scroller.addEventListener('touchmove', intent, { passive: true });
+    this.scroller.addEventListener('pointerdown', (e) => { // its scrollbar, not what it holds
+      if (e.target === this.scroller) intent();
+    }, { passive: true });
+    window.addEventListener('keydown', (e) => {
+      const typing = e.target.closest?.('input, textarea, [contenteditable]');
+      if (['PageUp', 'PageDown'].includes(e.key)
+        || (!typing && ['Home', 'End', 'ArrowUp', 'ArrowDown', ' '].includes(e.key))) intent();
+    }, { capture: true, passive: true });
     this.scroller.addEventListener('scroll', () => {
-      this.stick = this.nearBottom();
-      if (this.stick) this.newPill.hidden = true;
+      if (this.nearBottom()) {
+        this.stick = true;
+        this.newPill.hidden = true;
+      } else if (performance.now() - this.userScrolled < USER_SCROLL_MS) {
+        this.stick = false;
+      }
     }, { passive: true });
     this.newPill.addEventListener('click', () => this.scrollToBottom());
     this.earlier.addEventListener('click', () => this.hooks.onLoadEarlier());
@@ -573,6 +593,7 @@ export class Timeline {
 
   reveal(line) {
     if (!line || !line.isConnected) return;
+    this.stick = false; // stay on the line (its scroll event sticks again if it is at the end)
     line.scrollIntoView({ block: 'center' });
     line.classList.remove('flash');
     void line.offsetWidth; // restart the animation

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -492,9 +493,9 @@ def test_compaction_pill_is_labelled_and_a_touch_target(pages: Pages, relay: Liv
     pages.assert_clean()
 
 
-def test_claude_write_permission_shows_the_content_above_its_tool_row(
-    pages: Pages, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextmanager
+def claude_relay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveRelay]:
+    """A relay whose Claude Code conversations run the real CLI against the fake API."""
     home = tmp_path / "home"
     home.mkdir()
     for name in ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"):
@@ -506,35 +507,72 @@ def test_claude_write_permission_shows_the_content_above_its_tool_row(
         monkeypatch.setenv("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         relay = own_relay(tmp_path)
         try:
-            cid = relay.create(provider="claude", title="Real CLI")["id"]
-            target = Path(relay.get(cid)["cwd"]) / "notes.txt"
-            page = pages.open(relay, f"/c/{cid}")
-            send_text(page, f"[[WRITE:{target}|first line\nsecond line]]")
-            allow = by_id(page, "permission-allow")
-            expect(allow).to_be_visible(timeout=30_000)
-            card = page.locator(".permission").filter(has=allow)
-            expect(card).to_contain_text("Write wants to write:")
-            expect(card.locator(".perm-input")).to_have_text(str(target))
-            expect(card.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
-            # The CLI announced the call before asking: the question is shown first all the same.
-            expect(page.locator("#entries > details.tool")).to_have_count(1)
-            kinds = page.locator("#entries > .entry").evaluate_all(
-                "els => els.map(e => e.classList.contains('permission') ? 'ask' : e.dataset.kind)"
-            )
-            assert kinds == ["user", "agent", "ask", "activity"], kinds
-            allow.click()
-            expect(by_id(page, "permission-answer")).to_have_text("Allowed")
-            expect(by_id(page, "entry-agent").filter(has_text="The tool returned:")).to_have_count(
-                1, timeout=30_000
-            )
-            row = page.locator("details.tool")
-            row.locator("summary").click()
-            expect(row.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
-            relay.wait_idle(cid)
-            assert target.read_text() == "first line\nsecond line"
-            pages.assert_clean()
+            yield relay
         finally:
             relay.stop()
+
+
+def test_allowing_a_write_keeps_the_timeline_following_its_end(
+    pages: Pages, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a review (3 of 3 with a Write): after Allow, "↓ New messages" showed and the
+    # reply's end was cut off below, though the user never scrolled: a scroll event the
+    # card's change caused read as the user scrolling away.
+    with claude_relay(tmp_path, monkeypatch) as relay:
+        cid = relay.create(provider="claude", title="Follow")["id"]
+        for n in range(4):  # enough to scroll
+            relay.send(cid, f"message number {n} " + "with some words " * 30)
+            relay.wait_idle(cid, timeout=60)
+        page = pages.open(relay, f"/c/{cid}", viewport={"width": 900, "height": 600})
+        for n in range(3):
+            target = Path(relay.get(cid)["cwd"]) / f"w{n}.py"
+            send_text(page, f"[[WRITE:{target}|a = {n}\nb = 2\n]]")
+            allow = by_id(page, "permission-allow")
+            expect(allow).to_be_visible(timeout=30_000)
+            allow.click()
+            replies = by_id(page, "entry-agent").filter(has_text="The tool returned:")
+            expect(replies).to_have_count(n + 1, timeout=30_000)
+            relay.wait_idle(cid, timeout=60)
+            page.wait_for_timeout(300)  # every frame drawn
+            gap = by_id(page, "timeline").evaluate(
+                "t => t.scrollHeight - t.scrollTop - t.clientHeight"
+            )
+            assert gap < 2, f"write {n}: {gap} px below the end"
+            assert by_id(page, "new-messages").is_hidden()
+        pages.assert_clean()
+
+
+def test_claude_write_permission_shows_the_content_above_its_tool_row(
+    pages: Pages, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with claude_relay(tmp_path, monkeypatch) as relay:
+        cid = relay.create(provider="claude", title="Real CLI")["id"]
+        target = Path(relay.get(cid)["cwd"]) / "notes.txt"
+        page = pages.open(relay, f"/c/{cid}")
+        send_text(page, f"[[WRITE:{target}|first line\nsecond line]]")
+        allow = by_id(page, "permission-allow")
+        expect(allow).to_be_visible(timeout=30_000)
+        card = page.locator(".permission").filter(has=allow)
+        expect(card).to_contain_text("Write wants to write:")
+        expect(card.locator(".perm-input")).to_have_text(str(target))
+        expect(card.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
+        # The CLI announced the call before asking: the question is shown first all the same.
+        expect(page.locator("#entries > details.tool")).to_have_count(1)
+        kinds = page.locator("#entries > .entry").evaluate_all(
+            "els => els.map(e => e.classList.contains('permission') ? 'ask' : e.dataset.kind)"
+        )
+        assert kinds == ["user", "agent", "ask", "activity"], kinds
+        allow.click()
+        expect(by_id(page, "permission-answer")).to_have_text("Allowed")
+        expect(by_id(page, "entry-agent").filter(has_text="The tool returned:")).to_have_count(
+            1, timeout=30_000
+        )
+        row = page.locator("details.tool")
+        row.locator("summary").click()
+        expect(row.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
+        relay.wait_idle(cid)
+        assert target.read_text() == "first line\nsecond line"
+        pages.assert_clean()
 
 
 def test_a_tool_call_the_agent_never_finished_stops_spinning(
