@@ -21,9 +21,9 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from app.agents.base import Activity, MessageDone, Notice, Usage
-from app.agents.transcript import bounded_lines, project_slug
+from app.agents.transcript import SummaryWatch, bounded_lines, message_text, project_slug
 from app.backups import tool_facts
-from app.compaction import finished_text
+from app.compaction import clip_summary, finished_text
 from app.edits import edit_change
 from app.models import Conversation, Entry
 from app.store import is_message, storable, storable_data
@@ -305,11 +305,14 @@ class HistoryBuilder:
         self.starts: dict[str, int] = {}  # where each assistant message began in entries
         self.context_tokens: int | None = None
         self.model: str | None = None
+        self.compaction: tuple[Draft, SummaryWatch] | None = None  # its summary not yet seen
 
     def feed(self, record: dict[str, Any]) -> None:
         """Take one record (malformed ones raise; the caller skips them)."""
         if record.get("isSidechain"):
             return  # a subagent's inner turn: its Task call and result are shown
+        if self.compaction is not None:
+            self._summary(record)
         kind = record.get("type")
         if kind == "assistant":
             if _placeholder(record):
@@ -326,9 +329,22 @@ class HistoryBuilder:
             numbers = {"pre_tokens": meta.get("preTokens"), "post_tokens": meta.get("postTokens")}
             numbers = {k: v for k, v in numbers.items() if isinstance(v, int)}
             data = {"type": "compaction", "trigger": meta.get("trigger"), "level": "info"}
-            self.entries.append(
-                Draft("line", finished_text("line", **numbers), data=data | numbers)
-            )
+            if isinstance(meta.get("durationMs"), int):  # as a live line's details show it
+                data["duration_ms"] = meta["durationMs"]
+            line = Draft("line", finished_text("line", **numbers), data=data | numbers)
+            self.entries.append(line)
+            self.compaction = (line, SummaryWatch(record))  # its summary follows (_user)
+
+    def _summary(self, record: dict[str, Any]) -> None:
+        """The last compaction's summary, when this record is it (every record is looked at:
+        the summary may name the boundary through the records between them)."""
+        assert self.compaction is not None
+        line, watch = self.compaction
+        if watch.is_summary(record):
+            summary = message_text(record)
+            if summary:  # the line's details, word for word (clipped as a live one's)
+                line.data["summary"] = storable(clip_summary(summary))
+            self.compaction = None
 
     def _user(self, record: dict[str, Any]) -> None:
         content = record["message"]["content"]

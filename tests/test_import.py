@@ -346,6 +346,14 @@ def test_a_compacted_session_shows_its_compaction(
     assert compaction["kind"] == "line"
     assert compaction["text"].startswith("Context compacted · ")
     assert compaction["data"]["trigger"] == "manual"
+    # Its details as a live line's (found by a review: "Took —", "The agent reported no
+    # summary"): the CLI's own summary, word for word, and how long it took.
+    records = [json.loads(line) for line in transcript.read_text().splitlines()]
+    (summary,) = [r for r in records if r.get("isCompactSummary")]
+    (boundary,) = [r for r in records if r.get("subtype") == "compact_boundary"]
+    assert compaction["data"]["summary"] == summary["message"]["content"]
+    assert "FAKE SUMMARY" in compaction["data"]["summary"]
+    assert compaction["data"]["duration_ms"] == boundary["compactMetadata"]["durationMs"]
     # The CLI's summary message is not shown as the user's; the command is.
     assert not any("continued from a previous conversation" in t for _, t in kinds)
     assert ("user", "/compact") in kinds

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 SLACK_SECONDS = 60.0  # clock and file-time tolerance when a new session's file is looked for
 
@@ -188,10 +188,9 @@ def summary_after(lines: Iterator[str], boundary_id: str) -> str | None:
     anchor or, when it names none, whose parentUuid chain leads back to the boundary. None
     when the transcript holds no such record (yet): nothing is guessed from the text.
     """
-    chain: set[str] | None = None  # uuids descending from the boundary, once it is found
-    anchor: str | None = None
+    watch: SummaryWatch | None = None  # once the boundary is found
     for line in lines:
-        if chain is None and boundary_id not in line:
+        if watch is None and boundary_id not in line:
             continue  # most lines before it: no JSON parsing
         try:
             record = json.loads(line)
@@ -199,20 +198,42 @@ def summary_after(lines: Iterator[str], boundary_id: str) -> str | None:
             continue
         if not isinstance(record, dict):
             continue
-        if chain is None:
+        if watch is None:
             if record.get("subtype") == "compact_boundary" and record.get("uuid") == boundary_id:
-                chain, anchor = {boundary_id}, _anchor(record)
+                watch = SummaryWatch(record)
             continue
         if record.get("subtype") == "compact_boundary":
             return None  # the next compaction: this one's summary was not written
-        uuid, parent = record.get("uuid"), record.get("parentUuid")
-        child = isinstance(parent, str) and parent in chain
-        summary = record.get("type") == "user" and record.get("isCompactSummary") is True
-        if summary and ((uuid == anchor) if anchor else child):
+        if watch.is_summary(record):
             return _message_text(record.get("message")) or None
-        if isinstance(uuid, str) and child:
-            chain.add(uuid)
     return None
+
+
+class SummaryWatch:
+    """Told the records after a compact_boundary one by one, knows its summary message: the
+    isCompactSummary "user" record the boundary names as its anchor or, when it names none,
+    whose parentUuid chain leads back to the boundary."""
+
+    def __init__(self, boundary: dict[str, Any]) -> None:
+        uuid = boundary.get("uuid")
+        self.chain: set[str] = {uuid} if isinstance(uuid, str) else set()
+        self.anchor = _anchor(boundary)
+
+    def is_summary(self, record: dict[str, Any]) -> bool:
+        """Whether this record is the summary (else it joins the chain if it descends)."""
+        uuid, parent = record.get("uuid"), record.get("parentUuid")
+        child = isinstance(parent, str) and parent in self.chain
+        summary = record.get("type") == "user" and record.get("isCompactSummary") is True
+        if summary and ((uuid == self.anchor) if self.anchor else child):
+            return True
+        if isinstance(uuid, str) and child:
+            self.chain.add(uuid)
+        return False
+
+
+def message_text(record: dict[str, Any]) -> str | None:
+    """The text of a record's message (its text blocks joined), if it has any."""
+    return _message_text(record.get("message"))
 
 
 def compaction_summary(env: Mapping[str, str], session_id: str, boundary_id: str) -> str | None:
