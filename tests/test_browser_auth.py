@@ -70,6 +70,14 @@ def hostile_site(relay: LiveRelay) -> Iterator[str]:
         server.server_close()
 
 
+def sockets_open(relay: LiveRelay, count: int) -> None:
+    """Wait until that many tabs' sockets are open (a log out then closes them)."""
+    deadline = time.monotonic() + 15
+    while len(relay.supervisor.hub._everyone) < count:
+        assert time.monotonic() < deadline, "the tabs' sockets did not open"
+        time.sleep(0.02)
+
+
 def test_typing_the_token_into_the_login_form_logs_in(pages: Pages, relay: LiveRelay) -> None:
     page = fresh_page(pages)
     type_token(page, relay, "not-the-token")
@@ -132,10 +140,7 @@ def test_log_out_sends_the_browsers_other_tabs_to_login(pages: Pages, relay: Liv
     for page in (first, second):
         expect(by_id(page, "new-conversation")).to_be_visible()
     # Both tabs' sockets are open before the first tab logs out.
-    deadline = time.monotonic() + 15
-    while len(relay.supervisor.hub._everyone) < 2:
-        assert time.monotonic() < deadline, "the tabs' sockets did not open"
-        time.sleep(0.02)
+    sockets_open(relay, 2)
     by_id(first, "logout").click()
     expect(first).to_have_url(f"{relay.base}/login")
     expect(second).to_have_url(f"{relay.base}/login")
@@ -155,10 +160,7 @@ def test_a_tab_logged_out_elsewhere_comes_back_to_its_conversation_and_draft(
     by_id(second, "message-input").fill("half a thought,\nnot sent")
     expect(by_id(first, "title")).to_have_text("Mine")
     by_id(first, "message-input").fill("typed where I logged out")
-    deadline = time.monotonic() + 15
-    while len(relay.supervisor.hub._everyone) < 2:
-        assert time.monotonic() < deadline, "the tabs' sockets did not open"
-        time.sleep(0.02)
+    sockets_open(relay, 2)
     by_id(first, "logout").click()
     expect(first).to_have_url(f"{relay.base}/login")
     expect(second).to_have_url(f"{relay.base}/login?next=/c/{theirs}")
