@@ -333,7 +333,7 @@ class HistoryBuilder:
                 data["duration_ms"] = meta["durationMs"]
             line = Draft("line", finished_text("line", **numbers), data=data | numbers)
             self.entries.append(line)
-            self.compaction = (line, SummaryWatch(record))  # its summary follows (_user)
+            self.compaction = (line, SummaryWatch(record))  # its summary follows (_summary)
 
     def _summary(self, record: dict[str, Any]) -> None:
         """The last compaction's summary, when this record is it (every record is looked at:
