@@ -95,14 +95,16 @@ _published = tuple.__new__
 class Replay:
     """A conversation's recent events, bounded by count and by characters."""
 
-    __slots__ = ("chars", "events")
+    __slots__ = ("chars", "events", "published")
 
     def __init__(self) -> None:
         self.events: deque[Published] = deque()
         self.chars = 0
+        self.published = 0  # events appended, ever (a burst's wake-up counts them)
 
     def append(self, published: Published) -> None:
         """Keep an event, forgetting the oldest beyond the bounds (the newest always stays)."""
+        self.published += 1
         events = self.events
         if len(events) >= REPLAY_EVENTS:  # (a full replay while streaming: one out, one in)
             self.chars -= len(events.popleft().text)
@@ -351,7 +353,6 @@ class Hub:
         self._by_conversation: dict[int, set[Subscriber]] = {}
         self._streams: dict[int, Stream] = {}  # the followed conversations' events, for their tabs
         self._everyone: set[Subscriber] = set()
-        self._published: dict[int, int] = {}  # events published per conversation, ever
         self._waking: dict[int, asyncio.Task[None]] = {}  # conversations holding a wake-up
         self._touched: dict[int, float] = {}  # when each conversation's state was last used
         # Called with (conversation_id, event) for each published event but deltas (the hot
@@ -434,8 +435,31 @@ class Hub:
         """
         self.soon(self._publish_delta, conversation_id, seq, entry_id, text)
 
-    def _publish_delta(self, conversation_id: int, seq: int, entry_id: int, text: str) -> None:
+    def stream_delta(self, conversation_id: int, entry_id: int, text: str, seqs: list[int]) -> None:
+        """Number a streamed piece of text and publish it: next_seq and publish_delta in one.
+
+        On the loop only (a single node's streaming reply read at once: the hottest path),
+        under one taking of the lock; seqs (the message's) gets the number before any tab
+        sees it. (Not touched: a conversation streaming a reply is never released.)
+        """
+        if conversation_id not in self._seq:
+            self._known(conversation_id)
+        self._publish_delta(conversation_id, 0, entry_id, text, seqs)
+
+    def _publish_delta(
+        self,
+        conversation_id: int,
+        seq: int,
+        entry_id: int,
+        text: str,
+        seqs: list[int] | None = None,
+    ) -> None:
+        """Publish a delta numbered seq; given seqs, number it now instead, and append it there."""
         with self.lock:
+            if seqs is not None:
+                seq = self._seq[conversation_id] + 1
+                self._seq[conversation_id] = seq
+                seqs.append(seq)
             next_in_order = (
                 self._shown.get(conversation_id, seq - 1) == seq - 1
                 and conversation_id not in self._held
@@ -490,7 +514,6 @@ class Hub:
         if recent is None:
             recent = self._recent[conversation_id] = Replay()
         recent.append(_published(Published, (seq, text)))
-        self._published[conversation_id] = self._published.get(conversation_id, 0) + 1
         if conversation_id in self._by_conversation:
             stream = self._streams[conversation_id]
             stream.append(text)  # once, however many tabs: each has its place in the stream
@@ -620,7 +643,6 @@ class Hub:
             self._seq.pop(conversation_id, None)
             self._shown.pop(conversation_id, None)
             self._recent.pop(conversation_id, None)
-            self._published.pop(conversation_id, None)
             self._touched.pop(conversation_id, None)
 
     def live_text(self, conversation_id: int) -> dict[int, str]:
@@ -648,20 +670,22 @@ class Hub:
     async def _wake_after_burst(self, conversation_id: int) -> None:
         clock = time.perf_counter  # the loop's clock may tick in whole milliseconds (uvloop)
         hold = HOLD
+        # Kept while this runs (see release); a new cluster epoch forgets it, and tabs resync.
+        recent = self._recent[conversation_id]
         try:
             while True:
                 # Hold while each loop turn brings a new event, up to the hold.
                 deadline = clock() + hold
-                count = self._published[conversation_id]
+                count = recent.published
                 while True:
                     await asyncio.sleep(0)
-                    if self._published[conversation_id] == count or clock() >= deadline:
+                    if recent.published == count or clock() >= deadline:
                         break
-                    count = self._published[conversation_id]
+                    count = recent.published
                 started = clock()
                 self._wake(conversation_id)
                 await asyncio.sleep(0)  # the woken senders send before this task goes on
-                if self._published[conversation_id] == count:
+                if recent.published == count:
                     return
                 # Still streaming: hold at least as long as the tabs' sending took.
                 hold = max(HOLD, clock() - started)

@@ -1,16 +1,40 @@
-"""Streamed text's fast path (issue 18, session 5): the same JSON, order and replay as before.
+"""Streamed text's fast paths (issue 18): the same JSON, order and replay as before.
 
-`Hub.publish_delta` writes a delta's JSON text without building a dict or calling the
-encoder; a tab and a reconnecting tab must get exactly what publishing the dict gave them.
+`Hub.publish_delta` (a number taken by next_seq) and `Hub.stream_delta` (numbering and
+publishing in one, on the loop) write a delta's JSON text without building a dict or calling
+the encoder; a tab and a reconnecting tab must get exactly what publishing the dict gave them.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+
+import pytest
 
 from app.hub import Hub, encode
 from app.live_render import LiveRender
+
+Publish = Callable[[Hub, int, int, str], int]  # (hub, conversation, entry id, text) -> seq
+
+
+def numbered_then_published(hub: Hub, cid: int, entry_id: int, text: str) -> int:
+    """next_seq, then publish_delta (the general way: a burst's job, any thread)."""
+    seq = hub.next_seq(cid)
+    hub.publish_delta(cid, seq, entry_id, text)
+    return seq
+
+
+def streamed(hub: Hub, cid: int, entry_id: int, text: str) -> int:
+    """stream_delta (a single node's reply read at once, on the loop)."""
+    seqs: list[int] = []
+    hub.stream_delta(cid, entry_id, text, seqs)
+    assert len(seqs) == 1  # the message's numbers: this delta's
+    return seqs[0]
+
+
+PATHS = pytest.mark.parametrize("publish", [numbered_then_published, streamed])
 
 TEXTS = ["plain", 'quote " and \\ backslash', "é ü 中文 😀", "\n\t\x00\x1f", "\u2028\u2029", ""]
 
@@ -21,14 +45,14 @@ def delta(seq: int, entry_id: int, text: str, conversation_id: int) -> str:
     return encode(event | {"conversation_id": conversation_id})
 
 
-def test_a_delta_s_text_is_what_encoding_its_dict_gave() -> None:
+@PATHS
+def test_a_delta_s_text_is_what_encoding_its_dict_gave(publish: Publish) -> None:
     hub = Hub(lambda _cid: 40)
     tab = hub.connect()
     hub.follow(tab, 7)
     expected = []
     for text in TEXTS:
-        seq = hub.next_seq(7)
-        hub.publish_delta(7, seq, 123456789012, text)
+        seq = publish(hub, 7, 123456789012, text)
         expected.append(delta(seq, 123456789012, text, 7))
     assert tab.pending() == expected
     assert [json.loads(text)["text"] for text in expected] == TEXTS
@@ -38,7 +62,8 @@ def test_a_delta_s_text_is_what_encoding_its_dict_gave() -> None:
     assert [published.seq for published in missed] == list(range(41, 41 + len(TEXTS)))
 
 
-def test_a_delta_numbered_after_one_still_being_stored_waits_for_it() -> None:
+@PATHS
+def test_a_delta_numbered_after_one_still_being_stored_waits_for_it(publish: Publish) -> None:
     stored: list[tuple[object, ...]] = []  # what a storage job hands to the loop, held back
     hub = Hub(lambda _cid: 0)
     tab = hub.connect()
@@ -47,8 +72,7 @@ def test_a_delta_numbered_after_one_still_being_stored_waits_for_it() -> None:
     hub.soon = lambda fn, *args: stored.append((fn, *args))
     hub.publish(1, {"type": "entry", "entry": {"id": 5}, "seq": first})
     hub.soon = lambda fn, *args: fn(*args)
-    second = hub.next_seq(1)
-    hub.publish_delta(1, second, 5, "after")
+    assert publish(hub, 1, 5, "after") == 2
     assert tab.pending() == []  # not before the entry that precedes it
     assert hub.shown_seq(1) == 0
     fn, *args = stored.pop()

@@ -240,7 +240,7 @@ class Events(SupervisorState):
         if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
             return False  # its checkpoint is due: a write
         runner.last_used = now
-        self._publish_text(runner, event, streaming)
+        self._publish_text(runner, event, streaming, on_loop=True)
         return True
 
     def _on_delta(self, runner: Runner, event: TextDelta) -> None:
@@ -260,20 +260,34 @@ class Events(SupervisorState):
             else:
                 self._checkpoint(streaming)
 
-    def _publish_text(self, runner: Runner, event: TextDelta, streaming: Streaming) -> None:
-        """Number a piece of a streaming message's text, keep it, publish it, have it rendered."""
+    def _publish_text(
+        self, runner: Runner, event: TextDelta, streaming: Streaming, on_loop: bool = False
+    ) -> None:
+        """Number a piece of a streaming message's text, keep it, publish it, have it rendered.
+
+        on_loop: called on the loop (not from a storage job): numbered and published at once.
+        """
         # As it will be stored: half an emoji could be neither rendered, sent nor checkpointed.
-        cid, text = runner.conversation_id, store.storable(event.text)
-        seq = self.hub.next_seq(cid)
-        # Before it is published: a snapshot at a seq shows the text up to it (text_at).
+        text = event.text
+        if "\x00" in text or not text.isascii():  # (most text is ASCII: no call then)
+            text = store.storable(text)
+        # Kept before it is numbered and published: a snapshot at a seq shows the text of the
+        # parts numbered up to it (text_at), a part without its number yet in none.
         streaming.parts.append(text)
-        streaming.seqs.append(seq)
-        self.hub.publish_delta(cid, seq, streaming.entry_id, text)
+        if on_loop:
+            self.hub.stream_delta(runner.conversation_id, streaming.entry_id, text, streaming.seqs)
+        else:
+            seq = self.hub.next_seq(runner.conversation_id)
+            streaming.seqs.append(seq)
+            self.hub.publish_delta(runner.conversation_id, seq, streaming.entry_id, text)
         live = streaming.live
         if live is None:
             live = streaming.live = self._live_render(runner, event.message_id, streaming)
         if not live.noted():  # else a rendering already due will read this text too
-            self.storage.soon(live.poke)  # (its timer is the loop's)
+            if on_loop:
+                live.poke()
+            else:
+                self.storage.soon(live.poke)  # (its timer is the loop's)
 
     def _checkpoint(self, streaming: Streaming) -> None:
         """Write the partial text; skipped while another program holds the write lock."""

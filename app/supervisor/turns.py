@@ -512,9 +512,10 @@ async def bursts(
     waiting = False  # the consumer waits on an empty queue: nothing is being handled
 
     async def read() -> None:
+        nonlocal waiting
         try:
             async for event in events:
-                if waiting and inline is not None and not queue.qsize():
+                if waiting and inline is not None:
                     try:
                         if inline(event):
                             continue
@@ -522,6 +523,7 @@ async def bursts(
                         queue.put_nowait(Unhandled(error))
                         return
                 queue.put_nowait(event)
+                waiting = False  # (the consumer is woken: this event is not handled yet)
                 if limit and queue.qsize() >= limit:
                     room.clear()
                     await room.wait()
