@@ -25,6 +25,7 @@ import pytest
 from app.agents.claude_code import stderr_reason
 from app.agents.lifetime import WATCHER, Lifetime, data_key, reap_leftovers, relay_marker
 from app.agents.sweep import RELAY_ENV, is_leftover, marker_of
+from app.supervisor import SHUTDOWN_LINE
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
@@ -265,6 +266,31 @@ def test_claude_cli_dies_with_a_killed_relay(
     relay.crash()
 
     wait_gone([cli], "the Claude Code CLI outlived the relay")
+
+
+def test_ctrl_c_in_the_relay_s_terminal_stops_the_relay_before_its_agents(
+    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
+) -> None:
+    """Ctrl+C in a terminal signals its whole foreground process group: the relay's alone.
+
+    Before, the CLIs shared the relay's group: they got the SIGINT too and stopped their turn
+    themselves, and the turn said "Interrupted by the user." instead of the shutdown line.
+    """
+    relay = relays(claude_env)
+    cid = relay.conversation(provider="claude")
+    relay.send(cid, "wait for me [[SLOW:600]]")
+    wait_request(anthropic, "wait for me")
+    cli = relay.agent("claude")
+    relays.spawned.append(cli)
+    assert os.getpgid(cli[0]) != relay.process.pid
+
+    os.killpg(relay.process.pid, signal.SIGINT)  # the relay leads its group (process_group=0)
+    assert relay.process.wait(TIMEOUT) == 0
+    wait_gone([cli], "the Claude Code CLI outlived the relay")
+
+    lines = [e["text"] for e in relays(claude_env).view(cid)["timeline"] if e["kind"] == "line"]
+    assert SHUTDOWN_LINE in lines, lines
+    assert "Interrupted by the user." not in lines, lines
 
 
 def start_tool_command(relay: RelayProcess) -> tuple[Proc, list[Proc]]:

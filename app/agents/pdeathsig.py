@@ -3,6 +3,11 @@
 Run as `python -I -S pdeathsig.py RELAY_PID COMMAND [ARG...]`: sets PR_SET_PDEATHSIG in this
 process, then replaces itself with COMMAND (the pid stays the same, the setting survives exec),
 handing it exactly the environment this process got.
+
+The command gets a process group of its own: Ctrl+C in the relay's terminal signals the
+terminal's foreground group, and an agent in it stopped its turn itself before the relay could
+(the turn said "Interrupted by the user." or "exited unexpectedly", not that the relay stopped).
+The relay stops its agents when it stops; when it dies, the parent-death signal does.
 """
 
 import ctypes
@@ -34,6 +39,7 @@ def main(argv: list[str]) -> None:
         print(f"oarlock: prctl(PR_SET_PDEATHSIG) failed: {error}", file=sys.stderr)
     if os.getppid() != relay:  # the relay died before the signal was armed: nobody to serve
         sys.exit(1)
+    os.setpgid(0, 0)  # out of the relay's (the terminal's) process group
     try:
         os.execvpe(command[0], command, original_environment())
     except OSError as e:
