@@ -132,3 +132,7 @@ def migrate(data_dir: Path | None) -> None:
     ensure_private_dir(settings.resolved_data_dir)
     upgrade(settings.db_url)
     click.echo(f"Database is up to date: {display_url(settings.db_url)}")
+
+
+if __name__ == "__main__":  # python -m app.cli (python -m app and `oarlock` call main too)
+    main()
