@@ -253,15 +253,23 @@ def wait_request(fake: FakeAnthropic | FakeOpenAI, text: str) -> None:
 # the Claude Code CLI ------------------------------------------------------------------------
 
 
-def test_claude_cli_dies_with_a_killed_relay(
-    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
-) -> None:
-    relay = relays(claude_env)
+def waiting_turn(
+    relays: Relays, env: dict[str, str], anthropic: FakeAnthropic
+) -> tuple[RelayProcess, int, Proc]:
+    """A relay whose Claude Code turn waits on the API: the relay, the conversation, the CLI."""
+    relay = relays(env)
     cid = relay.conversation(provider="claude")
     relay.send(cid, "wait for me [[SLOW:600]]")
     wait_request(anthropic, "wait for me")
     cli = relay.agent("claude")
     relays.spawned.append(cli)
+    return relay, cid, cli
+
+
+def test_claude_cli_dies_with_a_killed_relay(
+    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
+) -> None:
+    relay, _, cli = waiting_turn(relays, claude_env, anthropic)
 
     relay.crash()
 
@@ -273,15 +281,11 @@ def test_ctrl_c_in_the_relay_s_terminal_stops_the_relay_before_its_agents(
 ) -> None:
     """Ctrl+C in a terminal signals its whole foreground process group: the relay's alone.
 
-    Before, the CLIs shared the relay's group: they got the SIGINT too and stopped their turn
-    themselves, and the turn said "Interrupted by the user." instead of the shutdown line.
+    Before, the CLIs shared the relay's group: they got the SIGINT too and ended their turn
+    themselves, and the turn said "The Claude Code process exited unexpectedly (exit code 0)."
+    (or "Interrupted by the user.") instead of the shutdown line.
     """
-    relay = relays(claude_env)
-    cid = relay.conversation(provider="claude")
-    relay.send(cid, "wait for me [[SLOW:600]]")
-    wait_request(anthropic, "wait for me")
-    cli = relay.agent("claude")
-    relays.spawned.append(cli)
+    relay, cid, cli = waiting_turn(relays, claude_env, anthropic)
     assert os.getpgid(cli[0]) != relay.process.pid
 
     os.killpg(relay.process.pid, signal.SIGINT)  # the relay leads its group (process_group=0)
