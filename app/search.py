@@ -103,9 +103,9 @@ def like_snippet(body: str, query_words: list[str]) -> list[dict[str, Any]]:
 
 
 # What may make Markdown of a snippet's text: emphasis, code, links, images, headings, quotes,
-# tables, strikes, entities, escapes, autolinks, a line's start (blocks, lists), four spaces
-# (code), or a list item's mark at the snippet's start.
-_MARKDOWN_SIGNS = re.compile(r"[*_`\[\]!#>|~&\\<\n]| {4}|^\s*(?:[-+=]|\d+[.)])")
+# tables, strikes, entities, escapes, autolinks, a line's start (after \n or \r: blocks, lists,
+# a heading's underline), four spaces (code), or a list item's mark at the snippet's start.
+_MARKDOWN_SIGNS = re.compile(r"[*_`\[\]!#>|~&\\<\n\r]| {4}|^\s*(?:[-+=]|\d+[.)])")
 
 
 def as_shown(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:

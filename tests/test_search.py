@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from alembic import command
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 
@@ -195,6 +195,7 @@ def test_a_match_the_markdown_hides_keeps_the_raw_snippet(engine: Engine) -> Non
 @given(  # stored text: no NUL, no lone surrogate (store.storable)
     st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"))
 )
+@example("0\r=")  # a carriage return starts a line too: a heading's underline (found in CI)
 def test_a_snippet_without_markdown_signs_is_already_its_words(text: str) -> None:
     # as_shown skips the parse when no sign of Markdown is found: then the rendering would
     # show the same words (white space aside), so the skip changes nothing the user reads.
