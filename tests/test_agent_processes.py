@@ -10,6 +10,7 @@ reused pid never counts as a survivor.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 from app.agents.claude_code import stderr_reason
 from app.agents.lifetime import WATCHER, Lifetime, data_key, reap_leftovers, relay_marker
 from app.agents.sweep import RELAY_ENV, is_leftover, marker_of
-from app.supervisor import SHUTDOWN_LINE
+from app.supervisor import REDELIVERED_LINE, SHUTDOWN_LINE
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
@@ -295,6 +296,67 @@ def test_ctrl_c_in_the_relay_s_terminal_stops_the_relay_before_its_agents(
     lines = [e["text"] for e in relays(claude_env).view(cid)["timeline"] if e["kind"] == "line"]
     assert SHUTDOWN_LINE in lines, lines
     assert "Interrupted by the user." not in lines, lines
+
+
+def hold_once(cwd: Path, word: str, marker: Path) -> None:
+    """A project hook, as a user may have: the first prompt with word waits in it (the CLI runs
+    UserPromptSubmit hooks before it records the prompt); the marker says it began."""
+    script = f'[ -e "{marker}" ] || {{ grep -q "{word}" && touch "{marker}" && sleep 60; }}; exit 0'
+    hook = {"type": "command", "command": script}
+    settings = {"hooks": {"UserPromptSubmit": [{"hooks": [hook]}]}}
+    (cwd / ".claude").mkdir(parents=True, exist_ok=True)
+    (cwd / ".claude" / "settings.json").write_text(json.dumps(settings))
+
+
+def test_a_message_the_cli_had_not_recorded_at_shutdown_is_delivered_after_the_restart(
+    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic, tmp_path: Path
+) -> None:
+    """Stopped before the CLI recorded its prompt, a turn never reached the model: the next
+    start asks the CLI's record and delivers the message again, as after a crash (a hostile
+    review saw it marked "Interrupted: the relay was shut down." and never answered)."""
+    marker = tmp_path / "in-hook"
+    hold_once(tmp_path / "data" / "work", "hold me", marker)
+    relay = relays(claude_env)
+    cid = relay.conversation(provider="claude")
+    relay.send(cid, "hold me")
+    wait_until(marker.exists, "the hook never ran")
+    relays.spawned += descendants(relay.process.pid)
+
+    relay.process.terminate()
+    assert relay.process.wait(TIMEOUT) == 0
+
+    after = relays(claude_env)
+    wait_until(
+        lambda: "You said: hold me" in texts(after.view(cid), "agent"), "never delivered again"
+    )
+    assert REDELIVERED_LINE in texts(after.view(cid), "line")
+    assert SHUTDOWN_LINE not in texts(after.view(cid), "line")
+
+
+def test_a_turn_whose_agent_was_starting_at_shutdown_sends_nothing_until_the_restart(
+    relays: Relays, claude_env: dict[str, str], anthropic: FakeAnthropic
+) -> None:
+    """The relay stopped while a message's CLI started (cold): once started, the CLI is sent
+    nothing (no turn begins once the relay is stopping); the next start delivers it."""
+    relay = relays(claude_env)
+    cid = relay.conversation(provider="claude")
+    relay.send(cid, "started late")
+    relay.agent("claude")  # the CLI is starting (it takes ~1 s here)
+    relays.spawned += descendants(relay.process.pid)
+
+    relay.process.terminate()
+    assert relay.process.wait(TIMEOUT) == 0
+    assert not any("started late" in str(r.body) for r in anthropic.requests)
+
+    after = relays(claude_env)
+    wait_until(
+        lambda: "You said: started late" in texts(after.view(cid), "agent"), "never delivered"
+    )
+    assert SHUTDOWN_LINE not in texts(after.view(cid), "line")
+
+
+def texts(view: dict[str, Any], kind: str) -> list[str]:
+    return [str(entry["text"]) for entry in view["timeline"] if entry["kind"] == kind]
 
 
 def start_tool_command(relay: RelayProcess) -> tuple[Proc, list[Proc]]:

@@ -106,6 +106,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
                 await asyncio.wait(pending, timeout=2)
         for runner in self.live_runners():
             await self._close_agent(runner)
+        await self._settle_shutdown_cuts()  # (each agent's record is whole now)
         await self.backups.drain()
         await self.lifetime.stop()  # and what they left running (tool commands)
         if self.cluster is not None:

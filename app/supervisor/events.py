@@ -20,6 +20,7 @@ from app.agents.base import (
     CompactionSummaries,
     MessageDone,
     Notice,
+    Receipts,
     SessionStarted,
     TextDelta,
     TurnDone,
@@ -406,12 +407,28 @@ class Events(SupervisorState):
             data = {**entry.data, "summary": store.storable(clip_summary(summary))}
             self._save(session, conversation, entry, data=data)
 
+    def _unanswered(self, session: Session, runner: Runner, conversation: Conversation) -> bool:
+        """Whether nothing of the agent follows the turn's message, and the agent keeps a record
+        to ask: then it may never have taken the message (a CLI interrupted before it
+        recorded its prompt, while a hook of the user's ran, drops it)."""
+        cut = store.last_sent_message(session=session, conversation_id=conversation.id or 0)
+        return (
+            isinstance(runner.agent, Receipts)
+            and cut is not None
+            and "prompt_uuid" in cut.data
+            and not store.answered_after(
+                session=session, conversation_id=conversation.id or 0, seq=cut.seq
+            )
+        )
+
     def _on_turn_done(
         self, session: Session, runner: Runner, conversation: Conversation, event: TurnDone
     ) -> None:
         if event.error and event.error not in runner.lines_shown:  # an API error shows once
             self._line(session, conversation, event.error, level="error")
-        if event.interrupted:
+        if event.interrupted and self._closing and self._unanswered(session, runner, conversation):
+            runner.cut_by_shutdown = True  # its line once the agent stopped (Recovery)
+        elif event.interrupted:
             text = SHUTDOWN_LINE if self._closing else "Interrupted by the user."
             self._line(session, conversation, text, data={"type": "interrupted"})
         last = runner.last_agent_entry

@@ -14,6 +14,7 @@ from app import store
 from app.agents.base import Agent, Receipts, received
 from app.models import Conversation, Entry
 from app.supervisor.base import SupervisorState
+from app.supervisor.events import SHUTDOWN_LINE
 from app.supervisor.runner import Runner, TurnState
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,33 @@ class Recovery(SupervisorState):
             return False
         self._resolve_cut(session, conversation, cut, got)
         return True
+
+    async def _settle_shutdown_cuts(self) -> None:
+        """The turns the shutdown cut before an answer, their agents stopped: a message the
+        agent recorded gets the shutdown line; the others stay active, and the next start
+        delivers them again (_recover_turn), as after a crash."""
+        for runner in self.live_runners():
+            if not runner.cut_by_shutdown:
+                continue
+            runner.cut_by_shutdown = False
+            try:
+                await self.storage.write(self._settle_shutdown_cut, runner.conversation_id)
+            except Exception:  # the next start decides
+                log.exception(
+                    "conversation %s: could not settle its cut turn", runner.conversation_id
+                )
+
+    def _settle_shutdown_cut(self, conversation_id: int) -> None:
+        with self.session() as session:
+            conversation = self._load(session, conversation_id)
+            cut = store.last_sent_message(session=session, conversation_id=conversation_id)
+            if cut is None or not conversation.turn_active:
+                return
+            if self._received(self._receipt_agent(conversation), conversation, cut):
+                self._line(session, conversation, SHUTDOWN_LINE, data={"type": "interrupted"})
+                store.update_conversation(
+                    session=session, conversation=conversation, turn_active=False
+                )
 
     def _start_recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
         runner.task = asyncio.create_task(

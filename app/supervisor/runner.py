@@ -130,6 +130,9 @@ class Runner:
     looked: bool = False  # ... and looked at the queue: its answer is `upcoming`
     upcoming: str | None = None
     idle_shown: bool = False  # ... and, the queue being empty, told the tabs the turn is idle
+    # Stopped by the relay's shutdown before the agent answered: the turn stays active until
+    # the agent's record, read once it has stopped, says the message arrived (Recovery).
+    cut_by_shutdown: bool = False
     calls: set[str] = field(default_factory=set)  # this turn's tool calls with a stored row
     call_waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 

@@ -271,7 +271,7 @@ class Turns(SupervisorState):
             return
         finally:
             runner.turn_conversation = None
-        if runner.stop_requested:  # Stop came while the agent was starting: send nothing
+        if runner.stop_requested or self._closing:  # Stop, or shutdown, came while it started
             await self.storage.write(self._stop_before_delivery, runner)
             return
         try:
@@ -374,7 +374,10 @@ class Turns(SupervisorState):
                 self._save(session, conversation, entry, state="interrupted", data=entry.data)
             runner.tools.clear()
             self.storage.soon(runner.calls.clear)
-            store.update_conversation(session=session, conversation=conversation, turn_active=False)
+            # Cut by the shutdown before an answer: still active, for the next start (Recovery).
+            store.update_conversation(
+                session=session, conversation=conversation, turn_active=runner.cut_by_shutdown
+            )
         # Every tab's sidebar: not running any more, and when it was last active.
         self.publish_conversation(conversation)  # on its stream too: a snapshot's replay has it
 
