@@ -71,6 +71,35 @@ def test_the_phone_header_keeps_the_title_readable_while_a_turn_runs(
     pages.assert_clean()
 
 
+def test_the_whole_sidebar_row_opens_its_conversation(pages: Pages, relay: LiveRelay) -> None:
+    # Before: only the title was a link; a click on the time or on "running" did nothing.
+    use_script(relay, _until_stopped)
+    busy, idle = (relay.create(title=title)["id"] for title in ("Busy row", "Idle row"))
+    relay.send(busy, "run until stopped")
+    page = pages.open(relay, f"/c/{idle}")
+
+    def click_middle(testid: str, title: str) -> None:  # where a user's pointer lands
+        item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
+        box = item.get_by_test_id(testid).bounding_box()
+        assert box is not None
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+
+    click_middle("conv-running", "Busy row")
+    expect(page).to_have_url(re.compile(f"/c/{busy}$"))
+    expect(by_id(page, "title")).to_have_text("Busy row")
+    click_middle("conv-when", "Idle row")
+    expect(page).to_have_url(re.compile(f"/c/{idle}$"))
+    expect(by_id(page, "title")).to_have_text("Idle row")
+    # The ⋯ button over the row still opens its menu, not the conversation.
+    item_menu(page, "Busy row")
+    expect(page).to_have_url(re.compile(f"/c/{idle}$"))
+    page.keyboard.press("Escape")
+    click_middle("conv-running", "Busy row")
+    by_id(page, "stop-button").click()
+    expect(by_id(page, "stop-button")).to_be_hidden()
+    pages.assert_clean()
+
+
 WORDS = ["supercalifragilistic", "expialidocious", "antidisestablishment", "floccinaucinihilipili"]
 TABLE = "\n".join([" | ".join("abcd"), "---|---|---|---", " | ".join(WORDS), " | ".join("wxyz")])
 
