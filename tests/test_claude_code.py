@@ -244,7 +244,7 @@ async def test_kill_mid_turn_ends_turn_then_resume(
 
     error = done(events).error
     assert error is not None
-    assert error.startswith("The Claude Code process exited unexpectedly (exit code -9)")
+    assert error.startswith("The Claude Code process exited unexpectedly (killed by SIGKILL)")
     assert not agent.is_alive()
     await agent.close()
 

@@ -344,7 +344,9 @@ def test_killed_cli_shows_error_and_next_message_resumes(
     assert 3 <= len(view["timeline"][3]["text"].split()) < 400
     error = view["timeline"][4]
     assert error["data"] == {"level": "error"}
-    assert error["text"].startswith("The Claude Code process exited unexpectedly (exit code -9).")
+    assert error["text"].startswith(
+        "The Claude Code process exited unexpectedly (killed by SIGKILL)."
+    )
 
     view = turn(live, cid, "what is my name?")
     assert shape(view)[5:] == [

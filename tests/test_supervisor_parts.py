@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from app.agents.base import AgentSpec, PermissionDecision, PermissionRequest, TurnDone
-from app.agents.common import DENIED, TurnFlags, ask_user, one_line, shorten, summarize
+from app.agents.common import (
+    DENIED,
+    TurnFlags,
+    ask_user,
+    exit_status,
+    one_line,
+    shorten,
+    summarize,
+)
 from app.supervisor import Runner, Supervisor, TurnState
 from app.supervisor.base import SupervisorState
 
@@ -47,6 +55,14 @@ def test_only_the_supervisor_reads_its_runners() -> None:
         if reach.search(line)
     ]
     assert offenders == []
+
+
+def test_exit_status_names_the_signal_that_ended_a_process() -> None:
+    assert exit_status(0) == "exit code 0"
+    assert exit_status(3) == "exit code 3"
+    assert exit_status(-9) == "killed by SIGKILL"
+    assert exit_status(-15) == "killed by SIGTERM"
+    assert exit_status(-200) == "killed by signal 200"
 
 
 def test_one_line_and_shorten() -> None:

@@ -72,6 +72,7 @@ from app.agents.base import (
 from app.agents.common import (
     TurnFlags,
     ask_user,
+    exit_status,
     one_line,
     shorten,
     summarize,
@@ -744,7 +745,7 @@ class ClaudeCodeAgent(TurnFlags):
         process = self._transport.process if self._transport else None
         code = process.returncode if process else getattr(error, "exit_code", None)
         text = "The Claude Code process exited unexpectedly"
-        text += f" (exit code {code})." if code is not None else "."
+        text += f" ({exit_status(code)})." if code is not None else "."
         if self._stderr:
             text += f" Its last output: {one_line(self._stderr[-1], 300)}"
         return text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from typing import Any
 
 from app.agents.base import AgentEvent, AgentSpec, PermissionDecision, PermissionRequest
@@ -18,6 +19,17 @@ def one_line(text: str, limit: int = 200) -> str:
     """Return text's first line, whitespace collapsed, cut to limit characters."""
     line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def exit_status(code: int) -> str:
+    """How a process ended, from its return code: "exit code 1", or "killed by SIGKILL" for
+    the -9 asyncio gives a process a signal ended."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def shorten(text: str, limit: int = MAX_OUTPUT) -> str:
