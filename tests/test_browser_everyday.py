@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Locator, expect
 
 from app.agents.base import AgentEvent, MessageDone, TextDelta, TurnDone
 from app.db import get_session
@@ -77,12 +77,12 @@ def test_the_whole_sidebar_row_opens_its_conversation(pages: Pages, relay: LiveR
     busy, idle = (relay.create(title=title)["id"] for title in ("Busy row", "Idle row"))
     relay.send(busy, "run until stopped")
     page = pages.open(relay, f"/c/{idle}")
+    # The rows in their final order (the turn made Busy the newest) before any click.
+    expect(page.locator(".conv-item").first.get_by_test_id("conv-running")).to_be_visible()
 
     def click_middle(testid: str, title: str) -> None:  # where a user's pointer lands
         item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
-        box = item.get_by_test_id(testid).bounding_box()
-        assert box is not None
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.click(*middle(item.get_by_test_id(testid)))
 
     click_middle("conv-running", "Busy row")
     expect(page).to_have_url(re.compile(f"/c/{busy}$"))
@@ -98,6 +98,17 @@ def test_the_whole_sidebar_row_opens_its_conversation(pages: Pages, relay: LiveR
     by_id(page, "stop-button").click()
     expect(by_id(page, "stop-button")).to_be_hidden()
     pages.assert_clean()
+
+
+def middle(target: Locator) -> tuple[float, float]:
+    """The middle of an element where a user's pointer lands. The sidebar is redrawn on its
+    updates: a box read from an element just replaced is None (or zeros): read again."""
+    for _ in range(100):
+        box = target.bounding_box()
+        if box is not None and box["width"] > 0:
+            return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        target.page.wait_for_timeout(20)
+    raise AssertionError(f"{target} has no box")
 
 
 WORDS = ["supercalifragilistic", "expialidocious", "antidisestablishment", "floccinaucinihilipili"]
