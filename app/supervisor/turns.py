@@ -260,6 +260,10 @@ class Turns(SupervisorState):
         return context_note(conversation.context_tokens, soft, hard)
 
     async def _run_turn(self, runner: Runner, prompt: str) -> None:
+        if self._closing:  # begun as the relay stops: no agent starts for it
+            runner.turn_conversation = None
+            await self.storage.write(self._stop_before_delivery, runner)
+            return
         try:
             await self._apply_window(runner)
             agent = await self._ensure_agent(runner)
@@ -417,9 +421,14 @@ class Turns(SupervisorState):
             runner.idle_shown = True
 
     def _stop_before_delivery(self, runner: Runner) -> None:
-        """End a turn stopped before its prompt was sent; a carried summary waits for the next."""
+        """End a turn stopped before its prompt was sent; a carried summary waits for the next.
+        Stopped by the relay's shutdown, its message is queued again, first (Recovery)."""
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
+            cut = store.last_sent_message(session=session, conversation_id=runner.conversation_id)
+            if self._closing and cut is not None:
+                self._redeliver(session, conversation, cut)  # the summary back with it
+                return
             restore = runner.carried_summary is not None and conversation.pending_summary is None
             if restore:  # saved with the line below, in one transaction
                 conversation.pending_summary = runner.carried_summary
