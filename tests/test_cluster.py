@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,8 +25,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.cluster import ENGINE_DOWN
 from app.cluster.node import MOVED_LINE
+from app.supervisor import SHUTDOWN_LINE
 from tests.cluster import Nodes, cluster
 from tests.crash import ROOT, TIMEOUT, RelayProcess, entry, of_kind
+from tests.fake_anthropic import FakeAnthropic
 from tests.relay import TOKEN, receive, receive_until
 
 
@@ -174,6 +177,69 @@ def test_kill_9_of_the_owner_mid_turn_hands_the_conversation_to_another_node(
     assert any("restarted while this turn was running" in line for line in lines)
     # The other node answers the same
     assert answered(second.get(cid), "after the crash")
+
+
+def test_tabs_see_the_turn_idle_once_another_node_closed_a_killed_owner_s_turn(
+    nodes: Nodes,
+) -> None:
+    """Nothing queued behind the cut turn: the takeover itself tells the tabs the turn is
+    over (before, they showed it running, Stop and all, until a reload: a hostile review)."""
+    first, second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Cut alone")
+    with open_socket(second) as ws:
+        follow(ws, cid)
+        third.send(cid, "slow story please")
+        receive_until(ws, lambda e: e["type"] == "delta", timeout=TIMEOUT)
+        nodes.kill(third)
+        idle = {"turn": False, "sidebar": False}  # the header's Stop, the sidebar's "running"
+
+        def over(event: dict[str, Any]) -> bool:
+            if event["type"] == "turn":
+                idle["turn"] = event["turn"]["state"] == "idle"
+            elif event["type"] == "conversation" and "seq" not in event:  # (every tab's)
+                idle["sidebar"] = not event["conversation"]["running"]
+            return all(idle.values())
+
+        seen = receive_until(ws, over, timeout=TIMEOUT)
+    lines = [e["entry"]["text"] for e in seen if e["type"] == "entry"]
+    assert any("restarted while this turn was running" in line for line in lines), lines
+    assert first.get(cid)["turn"] == {"state": "idle", "queued": 0}
+
+
+def test_tabs_on_other_nodes_see_a_stopped_node_s_unanswered_turn_end(tmp_path: Path) -> None:
+    """SIGTERM while Claude Code waits on the API: the owner reads the stopped CLI's record
+    before it says the turn ended (the prompt is there: the shutdown line); the tabs on the
+    other node see that line and the conversation not running any more."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    with FakeAnthropic() as api, cluster(tmp_path) as running:
+        owner, other = running.start(
+            2,
+            HOME=str(home),
+            ANTHROPIC_BASE_URL=api.base_url,
+            ANTHROPIC_API_KEY="sk-test",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
+        )
+        cid = owner.create(provider="claude", title="Stopped")
+        with open_socket(other) as ws:
+            follow(ws, cid)
+            owner.send(cid, "wait for me [[SLOW:600]]")
+            deadline = time.monotonic() + TIMEOUT
+            while not any("wait for me" in str(r.body) for r in api.requests):
+                assert time.monotonic() < deadline, "the CLI never asked the API"
+                time.sleep(0.05)
+            assert owner.kill(signal.SIGTERM) == 0
+            shown = {"line": False, "running": True}
+
+            def ended(event: dict[str, Any]) -> bool:
+                if event["type"] == "entry" and event["entry"]["text"] == SHUTDOWN_LINE:
+                    shown["line"] = True
+                elif event["type"] == "conversation" and "seq" not in event:  # the sidebar's
+                    shown["running"] = event["conversation"]["running"]
+                return shown["line"] and not shown["running"]
+
+            receive_until(ws, ended, timeout=TIMEOUT)
 
 
 def test_a_node_takes_only_conversations_whose_directory_it_has(

@@ -178,6 +178,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
             and not (runner.warming is not None and not runner.warming.done())
             and not runner.starting
             and not runner.questions
+            and not runner.cut_by_shutdown  # settled here once its agent stopped (Recovery)
         )
 
     def recover(self, session: Session, conversation: Conversation) -> None:

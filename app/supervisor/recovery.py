@@ -64,9 +64,14 @@ class Recovery(SupervisorState):
             self._remove(session, conversation, entry)
         if not decided:
             return  # decided a little later, and the queue resumed then (_recover_later)
+        queued = store.count_queued(session=session, conversation_id=conversation_id)
         if conversation.turn_active:
             store.update_conversation(session=session, conversation=conversation, turn_active=False)
-        if store.count_queued(session=session, conversation_id=conversation_id):
+            # Tabs that saw the turn run (other nodes' tabs, after a takeover) see it end.
+            self.publish_conversation(conversation)
+            if not queued:
+                self.publish_turn(conversation_id, session, queued=0)
+        if queued:
             self._wake(conversation_id)
 
     def _recover_turn(self, session: Session, conversation: Conversation) -> bool:
@@ -100,13 +105,13 @@ class Recovery(SupervisorState):
         for runner in self.live_runners():
             if not runner.cut_by_shutdown:
                 continue
-            runner.cut_by_shutdown = False
             try:
                 await self.storage.write(self._settle_shutdown_cut, runner.conversation_id)
             except Exception:  # the next start decides
                 log.exception(
                     "conversation %s: could not settle its cut turn", runner.conversation_id
                 )
+            runner.cut_by_shutdown = False  # (until now this node kept its lease: holds_nothing)
 
     def _settle_shutdown_cut(self, conversation_id: int) -> None:
         with self.session() as session:
@@ -119,6 +124,7 @@ class Recovery(SupervisorState):
                 store.update_conversation(
                     session=session, conversation=conversation, turn_active=False
                 )
+                self.publish_conversation(conversation)  # other nodes' tabs: not running
 
     def _start_recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
         runner.task = asyncio.create_task(
@@ -145,6 +151,7 @@ class Recovery(SupervisorState):
                 store.update_conversation(
                     session=session, conversation=conversation, turn_active=False
                 )
+                self.publish_conversation(conversation)  # (the turn: once the queue is done)
 
         try:
             while got is None and time.monotonic() < deadline:
