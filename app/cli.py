@@ -17,7 +17,7 @@ import uvicorn
 from app.config import Settings
 from app.limits import protocol_options
 from app.logs import RedactTokens, uvicorn_log_config
-from app.security import is_loopback
+from app.security import is_loopback, token_error
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
             f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"
             "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1."
         )
-    if (error := setting_error(settings)) is not None:
+    if (error := setting_error(settings) or token_error(settings.token)) is not None:
         sys.exit(error)
     ensure_private_dir(settings.resolved_data_dir)
     upgrade(settings.db_url)

@@ -58,6 +58,20 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+MIN_TOKEN = 16  # characters of a configured token (a generated one has 43)
+
+
+def token_error(configured: str | None) -> str | None:
+    """Why a configured token is refused, if it is: a short one can be guessed, and whoever
+    has it runs shell commands through the agents."""
+    if configured is None or len(configured) >= MIN_TOKEN:
+        return None
+    return (
+        f"OARLOCK_TOKEN is {len(configured)} characters: use at least {MIN_TOKEN}, or unset it "
+        "(a token is generated for you)."
+    )
+
+
 def load_or_create_token(configured: str | None, data_dir: Path) -> str:
     """The configured token, else the one stored in the data dir (created 0600 on first start)."""
     if configured:

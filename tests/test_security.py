@@ -15,7 +15,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from app.security import host_name, load_or_create_token
+from app.security import host_name, load_or_create_token, token_error
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -490,6 +490,28 @@ def test_serve_refuses_no_auth_on_all_interfaces(tmp_path: Path) -> None:
         1,
         "Refusing to listen on 0.0.0.0 without a token: agents run shell commands.\n"
         "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1.\n",
+    )
+
+
+def test_serve_refuses_a_short_token(tmp_path: Path) -> None:
+    # A hostile review: OARLOCK_TOKEN=1 was accepted, on 0.0.0.0 too.
+    env = {**os.environ, "OARLOCK_TOKEN": "1"}
+    command = [sys.executable, "-m", "app", "serve", "--host", "0.0.0.0"]
+    command += ["--port", str(free_port()), "--data-dir", str(tmp_path / "data")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (
+        1,
+        "OARLOCK_TOKEN is 1 characters: use at least 16, or unset it (a token is generated for "
+        "you).\n",
+    )
+
+
+def test_token_error_takes_16_characters_and_up() -> None:
+    assert token_error(None) is None
+    assert token_error("x" * 16) is None
+    assert token_error("x" * 15) == (
+        "OARLOCK_TOKEN is 15 characters: use at least 16, or unset it (a token is generated for "
+        "you)."
     )
 
 
