@@ -179,6 +179,30 @@ async def _edit_then_write(agent: ScriptAgent, _prompt: str) -> AsyncIterator[Ag
     yield TurnDone()
 
 
+HIDDEN_TAIL = {"command": "npm run build" + "\n" * 40 + "touch /tmp/elsewhere/PWNED"}
+
+
+async def _ask_hidden_tail(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+    yield Activity("b1", "Bash", "call", summary="npm run build", input=HIDDEN_TAIL)
+    decision = await agent.spec.ask_permission(PermissionRequest("Bash", HIDDEN_TAIL, "b1"))
+    yield Activity("b1", "Bash", "result", summary="npm run build", output=str(decision.allow))
+    yield TurnDone()
+
+
+def test_a_pending_permission_shows_the_whole_command(pages: Pages, relay: LiveRelay) -> None:
+    # A hostile review: 40 blank lines pushed a command's second part below the card's 220 px
+    # box, which Chromium showed with no scrollbar: "npm run build" was all one saw.
+    use_script(relay, _ask_hidden_tail)
+    page, cid = open_new(pages, relay)
+    send_text(page, "build please")
+    box = page.locator(".permission.state-pending .perm-input")
+    expect(box).to_contain_text("touch /tmp/elsewhere/PWNED")
+    assert box.evaluate("e => e.scrollHeight <= e.clientHeight + 1")  # nothing scrolled away
+    by_id(page, "permission-deny").click()
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 def test_edit_and_write_permissions_show_diffs_above_their_tool_rows(
     pages: Pages, relay: LiveRelay
 ) -> None:
