@@ -48,6 +48,7 @@ ERROR_TYPES = {
     500: "api_error",
     529: "overloaded_error",
 }
+DROP = 0  # a "status" for fail(): close the connection without answering
 CONTROLS = {
     "input_tokens": int,
     "output_tokens": int,
@@ -97,7 +98,8 @@ class FakeAnthropic(FakeServer):
         super().__init__(lambda: _handler_for(self))
 
     def fail(self, *statuses: int, retry: bool = True) -> None:
-        """Answer the next Messages requests with these HTTP error statuses, in order."""
+        """Answer the next Messages requests with these HTTP error statuses, in order (DROP:
+        no answer, the connection closes)."""
         with self._lock:
             self._errors.extend((s, retry) for s in statuses)
 
@@ -226,6 +228,9 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
         def _messages(self, body: dict[str, Any]) -> None:
             if error := fake._next_error():
                 status, retry = error
+                if status == DROP:  # the connection closes with no answer at all
+                    self.close_connection = True
+                    return
                 kind = ERROR_TYPES.get(status, "api_error")
                 self._error(status, kind, f"fake {kind} ({status})", retry)
                 return

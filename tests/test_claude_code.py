@@ -47,7 +47,7 @@ from app.agents.claude_code import (
 )
 from app.agents.common import DENIED
 from tests.agent_turns import TURN_TIMEOUT, allow_all, done, of, run_turn
-from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic
+from tests.fake_anthropic import DROP, SUMMARY_MARKER, FakeAnthropic
 
 MODEL = "claude-opus-5-5"  # the bundled CLI's default model
 SDK_VARS = {
@@ -283,6 +283,21 @@ async def test_resume_unknown_session_starts_fresh(make_agent: MakeAgent) -> Non
     assert started.session_id != gone and agent.session_id == started.session_id
     assert of(events, MessageDone)[0].text == "You said: hello again"
     assert done(events).error is None
+
+
+async def test_a_request_without_an_answer_is_a_connection_error(
+    make_agent: MakeAgent, fake: FakeAnthropic
+) -> None:
+    """No HTTP status to show: the line says what happened (it read "API error None
+    (unknown)" when a CI run's fake dropped a connection)."""
+    agent = make_agent(env={"CLAUDE_CODE_MAX_RETRIES": "2"})
+    fake.fail(DROP)
+    events = await run_turn(agent, "first")
+
+    (retry,) = of(events, Notice)
+    assert retry.level == "warning" and retry.data["status"] is None
+    assert retry.text == "API connection error, retrying (attempt 1 of 2)"
+    assert of(events, MessageDone)[0].text == "You said: first"
 
 
 async def test_api_errors_become_notices(make_agent: MakeAgent, fake: FakeAnthropic) -> None:

@@ -119,6 +119,14 @@ def result_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def retry_text(data: dict[str, Any]) -> str:
+    """The line for an `api_retry` event: its HTTP status, or a connection error when the
+    request got no answer (the CLI sends `error_status: null`, `error: "unknown"` then)."""
+    status = data.get("error_status")
+    what = f"API error {status} ({data.get('error')})" if status else "API connection error"
+    return f"{what}, retrying (attempt {data.get('attempt')} of {data.get('max_retries')})"
+
+
 def context_tokens(usage: dict[str, Any]) -> int:
     """Return the context size an API usage reports (input + cache read + cache creation)."""
     keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
@@ -310,10 +318,7 @@ class EventMapper:
                 return [SessionStarted(session_id)]
         elif subtype == "api_retry":
             self._retry_status = data.get("error_status")
-            text = (
-                f"API error {data.get('error_status')} ({data.get('error')}), retrying "
-                f"(attempt {data.get('attempt')} of {data.get('max_retries')})"
-            )
+            text = retry_text(data)
             keys = ("attempt", "max_retries", "retry_delay_ms", "error")
             return [
                 Notice(
