@@ -192,16 +192,23 @@ def test_tabs_see_the_turn_idle_once_another_node_closed_a_killed_owner_s_turn(
         receive_until(ws, lambda e: e["type"] == "delta", timeout=TIMEOUT)
         nodes.kill(third)
         idle = {"turn": False, "sidebar": False}  # the header's Stop, the sidebar's "running"
+        lines: list[str] = []
 
         def over(event: dict[str, Any]) -> bool:
-            if event["type"] == "turn":
+            if event["type"] == "resync":  # a number the killed node took and never used
+                ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))  # as a tab
+            elif event["type"] == "snapshot":
+                idle["turn"] = event["conversation"]["turn"]["state"] == "idle"
+                lines.extend(e["text"] for e in event["conversation"]["timeline"])
+            elif event["type"] == "turn":
                 idle["turn"] = event["turn"]["state"] == "idle"
+            elif event["type"] == "entry":
+                lines.append(event["entry"]["text"])
             elif event["type"] == "conversation" and "seq" not in event:  # (every tab's)
                 idle["sidebar"] = not event["conversation"]["running"]
             return all(idle.values())
 
-        seen = receive_until(ws, over, timeout=TIMEOUT)
-    lines = [e["entry"]["text"] for e in seen if e["type"] == "entry"]
+        receive_until(ws, over, timeout=TIMEOUT)
     assert any("restarted while this turn was running" in line for line in lines), lines
     assert first.get(cid)["turn"] == {"state": "idle", "queued": 0}
 
