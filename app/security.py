@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -109,8 +110,14 @@ def _duplicated(scope: Scope) -> tuple[int, str, list[tuple[bytes, bytes]]] | No
 
 
 def is_loopback(host: str) -> bool:
-    """True for names that only this machine can reach."""
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    """True for names that only this machine can reach: localhost, 127.0.0.0/8, ::1 (not a
+    DNS name that merely starts with "127.", which may resolve anywhere)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
 
 
 # A Host header (RFC 9110): a DNS name or IPv4 address, or an IPv6 address in brackets; then

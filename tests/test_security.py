@@ -15,7 +15,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from app.security import host_name, load_or_create_token, token_error
+from app.security import host_name, is_loopback, load_or_create_token, token_error
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -481,29 +481,42 @@ def test_token_differs_between_data_dirs(tmp_path: Path) -> None:
     assert load_or_create_token(None, tmp_path / "a") != load_or_create_token(None, tmp_path / "b")
 
 
-def test_serve_refuses_no_auth_on_all_interfaces(tmp_path: Path) -> None:
-    env = {**os.environ, "OARLOCK_NO_AUTH": "1"}
-    command = [sys.executable, "-m", "app", "serve", "--host", "0.0.0.0"]
+def refused_serve(tmp_path: Path, host: str, **env: str) -> tuple[int, str]:
+    """`serve --host host` with env added: its exit status and what it printed on stderr."""
+    command = [sys.executable, "-m", "app", "serve", "--host", host]
     command += ["--port", str(free_port()), "--data-dir", str(tmp_path / "data")]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stderr) == (
+    done = subprocess.run(
+        command, cwd=ROOT, env=os.environ | env, capture_output=True, text=True, timeout=60
+    )
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.evil.example"])
+def test_serve_refuses_no_auth_beyond_this_machine(tmp_path: Path, host: str) -> None:
+    # 127.evil.example: a name, not 127.0.0.0/8; it resolves where its owner wants (a hostile
+    # review: it passed as loopback, so the relay listened there without a token).
+    assert refused_serve(tmp_path, host, OARLOCK_NO_AUTH="1") == (
         1,
-        "Refusing to listen on 0.0.0.0 without a token: agents run shell commands.\n"
+        f"Refusing to listen on {host} without a token: agents run shell commands.\n"
         "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1.\n",
     )
 
 
 def test_serve_refuses_a_short_token(tmp_path: Path) -> None:
     # A hostile review: OARLOCK_TOKEN=1 was accepted, on 0.0.0.0 too.
-    env = {**os.environ, "OARLOCK_TOKEN": "1"}
-    command = [sys.executable, "-m", "app", "serve", "--host", "0.0.0.0"]
-    command += ["--port", str(free_port()), "--data-dir", str(tmp_path / "data")]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stderr) == (
+    assert refused_serve(tmp_path, "0.0.0.0", OARLOCK_TOKEN="1") == (
         1,
         "OARLOCK_TOKEN is 1 characters: use at least 16, or unset it (a token is generated for "
         "you).\n",
     )
+
+
+def test_only_loopback_addresses_and_localhost_are_loopback() -> None:
+    assert [is_loopback(h) for h in ("localhost", "127.0.0.1", "127.8.9.10", "::1", "[::1]")] == [
+        True
+    ] * 5
+    others = ("127.evil.example", "127.0.0.1.nip.io", "0.0.0.0", "::", "10.0.0.1", "localhost.")
+    assert [is_loopback(h) for h in others] == [False] * len(others)
 
 
 def test_token_error_takes_16_characters_and_up() -> None:
