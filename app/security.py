@@ -52,6 +52,8 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
 ]
 
+NO_STORE = (b"cache-control", b"no-store")
+
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -390,8 +392,12 @@ def _is_json(content_type: str) -> bool:
 def _with_headers(send: Send) -> Send:
     async def wrapped(message: Message) -> None:
         if message["type"] == "http.response.start":
-            message.setdefault("headers", [])
-            message["headers"] = list(message["headers"]) + SECURITY_HEADERS
+            headers = list(message.get("headers", []))
+            if not any(name.lower() == b"cache-control" for name, _ in headers):
+                # Conversations, the token page, API answers: never kept in a browser's or a
+                # proxy's cache (the static files say no-cache themselves: kept, revalidated).
+                headers.append(NO_STORE)
+            message["headers"] = headers + SECURITY_HEADERS
         await send(message)
 
     return wrapped
@@ -411,6 +417,7 @@ async def _refuse(
         *([(b"content-type", b"application/json")] if body else []),
         (b"content-length", str(len(body)).encode()),
         *extra,
+        NO_STORE,
         *SECURITY_HEADERS,
     ]
     prefix = "http."

@@ -436,6 +436,15 @@ def test_security_headers(relay: LiveRelay) -> None:
     ] == [("nosniff", "DENY", "same-origin")] * 4
 
 
+def test_nothing_but_the_static_files_is_kept_in_a_cache(relay: LiveRelay) -> None:
+    # Conversations and the token's page on a shared computer's disk (a hostile review); the
+    # static files are kept and revalidated (an upgrade never mixes old modules).
+    paths = ["/", "/c/1", "/login", "/api/conversations", "/api/conversations/9", "/healthz"]
+    answers = [relay.http.get(path).headers.get("cache-control") for path in paths]
+    assert answers == ["no-store"] * len(paths)
+    assert relay.http.get("/static/app.js").headers["cache-control"] == "no-cache"
+
+
 def test_security_headers_on_refusal(anon: httpx.Client) -> None:
     response = anon.get("/api/conversations")
     assert (
@@ -443,7 +452,8 @@ def test_security_headers_on_refusal(anon: httpx.Client) -> None:
         response.headers["x-frame-options"],
         response.headers["x-content-type-options"],
         "frame-ancestors 'none'" in response.headers["content-security-policy"],
-    ) == (401, "DENY", "nosniff", True)
+        response.headers["cache-control"],
+    ) == (401, "DENY", "nosniff", True, "no-store")
 
 
 # -- token file and CLI ------------------------------------------------------------------
