@@ -125,13 +125,34 @@ function toolEntry(entry, old) {
   return details;
 }
 
+/** The input field a permission card shows in its box: the command, else the path. */
+function mainField(input) {
+  if (input == null || typeof input !== 'object') return null;
+  return ['command', 'file_path'].find((key) => typeof input[key] === 'string') || null;
+}
+
 /** What a permission asks to run, in one readable block. */
 function inputSummary(input) {
   if (input == null) return '';
   if (typeof input === 'string') return input;
-  if (typeof input.command === 'string') return input.command;
-  if (typeof input.file_path === 'string') return input.file_path;
-  return JSON.stringify(input, null, 2);
+  const main = mainField(input);
+  return main ? input[main] : JSON.stringify(input, null, 2);
+}
+
+// Shown otherwise: the box (command or path), the diff (an edit's strings, a write's content);
+// the description is the model's own words about the call.
+const SHOWN_FIELDS = new Set(['description', 'old_string', 'new_string', 'content', 'edits']);
+
+/** Every other field of a call's input, one row each under the box: what else is approved
+ * (a timeout, run_in_background, replace_all, dangerouslyDisableSandbox...). */
+function otherFields(input, main) {
+  if (input == null || typeof input !== 'object' || main == null) return null;
+  const rows = Object.entries(input)
+    .filter(([key]) => key !== main && !SHOWN_FIELDS.has(key))
+    .map(([key, value]) => h('div', { class: 'perm-field', testid: 'permission-field' },
+      h('span', { class: 'perm-field-name', text: `${key}:` }), ' ',
+      h('code', { dir: 'auto', text: typeof value === 'string' ? value : JSON.stringify(value) })));
+  return rows.length ? h('div', { class: 'perm-fields' }, ...rows) : null;
 }
 
 const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
@@ -143,6 +164,7 @@ function permissionEntry(entry, timeline) {
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
     h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), wants),
     h('pre', { class: 'perm-input', dir: 'auto', text: edit ? String(edit.file || '') : inputSummary(data.input) }),
+    otherFields(data.input, mainField(data.input)),
     edit ? diffBlock(edit) : null);
   if (entry.state !== 'pending') {
     card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));

@@ -203,6 +203,43 @@ def test_a_pending_permission_shows_the_whole_command(pages: Pages, relay: LiveR
     pages.assert_clean()
 
 
+BACKGROUND = {
+    "command": "./serve.sh",
+    "description": "Start the server",
+    "run_in_background": True,
+    "dangerouslyDisableSandbox": True,
+}
+REPLACE_ALL = EDIT_INPUT | {"replace_all": True}
+
+
+async def _ask_with_more_fields(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+    for tool_id, name, tool_input in (("b1", "Bash", BACKGROUND), ("e1", "Edit", REPLACE_ALL)):
+        yield Activity(tool_id, name, "call", summary=name, input=tool_input)
+        decision = await agent.spec.ask_permission(PermissionRequest(name, tool_input, tool_id))
+        yield Activity(tool_id, name, "result", summary=name, output=str(decision.allow))
+    yield TurnDone()
+
+
+def test_a_permission_shows_every_field_it_approves(pages: Pages, relay: LiveRelay) -> None:
+    # A hostile review: the card showed the command alone, so Allow also approved what it did
+    # not show (a run in the background, outside the sandbox; an edit of every occurrence).
+    use_script(relay, _ask_with_more_fields)
+    page, cid = open_new(pages, relay)
+    send_text(page, "serve please")
+    card = page.locator(".permission.state-pending")
+    expect(card.locator(".perm-input")).to_have_text("./serve.sh")
+    expect(card.locator(".perm-field")).to_have_text(
+        ["run_in_background: true", "dangerouslyDisableSandbox: true"]
+    )
+    by_id(page, "permission-deny").click()
+    card = page.locator(".permission.state-pending")
+    expect(card).to_contain_text("Edit wants to edit:")
+    expect(card.locator(".perm-field")).to_have_text(["replace_all: true"])
+    by_id(page, "permission-deny").click()
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 def test_edit_and_write_permissions_show_diffs_above_their_tool_rows(
     pages: Pages, relay: LiveRelay
 ) -> None:
