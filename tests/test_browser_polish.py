@@ -182,17 +182,27 @@ async def _edit_then_write(agent: ScriptAgent, _prompt: str) -> AsyncIterator[Ag
 HIDDEN_TAIL = {"command": "npm run build" + "\n" * 40 + "touch /tmp/elsewhere/PWNED"}
 
 
-async def _ask_hidden_tail(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
-    yield Activity("b1", "Bash", "call", summary="npm run build", input=HIDDEN_TAIL)
-    decision = await agent.spec.ask_permission(PermissionRequest("Bash", HIDDEN_TAIL, "b1"))
-    yield Activity("b1", "Bash", "result", summary="npm run build", output=str(decision.allow))
-    yield TurnDone()
+Call = tuple[str, str, dict[str, Any]]  # tool id, tool name, input
+
+
+def asking(*calls: Call) -> Callable[[ScriptAgent, str], AsyncIterator[AgentEvent]]:
+    """A turn that asks permission for each call in turn (denied or allowed, it goes on)."""
+
+    async def script(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+        for tool_id, name, tool_input in calls:
+            yield Activity(tool_id, name, "call", summary=name, input=tool_input)
+            request = PermissionRequest(name, tool_input, tool_id)
+            decision = await agent.spec.ask_permission(request)
+            yield Activity(tool_id, name, "result", summary=name, output=str(decision.allow))
+        yield TurnDone()
+
+    return script
 
 
 def test_a_pending_permission_shows_the_whole_command(pages: Pages, relay: LiveRelay) -> None:
     # A hostile review: 40 blank lines pushed a command's second part below the card's 220 px
     # box, which Chromium showed with no scrollbar: "npm run build" was all one saw.
-    use_script(relay, _ask_hidden_tail)
+    use_script(relay, asking(("b1", "Bash", HIDDEN_TAIL)))
     page, cid = open_new(pages, relay)
     send_text(page, "build please")
     box = page.locator(".permission.state-pending .perm-input")
@@ -212,18 +222,10 @@ BACKGROUND = {
 REPLACE_ALL = EDIT_INPUT | {"replace_all": True}
 
 
-async def _ask_with_more_fields(agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
-    for tool_id, name, tool_input in (("b1", "Bash", BACKGROUND), ("e1", "Edit", REPLACE_ALL)):
-        yield Activity(tool_id, name, "call", summary=name, input=tool_input)
-        decision = await agent.spec.ask_permission(PermissionRequest(name, tool_input, tool_id))
-        yield Activity(tool_id, name, "result", summary=name, output=str(decision.allow))
-    yield TurnDone()
-
-
 def test_a_permission_shows_every_field_it_approves(pages: Pages, relay: LiveRelay) -> None:
     # A hostile review: the card showed the command alone, so Allow also approved what it did
     # not show (a run in the background, outside the sandbox; an edit of every occurrence).
-    use_script(relay, _ask_with_more_fields)
+    use_script(relay, asking(("b1", "Bash", BACKGROUND), ("e1", "Edit", REPLACE_ALL)))
     page, cid = open_new(pages, relay)
     send_text(page, "serve please")
     card = page.locator(".permission.state-pending")
