@@ -139,16 +139,17 @@ function inputSummary(input) {
   return main ? input[main] : JSON.stringify(input, null, 2);
 }
 
-// Shown otherwise: the box (command or path), the diff (an edit's strings, a write's content);
-// the description is the model's own words about the call.
-const SHOWN_FIELDS = new Set(['description', 'old_string', 'new_string', 'content', 'edits']);
+// Shown otherwise when the card has a diff: an edit's strings, a write's content. The
+// description is the model's own words about the call.
+const DIFF_FIELDS = new Set(['old_string', 'new_string', 'content', 'edits']);
 
 /** Every other field of a call's input, one row each under the box: what else is approved
  * (a timeout, run_in_background, replace_all, dangerouslyDisableSandbox...). */
-function otherFields(input, main) {
+function otherFields(input, main, hasDiff) {
   if (input == null || typeof input !== 'object' || main == null) return null;
+  const shown = (key) => key === main || key === 'description' || (hasDiff && DIFF_FIELDS.has(key));
   const rows = Object.entries(input)
-    .filter(([key]) => key !== main && !SHOWN_FIELDS.has(key))
+    .filter(([key]) => !shown(key))
     .map(([key, value]) => h('div', { class: 'perm-field', testid: 'permission-field' },
       h('span', { class: 'perm-field-name', text: `${key}:` }), ' ',
       h('code', { dir: 'auto', text: typeof value === 'string' ? value : JSON.stringify(value) })));
@@ -164,7 +165,7 @@ function permissionEntry(entry, timeline) {
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
     h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), wants),
     h('pre', { class: 'perm-input', dir: 'auto', text: edit ? String(edit.file || '') : inputSummary(data.input) }),
-    otherFields(data.input, mainField(data.input)),
+    otherFields(data.input, mainField(data.input), Boolean(edit)),
     edit ? diffBlock(edit) : null);
   if (entry.state !== 'pending') {
     card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));

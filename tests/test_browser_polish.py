@@ -220,12 +220,20 @@ BACKGROUND = {
     "dangerouslyDisableSandbox": True,
 }
 REPLACE_ALL = EDIT_INPUT | {"replace_all": True}
+SAVE = {"file_path": "/work/notes.md", "content": "the notes"}  # no diff: its content is a row
 
 
 def test_a_permission_shows_every_field_it_approves(pages: Pages, relay: LiveRelay) -> None:
     # A hostile review: the card showed the command alone, so Allow also approved what it did
     # not show (a run in the background, outside the sandbox; an edit of every occurrence).
-    use_script(relay, asking(("b1", "Bash", BACKGROUND), ("e1", "Edit", REPLACE_ALL)))
+    use_script(
+        relay,
+        asking(
+            ("b1", "Bash", BACKGROUND),
+            ("e1", "Edit", REPLACE_ALL),
+            ("s1", "mcp__notes__save", SAVE),
+        ),
+    )
     page, cid = open_new(pages, relay)
     send_text(page, "serve please")
     card = page.locator(".permission.state-pending")
@@ -237,6 +245,10 @@ def test_a_permission_shows_every_field_it_approves(pages: Pages, relay: LiveRel
     card = page.locator(".permission.state-pending")
     expect(card).to_contain_text("Edit wants to edit:")
     expect(card.locator(".perm-field")).to_have_text(["replace_all: true"])
+    by_id(page, "permission-deny").click()
+    card = page.locator(".permission.state-pending")
+    expect(card.locator(".perm-input")).to_have_text("/work/notes.md")
+    expect(card.locator(".perm-field")).to_have_text(["content: the notes"])
     by_id(page, "permission-deny").click()
     relay.wait_idle(cid)
     pages.assert_clean()
