@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.summary import BACKUP_HEADER, NEW_REQUEST, cut_line, one_line
+from app.window import COMPACT_BUFFER
 
 FIRST_TOKENS = 50_000
 TOKENS_STEP = 10_000
-COMPACT_BUFFER = 33_000  # the seed's fixed autocompact buffer, in tokens
 FREE_THRESHOLDS = (30, 15, 5)  # free-until-compaction %, crossed below
 PRECOMPACT_AUTO = "precompact_auto"
 PRECOMPACT_MANUAL = "precompact_manual"

@@ -20,6 +20,14 @@ from app.window import (
 )
 
 
+def _auto_window(conversation: Conversation, env_value: str | None) -> int | None:
+    """The window Auto would give: the environment's, else the model's (a provider without the
+    setting has only the model's)."""
+    if conversation.model_window is None or conversation.provider not in WINDOW_PROVIDERS:
+        return conversation.model_window
+    return resolve_window(None, env_value, conversation.model_window).window
+
+
 def context_view(
     conversation: Conversation,
     *,
@@ -43,11 +51,7 @@ def context_view(
         "window": resolved.window if resolved else None,
         # What Auto would give (the environment's window, else the model's): the slider's Auto
         # notch shows it while the conversation has a setting of its own.
-        "auto_window": (
-            resolve_window(None, env_value, conversation.model_window).window
-            if conversation.model_window is not None
-            else None
-        ),
+        "auto_window": _auto_window(conversation, env_value),
         "threshold": threshold,
         "free": free_until_compaction(used, threshold) if threshold is not None else None,
         "source": resolved.source if resolved else None,

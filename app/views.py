@@ -6,8 +6,9 @@ import os
 from typing import Any
 
 from app.models import Conversation, ConversationPublic, Entry, EntryPublic
+from app.providers import WINDOW_PROVIDERS
 from app.render import render_markdown, render_partial
-from app.window import ENV_VAR, ResolvedWindow, resolve_window
+from app.window import ENV_VAR, ResolvedWindow, engine_window, resolve_window
 
 
 def entry_view(entry: Entry, text: str | None = None) -> dict[str, Any]:
@@ -24,6 +25,8 @@ def effective_window(conversation: Conversation, env_value: str | None) -> Resol
     """The auto-compact window in force for a conversation, once its model is known."""
     if conversation.model_window is None:
         return None
+    if conversation.provider not in WINDOW_PROVIDERS:
+        return engine_window(conversation.model_window)
     return resolve_window(conversation.auto_compact_window, env_value, conversation.model_window)
 
 

@@ -10,6 +10,7 @@ from app.tokens import format_tokens
 NOTCHES: tuple[int | None, ...] = (None, 100_000, 200_000, 300_000, 500_000, 700_000, 1_000_000)
 MIN_WINDOW = 100_000
 COMPACT_BUFFER = 33_000
+ENGINE_COMPACT_FRACTION = 0.80  # the SDK engine compacts in the background at 80% of the window
 ENV_VAR = "CLAUDE_CODE_AUTO_COMPACT_WINDOW"
 COMPACT_WARNING = "The conversation will be compacted on the next message."
 SEPARATOR = " · "
@@ -74,6 +75,17 @@ def resolve_window(setting: int | None, env_value: str | None, model_window: int
         source=source,
         capped=chosen > model_window,
         threshold=window - COMPACT_BUFFER,
+    )
+
+
+def engine_window(model_window: int) -> ResolvedWindow:
+    """The window of a provider without the setting (the SDK engine): the model's own, compacted
+    at 80% of it; CLAUDE_CODE_AUTO_COMPACT_WINDOW is Claude Code's and does not apply."""
+    return ResolvedWindow(
+        window=model_window,
+        source="model",
+        capped=False,
+        threshold=int(model_window * ENGINE_COMPACT_FRACTION),
     )
 
 

@@ -63,6 +63,28 @@ def test_reply_is_stored_and_streamed(relay: LiveRelay) -> None:
     assert view["model"] == "gpt-4.1"
 
 
+def test_claude_code_s_window_variable_leaves_the_engine_s_window_alone(
+    relay: LiveRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The variable is Claude Code's: the engine compacts at 80% of the model's own window.
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "100000")
+    cid = relay.create(provider="openai")["id"]
+    relay.send(cid, "hello engine")
+    view = relay.wait_idle(cid, timeout=60)
+    assert (view["window"], view["threshold"]) == (128_000, 102_400)
+    context = relay.http.get(f"/api/conversations/{cid}/context").json()
+    shown = ("window", "auto_window", "threshold", "source", "line", "capped", "supports_window")
+    assert {key: context[key] for key in shown} == {
+        "window": 128_000,
+        "auto_window": 128_000,
+        "threshold": 102_400,
+        "source": "model",
+        "line": "128k · model default",
+        "capped": False,
+        "supports_window": False,
+    }
+
+
 def test_compaction_shows_as_activity_lines(relay: LiveRelay, fake: FakeOpenAI) -> None:
     cid = relay.create(provider="openai")["id"]
     relay.send(cid, "turn one")

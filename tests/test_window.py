@@ -8,6 +8,7 @@ from app.window import (
     NOTCHES,
     ResolvedWindow,
     apply_note,
+    engine_window,
     free_until_compaction,
     parse_env_window,
     resolve_window,
@@ -148,6 +149,12 @@ def test_resolve_window_env_garbage_falls_back_to_model() -> None:
 def test_resolve_window_unset_uses_model() -> None:
     assert resolve_window(None, None, 200_000) == ResolvedWindow(
         window=200_000, source="model", capped=False, threshold=167_000
+    )
+
+
+def test_engine_window_is_the_model_s_compacted_at_80_percent() -> None:
+    assert engine_window(128_000) == ResolvedWindow(
+        window=128_000, source="model", capped=False, threshold=102_400
     )
 
 

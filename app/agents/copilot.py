@@ -54,6 +54,7 @@ from app.agents.common import (
 )
 from app.agents.lifetime import die_with_relay
 from app.tools import RelayTool
+from app.window import engine_window
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,6 @@ OPENAI_HINT = "Set OARLOCK_OPENAI_BASE_URL and OARLOCK_OPENAI_MODEL."
 RESUME_FAILED = "Could not resume the previous Copilot session; started a new session."
 SESSION_GONE = "Session not found"  # the CLI's answer when a session's state is gone
 SUMMARY_KEYS = ("command", "path", "file_path", "pattern", "url", "query", "description")
-AUTO_COMPACT_FRACTION = 0.80  # the engine's default background compaction threshold
 START_TIMEOUT = 60.0
 SEND_TIMEOUT = 30.0
 CONTROL_TIMEOUT = 10.0
@@ -624,7 +624,7 @@ class CopilotAgent(TurnFlags):
             return None
         return {
             "maxTokens": mapper.token_limit,
-            "autoCompactThreshold": int(mapper.token_limit * AUTO_COMPACT_FRACTION),
+            "autoCompactThreshold": engine_window(mapper.token_limit).threshold,
             "autocompactSource": "model-default",
             "totalTokens": mapper.current_tokens,
             "model": mapper.model,
