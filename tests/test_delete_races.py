@@ -3,8 +3,11 @@
 A message posted while a delete ran was stored and acknowledged between the delete's check
 and its deletion, then deleted with the rows (and its turn failed: "conversation N is gone");
 a warm-up whose read came before a delete started an agent for the deleted conversation,
-which the next conversation given the same id then used. Each race is made to happen by
-holding a storage thread at a statement (tests/test_cluster_races.Pause), in one relay.
+which the next conversation given the same id then used; a delete refused for a running turn
+still had a message or a warm-up sent while it checked refused as "being deleted". Each race
+is made to happen by holding a storage thread at a statement (tests/test_cluster_races.Pause),
+in one relay (the message during a refused delete only now and then: it is not refused once
+the delete's refusal reached the loop).
 """
 
 from __future__ import annotations
@@ -27,9 +30,16 @@ def queued_count(statement: str, _params: Any) -> bool:
     return "count(" in statement and "FROM entry" in statement
 
 
-def during_a_delete(relay: LiveRelay, cid: int, request: Any) -> Any:
+def answered(view: dict[str, Any], text: str) -> bool:
+    """Whether the demo agent finished its answer to text."""
+    agent = [e for e in view["timeline"] if e["kind"] == "agent" and e["state"] == "done"]
+    return any(text in e["text"] for e in agent)
+
+
+def during_a_delete(relay: LiveRelay, cid: int, request: Any, *, refused: bool = False) -> Any:
     """Run request() while the delete of cid waits at its check for waiting messages; its
-    answer, once the delete (204) is over and the conversation gone."""
+    answer, once the delete is over: 204 and the conversation gone, or (refused) 409 and the
+    conversation still there."""
     pause = Pause(relay, queued_count)
     pause.armed = True
     with ThreadPoolExecutor(2) as pool:
@@ -42,8 +52,8 @@ def during_a_delete(relay: LiveRelay, cid: int, request: Any) -> Any:
             time.sleep(0.01)
         pause.release.set()
         deleted, answer = deleting.result(TIMEOUT), answering.result(TIMEOUT)
-    assert deleted.status_code == 204, deleted.text
-    assert relay.http.get(f"/api/conversations/{cid}").status_code == 404
+    assert deleted.status_code == (409 if refused else 204), deleted.text
+    assert relay.http.get(f"/api/conversations/{cid}").status_code == (200 if refused else 404)
     return answer
 
 
@@ -53,6 +63,40 @@ def test_a_message_sent_while_a_delete_runs_is_refused_not_lost(relay: LiveRelay
     relay.wait_idle(cid)
     sent = during_a_delete(relay, cid, lambda: relay.send(cid, "sent during the delete"))
     assert (sent.status_code, sent.json()) == (409, {"detail": DELETING})
+
+
+def test_a_message_sent_while_a_refused_delete_checks_is_taken(relay: LiveRelay) -> None:
+    # Found by a hostile review: the delete marked the conversation before its check, so a
+    # message sent meanwhile got "being deleted" from a delete then refused for the turn.
+    cid = relay.create(title="Busy, not deleted")["id"]
+    assert relay.send(cid, "slow story please").status_code == 202
+    relay.wait_for(cid, lambda view: view["turn"]["state"] != "idle")
+    sent = during_a_delete(relay, cid, lambda: relay.send(cid, "sent meanwhile"), refused=True)
+    assert sent.status_code == 202, sent.text
+    relay.http.post(f"/api/conversations/{cid}/interrupt")
+    view = relay.wait_for(cid, lambda v: answered(v, "sent meanwhile"), TIMEOUT)
+    assert [e["text"] for e in view["timeline"] if e["kind"] == "user"] == [
+        "slow story please",
+        "sent meanwhile",
+    ]
+
+
+def test_a_warm_up_while_a_refused_delete_checks_is_answered(relay: LiveRelay) -> None:
+    cid = relay.create(title="Busy, warmed")["id"]
+    assert relay.send(cid, "slow story please").status_code == 202
+    relay.wait_for(cid, lambda view: view["turn"]["state"] != "idle")
+    with relay.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        pause = Pause(relay, queued_count)
+        pause.armed = True
+        with ThreadPoolExecutor(1) as pool:
+            deleting = pool.submit(relay.http.delete, f"/api/conversations/{cid}")
+            assert pause.reached.wait(TIMEOUT), "the delete never checked for waiting messages"
+            ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+            answer = receive_until(ws, lambda event: event["type"] in ("warm", "error"))
+            pause.release.set()
+            assert deleting.result(TIMEOUT).status_code == 409
+    assert answer[-1]["type"] == "warm", answer[-1]
 
 
 def test_a_resend_while_a_delete_runs_is_refused(relay: LiveRelay) -> None:

@@ -310,14 +310,17 @@ class Commands(SupervisorState):
         Conversations it was compacted from or into stay, without the link to it.
         """
         cid = conversation.id or 0
-        if cid in self.deleting:
-            raise ConversationError(DELETING)
-        # From here no message is stored for it (a send job checks in the writer, in order
-        # with this delete's jobs), no agent warms up, no queue wakes.
-        self.deleting.add(cid)
+        # Checked and marked in one writer job: from there no message is stored for it (a
+        # send job checks in the writer too, in order), no agent warms up, no queue wakes;
+        # before it, and for a delete refused as busy, messages are stored as usual.
+        marking = self.storage.submit(self._begin_delete, conversation)
+        try:
+            await asyncio.shield(marking)
+        except asyncio.CancelledError:  # the job runs all the same: its mark is undone after it
+            marking.add_done_callback(lambda done: self._unmark(done, cid))
+            raise
         runner: Runner | None = None
         try:
-            await self.storage.write(self._refuse_while_busy, conversation, "delete")
             runner = self.runners.pop(cid, None)
             if runner is not None:
                 await self._warmed(runner)  # a tab's warm-up's agent: closed below once started
@@ -337,6 +340,19 @@ class Commands(SupervisorState):
         for other in changed:
             if other is not None:
                 self.publish_conversation(other)
+
+    def _begin_delete(self, conversation: Conversation) -> None:
+        """Refuse to delete a busy conversation (or one already being deleted), else mark it."""
+        cid = conversation.id or 0
+        if cid in self.deleting:
+            raise ConversationError(DELETING)
+        self._refuse_while_busy(conversation, "delete")
+        self.deleting.add(cid)
+
+    def _unmark(self, marking: asyncio.Future[None], cid: int) -> None:
+        """A cancelled delete's mark, taken off once its job is over (if it marked)."""
+        if not marking.cancelled() and marking.exception() is None:
+            self.deleting.discard(cid)
 
     def _delete_rows(self, conversation: Conversation) -> list[Conversation | None]:
         """Delete the rows; the conversations that were linked to it, as they are now."""
