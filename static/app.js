@@ -334,8 +334,7 @@ function onConversationEvent(message) {
     case 'compacted':
       if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       onConversation(message.into);
-      carryDraftInto(message.into.id);
-      navigate(message.into.id);
+      followCompaction(message.into.id);
       break;
     default: break;
   }
@@ -347,8 +346,7 @@ function onSnapshot(data) {
   if (cur.conv && !isArchived(cur.conv) && isArchived(data) && data.compacted_into_id != null) {
     // Compacted while this tab was away (its 'compacted' event was not replayed): it follows
     // into the new conversation as the tabs that were there did, with what was typed.
-    carryDraftInto(data.compacted_into_id);
-    navigate(data.compacted_into_id);
+    followCompaction(data.compacted_into_id);
     return;
   }
   showConversation(data, { keepScroll: true });
@@ -865,17 +863,21 @@ function autosize() {
   input.style.height = `${input.scrollHeight + 2}px`; // CSS max-height caps it
 }
 
-/** What is typed in the open conversation goes with it into the one it was compacted into. */
-function carryDraftInto(intoId) {
+/** Go on in the conversation this one was compacted into, with what was typed in it; someone
+ * typing keeps typing there (the composer keeps the keyboard). */
+function followCompaction(intoId) {
   const cur = state.current;
   const text = input.value;
-  if (!cur || !text) return;
-  if (!/^\s*\/(compact|clear)\s*$/.test(text)) { // (not the command that did it: done)
-    const waiting = state.drafts.get(intoId);
-    state.drafts.set(intoId, waiting ? `${waiting}\n${text}` : text);
+  const typing = document.activeElement === input;
+  if (cur && text) {
+    if (!/^\s*\/(compact|clear)\s*$/.test(text)) { // (not the command that did it: done)
+      const waiting = state.drafts.get(intoId);
+      state.drafts.set(intoId, waiting ? `${waiting}\n${text}` : text);
+    }
+    state.drafts.delete(cur.id);
+    input.value = ''; // (leaving saves no draft for the old one)
   }
-  state.drafts.delete(cur.id);
-  input.value = ''; // (leaving saves no draft for the old one)
+  navigate(intoId, { focus: typing });
 }
 
 // Unsent text survives this tab's own navigations (a reload; the login form when a log out in

@@ -61,7 +61,11 @@ def test_a_draft_follows_a_compact_made_in_another_tab(pages: Pages, relay: Live
     assert compacted.status_code == 201, compacted.text
     new = compacted.json()["compacted_into"]["id"]
     expect(page).to_have_url(f"{relay.base}/c/{new}")
-    expect(by_id(page, "message-input")).to_have_value(DRAFT)  # before: empty, text gone
+    box = by_id(page, "message-input")
+    expect(box).to_have_value(DRAFT)  # before: empty, text gone
+    expect(box).to_be_focused()  # the keyboard goes on typing there (before: lost to the page)
+    page.keyboard.type(", and more")
+    expect(box).to_have_value(f"{DRAFT}, and more")
     page.go_back()
     expect(by_id(page, "archived-notice")).to_be_visible()
     expect(by_id(page, "composer")).to_be_hidden()  # the text moved on; nothing left here
@@ -113,6 +117,7 @@ def away_during_a_compact(pages: Pages, relay: LiveRelay) -> None:
     sockets.let_through()
     expect(page).to_have_url(f"{relay.base}/c/{new}", timeout=30_000)
     expect(by_id(page, "message-input")).to_have_value(DRAFT)
+    expect(by_id(page, "message-input")).to_be_focused()
     pages.assert_clean()
 
 
