@@ -105,12 +105,21 @@ const dialogs = {
 };
 
 let toastTimer = 0;
-function toast(message) {
+/** Say something for a few seconds; action: { label, run }, a button after the text. */
+function toast(message, action = null) {
   const el = byId('toast');
   el.textContent = message;
+  if (action) {
+    const button = document.createElement('button');
+    button.type = 'button';
+    button.className = 'toast-action';
+    button.textContent = action.label;
+    button.addEventListener('click', () => { el.hidden = true; action.run(); });
+    el.append(' ', button);
+  }
   el.hidden = false;
   clearTimeout(toastTimer);
-  toastTimer = setTimeout(() => { el.hidden = true; }, 6000);
+  toastTimer = setTimeout(() => { el.hidden = true; }, action ? 12000 : 6000);
 }
 
 const timeline = new Timeline({
@@ -406,6 +415,11 @@ function onRemoved(id) {
     const typed = state.drafts.get(id) || '';
     state.drafts.delete(id);
     showMissing('This conversation was deleted.', typed);
+  } else if ((state.drafts.get(id) || '').trim() && known) {
+    // Typed in, then left for another: the text is kept at its address (openConversation).
+    toast(`“${isolate(known.title || 'Untitled')}” was deleted; what you had typed in it is kept.`, {
+      label: 'Show it', run: () => navigate(id),
+    });
   }
 }
 
@@ -617,7 +631,13 @@ async function openConversation(id, { focus = false } = {}) {
     ({ data } = await api(`/api/conversations/${id}`));
   } catch (err) {
     if (token !== state.opening) return;
-    showMissing(err.status === 404 ? 'This conversation does not exist.' : err.message);
+    if (err.status !== 404) {
+      showMissing(err.message);
+      return;
+    }
+    // Text typed in it before it was deleted (another tab, or before a reload) is shown to copy.
+    const typed = state.drafts.get(id) || '';
+    showMissing(state.removed.has(id) ? 'This conversation was deleted.' : 'This conversation does not exist.', typed);
     return;
   }
   if (token !== state.opening) return;

@@ -86,6 +86,32 @@ def test_a_draft_stays_readable_when_another_tab_archives(pages: Pages, relay: L
     pages.assert_clean()
 
 
+def test_a_draft_left_in_a_conversation_deleted_elsewhere_is_kept(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a hostile review: text typed in a conversation the tab then left vanished when
+    # another tab deleted that conversation (only the open conversation's text was kept).
+    gone = relay.create(title="Typed, left, deleted")["id"]
+    stay = relay.create(title="Where I went")["id"]
+    page = pages.open(relay, f"/c/{gone}")
+    typed(page)
+    by_id(page, "conversation-item").filter(has_text="Where I went").click()
+    expect(page).to_have_url(f"{relay.base}/c/{stay}")
+    assert relay.http.delete(f"/api/conversations/{gone}").status_code == 204
+    toast = page.locator("#toast")
+    expect(toast).to_contain_text(
+        "“Typed, left, deleted” was deleted; what you had typed in it is kept."
+    )
+    toast.get_by_role("button", name="Show it").click()
+    expect(page).to_have_url(f"{relay.base}/c/{gone}")
+    expect(page.locator("#missing-text")).to_have_text("This conversation was deleted.")
+    expect(by_id(page, "missing-draft")).to_have_value(DRAFT)
+    page.reload()  # the text is still there, this tab's until it closes
+    expect(page.locator("#missing-text")).to_have_text("This conversation does not exist.")
+    expect(by_id(page, "missing-draft")).to_have_value(DRAFT)
+    pages.assert_clean("404")  # the deleted conversation asked for, as intended
+
+
 def test_a_tab_away_during_a_compact_follows_it_when_it_comes_back(
     pages: Pages, tmp_path: Path
 ) -> None:
