@@ -197,6 +197,11 @@ def create_app(settings: Settings) -> FastAPI:
         detail = f"The database cannot be used right now ({reason}). Nothing was stored."
         return JSONResponse({"detail": detail}, status_code=503)
 
+    @app.exception_handler(store.ConversationGone)
+    async def conversation_gone(_request: Request, error: store.ConversationGone) -> JSONResponse:
+        """A conversation deleted between a request's read of it and its work on it."""
+        return JSONResponse({"detail": str(error)}, status_code=404)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
         """FastAPI's 422 list of problems (the first 20), sendable even when the input was not

@@ -20,6 +20,7 @@ from sqlalchemy import (
     insert,
     update,
 )
+from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.orm import make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
@@ -206,6 +207,23 @@ def update_conversation(
     session.commit()  # (and whatever else the caller changed in the session)
     _committed(conversation, values)
     return conversation
+
+
+class ConversationGone(LookupError):
+    """A conversation read a moment before was deleted since (a 404 for a request)."""
+
+    def __init__(self, conversation_id: int) -> None:
+        super().__init__(f"No conversation {conversation_id}.")
+
+
+def refresh_locked(*, session: Session, conversation: Conversation) -> None:
+    """Read a conversation again as committed now, its row locked (see lock_conversation);
+    ConversationGone when it was deleted since it was read."""
+    conversation_id = conversation.id or 0  # (read before: once the refresh failed, it cannot be)
+    try:
+        session.refresh(conversation, with_for_update=True)
+    except InvalidRequestError:  # "Could not refresh instance": the row is gone
+        raise ConversationGone(conversation_id) from None
 
 
 def lock_conversation(*, session: Session, conversation_id: int) -> Conversation | None:
@@ -593,7 +611,10 @@ def delete_conversation(*, session: Session, conversation: Conversation) -> None
 def count_messages(*, session: Session, conversation_id: int) -> int:
     """The conversation's message count as stored now (one row read, never a count)."""
     query = select(Conversation.message_count).where(Conversation.id == conversation_id)
-    return int(session.exec(query).one())
+    count = session.exec(query).one_or_none()
+    if count is None:
+        raise ConversationGone(conversation_id)
+    return int(count)
 
 
 def list_pins(*, session: Session, conversation_id: int) -> list[Pin]:

@@ -132,3 +132,40 @@ def test_a_warm_up_read_before_a_delete_starts_no_agent(relay: LiveRelay) -> Non
         answer = receive_until(ws, lambda event: event["type"] in ("warm", "error"))
     assert answer[-1] == {"type": "error", "detail": DELETING}
     assert cid not in relay.supervisor.runners
+
+
+def deleted_after_its_read(relay: LiveRelay, cid: int, request: Any) -> Any:
+    """request()'s answer when cid is deleted after the request read it (its reader held)."""
+    pause = Pause(
+        relay,
+        lambda statement, params: "FROM conversation" in statement and cid in tuple(params),
+        thread="oarlock-db-read",
+        after=True,
+    )
+    pause.armed = True
+    with ThreadPoolExecutor(1) as pool:
+        answering = pool.submit(request)
+        assert pause.reached.wait(TIMEOUT), "the request never read its conversation"
+        assert relay.http.delete(f"/api/conversations/{cid}").status_code == 204
+        pause.release.set()
+        return answering.result(TIMEOUT)
+
+
+def test_an_archive_of_a_conversation_deleted_meanwhile_is_not_found(relay: LiveRelay) -> None:
+    # Found by a hostile review: a 500 ("Could not refresh instance") before.
+    cid = relay.create(title="Archived, deleted")["id"]
+    url = f"/api/conversations/{cid}/archive"
+    answer = deleted_after_its_read(relay, cid, lambda: relay.http.post(url))
+    assert (answer.status_code, answer.json()) == (404, {"detail": f"No conversation {cid}."})
+
+
+def test_a_compact_preview_of_a_conversation_deleted_meanwhile_is_not_found(
+    relay: LiveRelay,
+) -> None:
+    # Found by a hostile review: a 500 (NoResultFound counting its messages) before.
+    cid = relay.create(title="Previewed, deleted")["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    url = f"/api/conversations/{cid}/compact"
+    answer = deleted_after_its_read(relay, cid, lambda: relay.http.get(url))
+    assert (answer.status_code, answer.json()) == (404, {"detail": f"No conversation {cid}."})
