@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import InvalidRequestError
 from sqlmodel import Session
 
 from app import steer, store
@@ -209,7 +208,7 @@ class Commands(SupervisorState):
         """Refuse when a /compact stored since the route read the row archived it."""
         # Read in the writer's turn, after every earlier job; locked, so that a /compact on
         # another node moves this message with the queue or comes after it.
-        session.refresh(conversation, with_for_update=True)
+        store.refresh_locked(session=session, conversation=conversation)
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
 
@@ -290,7 +289,7 @@ class Commands(SupervisorState):
             session.add(conversation)
             # Locked and read again: a turn that another node begins meanwhile waits for this,
             # or this sees it (the route's copy may be older than that turn).
-            session.refresh(conversation, with_for_update=True)
+            store.refresh_locked(session=session, conversation=conversation)
             if conversation.status != "active":
                 raise ConversationError("This conversation is already archived.")
             self._refuse_while_busy(conversation, "archive", session)
@@ -338,7 +337,9 @@ class Commands(SupervisorState):
         self.hub.forget(cid)
         self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
         for other in changed:
-            if other is not None:
+            # (one deleted meanwhile, here, is not told of again: its numbering is forgotten,
+            # and telling would read it anew on the loop)
+            if other is not None and other.id not in self.deleting:
                 self.publish_conversation(other)
 
     def _begin_delete(self, conversation: Conversation) -> None:
@@ -361,8 +362,8 @@ class Commands(SupervisorState):
             # Locked and read again: a message another node stored since the first check
             # (this node stores none now) is not deleted with the rows.
             try:
-                session.refresh(conversation, with_for_update=True)
-            except InvalidRequestError:  # another node deleted it first
+                store.refresh_locked(session=session, conversation=conversation)
+            except store.ConversationGone:  # another node deleted it first
                 raise ConversationError(DELETING) from None
             self._refuse_while_busy(conversation, "delete", session)
             neighbours = [
