@@ -169,3 +169,12 @@ def test_a_compact_preview_of_a_conversation_deleted_meanwhile_is_not_found(
     url = f"/api/conversations/{cid}/compact"
     answer = deleted_after_its_read(relay, cid, lambda: relay.http.get(url))
     assert (answer.status_code, answer.json()) == (404, {"detail": f"No conversation {cid}."})
+
+
+def test_a_handoff_for_a_conversation_deleted_meanwhile_is_not_found(relay: LiveRelay) -> None:
+    # Found by a hostile review: a 500 (a foreign key error storing the handoff) before.
+    cid = relay.create(title="Handed off, deleted")["id"]
+    url = f"/api/conversations/{cid}/handoff"
+    body = {"done": "the parser", "next": "the tests", "files": ["app/parse.py"]}
+    answer = deleted_after_its_read(relay, cid, lambda: relay.http.put(url, json=body))
+    assert (answer.status_code, answer.json()) == (404, {"detail": f"No conversation {cid}."})

@@ -533,6 +533,9 @@ class Commands(SupervisorState):
         """Store a handoff for the conversation's project; the agent's also shows as a card."""
         with self.session() as session:
             session.add(conversation)
+            # Read again, locked: one deleted since it was read is ConversationGone (a 404),
+            # not a handoff pointing at no conversation (a foreign key error).
+            store.refresh_locked(session=session, conversation=conversation)
             row = store.save_handoff(
                 session=session,
                 cwd=conversation.cwd,
