@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from app.unicode_text import isolate
+
 TITLE_LIMIT = 200  # the API's own limit on a title (models.ConversationCreate)
 _COMPACTED = re.compile(r"^(?P<base>.*) \(compacted(?: ×(?P<count>\d+))?\)$", re.DOTALL)
 
@@ -16,7 +18,11 @@ def compacted_title(title: str, limit: int = TITLE_LIMIT) -> str:
         base = found["base"]
         count = int(found["count"] or 1) + 1
     suffix = " (compacted)" if count == 1 else f" (compacted ×{count})"
-    room = limit - len(suffix)
+    # A title with right-to-left text is isolated (FSI…PDI), so that an override in it does not
+    # reverse the suffix; once isolated, it stays so (unwrapped here, wrapped again below).
+    if base.startswith("\u2068") and base.endswith("\u2069"):
+        base = base[1:-1]
+    room = limit - len(suffix) - (len(isolate(base)) - len(base))
     if len(base) > room:  # cut the old title, never the count
         base = base[: room - 1].rstrip() + "…"
-    return base + suffix
+    return isolate(base) + suffix

@@ -745,7 +745,7 @@ function renderChrome() {
     const link = byId('compacted-from-link');
     setConvLink(link, conv.compacted_from_id);
     const earlier = state.convs.get(conv.compacted_from_id);
-    link.textContent = earlier && earlier.title ? `Compacted from “${earlier.title}”` : 'Compacted from an earlier conversation';
+    link.textContent = earlier && earlier.title ? `Compacted from “${isolate(earlier.title)}”` : 'Compacted from an earlier conversation';
   }
 
   if (pins.convId !== conv.id || pins.editable === archived) pins.load(conv.id, !archived);

@@ -199,7 +199,7 @@ export class ConvActions {
   ask(id, action) {
     const conv = this.hooks.get(id);
     if (!conv) return;
-    const title = conv.title || 'Untitled';
+    const title = isolate(conv.title || 'Untitled'); // a right-to-left override in it reverses nothing after it
     byId('confirm-question').textContent = action === 'delete'
       ? `Delete “${title}”? Its messages and backups are deleted too. This cannot be undone.`
       : `Archive “${title}”? It becomes read-only; it is not compacted.`;

@@ -375,3 +375,27 @@ def test_page_up_in_the_composer_scrolls_the_timeline(pages: Pages, relay: LiveR
     pin = user_bubble(page, "message number 11").get_by_test_id("pin-toggle")
     expect(pin).to_have_attribute("aria-label", re.compile(r"^Pin: message number 11 with some"))
     pages.assert_clean()
+
+
+def test_a_right_to_left_override_in_a_title_reverses_nothing_around_it(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a hostile review: "report\u202etxt.exe" reversed the rest of the delete
+    # question after it, spoofing what was about to be deleted, and the compacted suffix.
+    spoof = "report\u202etxt.exe"
+    isolated = f"\u2068{spoof}\u2069"
+    cid = relay.create(title=spoof)["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    item_menu(page, spoof)
+    by_id(page, "conv-delete").click()
+    expect(by_id(page, "confirm-dialog")).to_contain_text(
+        f"Delete “{isolated}”? Its messages and backups are deleted too."
+    )
+    by_id(page, "confirm-cancel").click()
+    compacted = relay.send(cid, "/compact")
+    assert compacted.status_code == 201, compacted.text
+    new = compacted.json()["compacted_into"]["id"]
+    expect(page).to_have_url(f"{relay.base}/c/{new}")
+    expect(by_id(page, "title")).to_have_text(f"{isolated} (compacted)")
+    expect(page.locator("#compacted-from-link")).to_have_text(f"Compacted from “{isolated}”")
+    pages.assert_clean()

@@ -45,3 +45,15 @@ def test_only_a_trailing_suffix_counts() -> None:
 
 def test_multiline_title_keeps_its_count() -> None:
     assert compacted_title("a\nb (compacted ×4)") == "a\nb (compacted ×5)"
+
+
+def test_a_right_to_left_title_is_isolated_from_its_suffix() -> None:
+    # Found by a hostile review: an override (U+202E) in a title reversed " (compacted)".
+    spoof = "report\u202etxt.exe"
+    once = compacted_title(spoof)
+    assert once == f"\u2068{spoof}\u2069 (compacted)"
+    assert compacted_title(once) == f"\u2068{spoof}\u2069 (compacted ×2)"  # wrapped once
+    assert compacted_title("שלום") == "\u2068שלום\u2069 (compacted)"
+    long = compacted_title("\u202e" + "x" * 300)
+    assert len(long) == TITLE_LIMIT
+    assert long.startswith("\u2068\u202e") and long.endswith("…\u2069 (compacted)")
