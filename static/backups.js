@@ -1,6 +1,7 @@
 // backups.js — backups at thresholds (SPEC §6): the header link to the newest one, the list in
 // the 🧠 modal, a backup's rendered view with Download, and "Start fresh from this backup".
 import { h, api, byId } from './util.js';
+import { enhance } from './timeline.js';
 
 const backupUrl = (convId, name) => `/api/conversations/${convId}/backups/${encodeURIComponent(name)}`;
 
@@ -95,7 +96,9 @@ export class Backups {
       const { data } = await api(`${backupUrl(cur.id, name)}/rendered`);
       if (this.name !== name) return;
       byId('backup-meta').textContent = [data.trigger, data.context_remaining && `${data.context_remaining} left`, when(data.generated)].filter(Boolean).join(' · ');
-      byId('backup-body').innerHTML = data.html; // sanitized by the server (app/render.py)
+      const body = byId('backup-body');
+      body.innerHTML = data.html; // sanitized by the server (app/render.py)
+      enhance(body); // its links open in a new tab, as a message's do (not in place of the app)
     } catch (err) {
       if (this.name === name) byId('backup-meta').textContent = err.message;
     }

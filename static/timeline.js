@@ -23,8 +23,9 @@ function userEntry(entry) {
     queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null);
 }
 
-/** Make sanitized agent HTML nicer to use: links open in a new tab, code blocks get a copy button. */
-function enhance(body) {
+/** Make sanitized HTML (a message, a backup) nicer to use: links open in a new tab, code blocks
+ * get a copy button. */
+export function enhance(body) {
   for (const link of body.querySelectorAll('a[href]')) {
     link.target = '_blank';
     link.rel = 'noopener noreferrer nofollow';

@@ -113,7 +113,7 @@ def test_compaction_line_links_its_backup(pages: Pages, relay: LiveRelay) -> Non
     relay.http.patch(f"/api/conversations/{cid}", json={"auto_compact_window": 100_000})
     hostile = '<img src=x onerror="alert(1)"> turn 1'  # shown in the backup as text only
     for n in range(1, 7):  # 9k + 12k a turn: turn 6 starts past 67k and compacts first
-        relay.send(cid, hostile if n == 1 else f"turn {n}")
+        relay.send(cid, {1: hostile, 2: "turn 2 see https://example.com/spec"}.get(n, f"turn {n}"))
         relay.wait_idle(cid)
     found = wait_backups(relay, cid, 4)
     auto = found[0]
@@ -128,6 +128,10 @@ def test_compaction_line_links_its_backup(pages: Pages, relay: LiveRelay) -> Non
     requests = by_id(page, "backup-body").locator("ul").first.locator("li")
     expect(requests.first).to_have_text(hostile)
     expect(by_id(page, "backup-body").locator("img")).to_have_count(0)
+    # A link in it opens a new tab, as in a message (before: it replaced the app in this tab).
+    link = by_id(page, "backup-body").locator('a[href="https://example.com/spec"]').first
+    expect(link).to_have_attribute("target", "_blank")
+    expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
     by_id(page, "backup-close").click()
     expect(by_id(page, "backup-dialog")).to_be_hidden()
     by_id(page, "context-button").click()
