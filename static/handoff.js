@@ -118,8 +118,17 @@ export class HandoffSection {
     this.convId = null;
     this.handoff = null;
     this.readOnly = false;
+    // What is typed in the form and not saved, per conversation: closing the modal keeps it,
+    // and the form opens with it again (Cancel or Save lets it go).
+    this.drafts = new Map();
     byId('handoff-edit').addEventListener('click', () => this.edit());
-    byId('handoff-cancel').addEventListener('click', () => this.show());
+    byId('handoff-cancel').addEventListener('click', () => {
+      this.drafts.delete(this.convId);
+      this.show();
+    });
+    for (const id of ['handoff-done', 'handoff-next', 'handoff-files']) {
+      byId(id).addEventListener('input', () => this.drafts.set(this.convId, this.typed()));
+    }
     byId('handoff-form').addEventListener('submit', (e) => {
       e.preventDefault();
       this.save();
@@ -140,9 +149,16 @@ export class HandoffSection {
       if (this.convId !== convId) return;
       this.handoff = data.handoff;
       this.show();
+      const draft = this.drafts.get(convId);
+      if (draft && !readOnly) this.edit(draft);
     } catch (err) {
       if (this.convId === convId) byId('handoff-meta').textContent = err.message;
     }
+  }
+
+  /** The form's fields as typed. */
+  typed() {
+    return { done: byId('handoff-done').value, next: byId('handoff-next').value, files: byId('handoff-files').value };
   }
 
   show() {
@@ -167,11 +183,13 @@ export class HandoffSection {
     }
   }
 
-  edit() {
+  /** Open the form with the handoff shown, or (draft) with what was typed and not saved. */
+  edit(draft = null) {
     const handoff = this.handoff || { done: '', next: '', files: [] };
-    byId('handoff-done').value = handoff.done;
-    byId('handoff-next').value = handoff.next;
-    byId('handoff-files').value = handoff.files.join('\n');
+    const shown = draft || { ...handoff, files: handoff.files.join('\n') };
+    byId('handoff-done').value = shown.done;
+    byId('handoff-next').value = shown.next;
+    byId('handoff-files').value = shown.files;
     byId('handoff-error').hidden = true;
     byId('handoff-form').hidden = false;
     byId('handoff-edit').hidden = true;
@@ -180,12 +198,14 @@ export class HandoffSection {
 
   async save() {
     const convId = this.convId;
-    const files = byId('handoff-files').value.split('\n').map((f) => f.trim()).filter(Boolean);
-    const body = { done: byId('handoff-done').value, next: byId('handoff-next').value, files };
+    const typed = this.typed();
+    const files = typed.files.split('\n').map((f) => f.trim()).filter(Boolean);
+    const body = { done: typed.done, next: typed.next, files };
     const button = byId('handoff-save');
     button.disabled = true;
     try {
       const { data } = await api(`/api/conversations/${convId}/handoff`, { method: 'PUT', body });
+      this.drafts.delete(convId);
       if (this.convId !== convId) return;
       this.handoff = data.handoff;
       this.show();

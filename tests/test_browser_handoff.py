@@ -11,6 +11,7 @@ from pathlib import Path
 from playwright.sync_api import expect
 
 from tests.browser import Pages, by_id, own_relay, send_text, user_bubble
+from tests.relay import LiveRelay
 
 SOFT, HARD = 20_000, 40_000
 CLEAR_QUESTION = "Start a fresh conversation with the latest handoff?"
@@ -182,3 +183,27 @@ def test_clear_end_to_end_in_two_browsers(pages: Pages, tmp_path: Path) -> None:
         pages.assert_clean()
     finally:
         relay.stop()
+
+
+def test_a_handoff_being_written_survives_the_modal_closing(pages: Pages, relay: LiveRelay) -> None:
+    # Found by a hostile review: closing the 🧠 modal (Esc, ✕, a click outside) dropped a
+    # handoff being written, without a word.
+    cid = relay.create(title="Half written")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    by_id(page, "context-button").click()
+    by_id(page, "handoff-edit").click()
+    by_id(page, "handoff-done").fill("The parser")
+    by_id(page, "handoff-next").fill("Its tests")
+    page.keyboard.press("Escape")
+    expect(by_id(page, "context-modal")).to_be_hidden()
+    by_id(page, "context-button").click()
+    expect(by_id(page, "handoff-form")).to_be_visible()
+    expect(by_id(page, "handoff-done")).to_have_value("The parser")
+    expect(by_id(page, "handoff-next")).to_have_value("Its tests")
+    by_id(page, "handoff-cancel").click()  # Cancel lets it go
+    by_id(page, "context-close").click()
+    by_id(page, "context-button").click()
+    expect(by_id(page, "handoff-edit")).to_have_text("Write a handoff")
+    expect(by_id(page, "handoff-form")).to_be_hidden()
+    assert relay.http.get(f"/api/conversations/{cid}/handoff").json()["handoff"] is None
+    pages.assert_clean()
