@@ -1019,17 +1019,40 @@ async function postMessage(text, id, fromComposer) {
     }
     return true;
   } catch (err) {
-    if (state.current && state.current.id === id) showComposerError(err.message, err.status === 0);
-    else toast(err.message);
+    let message = err.message;
+    if (err.status === 409 && await compactedSince(id)) {
+      message = 'The conversation was compacted before your message reached it: the message is back in the new one\'s composer, to send again.';
+    }
+    // (giveBack puts the text where the conversation went on: the same conversation, or this one)
+    const where = successorOf(id);
+    if (state.current && state.current.id === where) showComposerError(message, err.status === 0);
+    else toast(message);
     return false;
   } finally {
     updateComposer();
   }
 }
 
+/** True when the conversation was compacted into another (this tab may not have heard yet). */
+async function compactedSince(id) {
+  const known = state.convs.get(id);
+  if (!known) return false;
+  if (known.compacted_into_id != null) return true;
+  try {
+    const asked = feed.clock;
+    const { data } = await api(`/api/conversations/${id}?limit=1`);
+    const { status, compacted_into_id: into } = data; // successorOf knows it from here
+    onConversation({ ...state.convs.get(id) || known, status, compacted_into_id: into }, asked);
+    return into != null;
+  } catch {
+    return false;
+  }
+}
+
 // A message the relay did not take goes back where it was written, after what went back before
 // it and before anything typed since.
-function giveBack(id, text) {
+function giveBack(written, text) {
+  const id = successorOf(written); // compacted meanwhile: into the conversation it went on in
   const cur = state.current;
   if (cur && cur.id === id) {
     input.value = input.value ? `${text}\n${input.value}` : text;

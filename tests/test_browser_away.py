@@ -5,9 +5,10 @@ disconnected follows a compaction or a delete when it comes back."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
-from playwright.sync_api import Page, WebSocketRoute, expect
+from playwright.sync_api import Page, Route, WebSocketRoute, expect
 
 from tests.browser import Pages, by_id
 from tests.relay import LiveRelay, make_settings
@@ -70,6 +71,39 @@ def test_a_draft_follows_a_compact_made_in_another_tab(pages: Pages, relay: Live
     expect(by_id(page, "archived-notice")).to_be_visible()
     expect(by_id(page, "composer")).to_be_hidden()  # the text moved on; nothing left here
     pages.assert_clean()
+
+
+def test_a_message_on_its_way_while_another_tab_compacts_comes_back_in_the_new_one(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a hostile review: a message whose POST was slow, refused because another tab's
+    # /compact archived its conversation meanwhile, went into the archived one's draft (read
+    # only), and the tab said "This conversation is archived" in the new one.
+    cid = relay.create(title="Compacted under a slow send")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    held: list[Route] = []
+    page.route(f"**/api/conversations/{cid}/messages", lambda route: held.append(route))
+    box = by_id(page, "message-input")
+    box.fill("sent on a slow network")
+    box.press("Enter")
+    expect(box).to_have_value("")
+    deadline = time.monotonic() + 15
+    while not held:  # the POST is on its way, held
+        assert time.monotonic() < deadline, "the message was never posted"
+        page.wait_for_timeout(50)
+    compacted = relay.send(cid, "/compact")  # another tab's
+    assert compacted.status_code == 201, compacted.text
+    new = compacted.json()["compacted_into"]["id"]
+    expect(page).to_have_url(f"{relay.base}/c/{new}")
+    held[0].continue_()  # it reaches the relay now: 409, the conversation is archived
+    expect(box).to_have_value("sent on a slow network")
+    expect(by_id(page, "composer-error")).to_have_text(
+        "The conversation was compacted before your message reached it: the message is back"
+        " in the new one's composer, to send again."
+    )
+    assert [e for e in relay.get(cid)["timeline"] if e["kind"] == "user"] == []
+    assert [e for e in relay.get(new)["timeline"] if e["kind"] == "user"] == []  # not sent
+    pages.assert_clean("409")
 
 
 def test_a_draft_stays_readable_when_another_tab_archives(pages: Pages, relay: LiveRelay) -> None:
