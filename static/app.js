@@ -1025,7 +1025,8 @@ async function postMessage(text, id, fromComposer) {
     }
     // (giveBack puts the text where the conversation went on: the same conversation, or this one)
     const where = successorOf(id);
-    if (state.current && state.current.id === where) showComposerError(message, err.status === 0);
+    const cur = state.current; // (one still loading resets its composer's error once loaded)
+    if (cur && cur.id === where && cur.loaded) showComposerError(message, err.status === 0);
     else toast(message);
     return false;
   } finally {
@@ -1054,7 +1055,7 @@ async function compactedSince(id) {
 function giveBack(written, text) {
   const id = successorOf(written); // compacted meanwhile: into the conversation it went on in
   const cur = state.current;
-  if (cur && cur.id === id) {
+  if (cur && cur.id === id && cur.loaded) { // (still loading: its draft is read once loaded)
     input.value = input.value ? `${text}\n${input.value}` : text;
     autosize();
     updateComposer();

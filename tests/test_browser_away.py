@@ -95,12 +95,14 @@ def test_a_message_on_its_way_while_another_tab_compacts_comes_back_in_the_new_o
     assert compacted.status_code == 201, compacted.text
     new = compacted.json()["compacted_into"]["id"]
     expect(page).to_have_url(f"{relay.base}/c/{new}")
+    expect(by_id(page, "title")).to_have_text("Compacted under a slow send (compacted)")
     held[0].continue_()  # it reaches the relay now: 409, the conversation is archived
     expect(box).to_have_value("sent on a slow network")
-    expect(by_id(page, "composer-error")).to_have_text(
+    said = (
         "The conversation was compacted before your message reached it: the message is back"
         " in the new one's composer, to send again."
     )
+    expect(by_id(page, "composer-error")).to_have_text(said)
     assert [e for e in relay.get(cid)["timeline"] if e["kind"] == "user"] == []
     assert [e for e in relay.get(new)["timeline"] if e["kind"] == "user"] == []  # not sent
     pages.assert_clean("409")
