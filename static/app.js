@@ -614,6 +614,10 @@ function leaveConversation() {
   state.current = null;
   if (contextModal.isOpen) contextModal.close();
   backups.close();
+  // The /compact and /clear questions act on the conversation left (Back, a link): closed too.
+  for (const dialog of [compactPreview.dialog, clearDialog.dialog]) {
+    if (dialog.open) dialogs.close(dialog);
+  }
   renderLists();
 }
 

@@ -229,3 +229,26 @@ def test_after_a_compact_typing_goes_to_the_new_conversations_composer(
         expect(by_id(page, "composer")).to_be_hidden()  # no "/compact" left behind either
         page.close()
     pages.assert_clean()
+
+
+def test_leaving_a_conversation_closes_its_compact_and_clear_questions(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a hostile review: after Back, the question stayed open over the conversation
+    # gone back to, and Compact then compacted the one left, out of sight.
+    other = relay.create(title="Gone back to")["id"]
+    cid = relay.create(title="Left with a question open")["id"]
+    page = pages.open(relay, f"/c/{other}")
+    by_id(page, "conversation-item").filter(has_text="Left with a question open").click()
+    expect(page).to_have_url(f"{relay.base}/c/{cid}")
+    for command, dialog in (("/compact", "compact-dialog"), ("/clear", "clear-dialog")):
+        send_text(page, command)
+        expect(by_id(page, dialog)).to_be_visible()
+        page.go_back()
+        expect(page).to_have_url(f"{relay.base}/c/{other}")
+        expect(by_id(page, dialog)).to_be_hidden()
+        page.go_forward()
+        expect(page).to_have_url(f"{relay.base}/c/{cid}")
+        expect(by_id(page, "title")).to_have_text("Left with a question open")
+    assert relay.get(cid)["status"] == "active"  # nothing compacted
+    pages.assert_clean()
