@@ -69,13 +69,17 @@ class Plan:
     older: int = 0  # older messages left out (not pinned)
     older_before: int | None = None  # they are the messages before this seq
     edited: bool = False
+    # The summary without the text of a reply still streaming, when it carries one: the
+    # revision's, so that the reply growing between the preview and the confirmation does not
+    # make the preview stale (its end does, once: then it is a message like the others).
+    steady: str | None = None
 
     @property
     def revision(self) -> str:
         """Names this carry-over and its left-out list: a preview is stale once it changes."""
         parts = [
             self.kind,
-            self.summary,
+            self.summary if self.steady is None else self.steady,
             [pin.entry_id for pin in self.pins],
             [entry.id for entry in self.newest],
             self.older,
@@ -124,6 +128,13 @@ def plan_compact(session: Session, conversation: Conversation) -> Plan:
     messages = [SummaryMessage(role_of(m), m.text, m.id in pinned) for m in window]
     summary = build_summary(conversation.title, messages, [pin.text for pin in pins])
     chosen, newest = window[:SUMMARY_MESSAGES], window[SUMMARY_MESSAGES:]
+    steady = None
+    if any(m.state == "streaming" for m in chosen):
+        without = [
+            SummaryMessage(role_of(m), "" if m.state == "streaming" else m.text, m.id in pinned)
+            for m in window
+        ]
+        steady = build_summary(conversation.title, without, [pin.text for pin in pins])
     total = store.count_messages(session=session, conversation_id=cid)
     older = left_out(total)[1]
     start = window[0].seq if window else None
@@ -139,6 +150,7 @@ def plan_compact(session: Session, conversation: Conversation) -> Plan:
         newest=[m for m in newest if m.id not in pinned],
         older=max(0, older - pinned_older),
         older_before=start if older else None,
+        steady=steady,
     )
 
 

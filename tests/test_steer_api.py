@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from sqlmodel import Session
@@ -310,3 +311,22 @@ def test_fifty_pins_at_most_and_pinning_one_again_is_not_the_fifty_first(
     )
     # Before: 409 too (found by a hostile review); the API says pinning twice keeps one pin.
     assert len(pin(relay, cid, ids[0])) == store.MAX_PINS
+
+
+def test_a_reply_growing_after_the_preview_does_not_make_it_stale(tmp_path: Path) -> None:
+    # Found by a hostile review: confirming /compact while a reply streamed was refused again
+    # and again ("The conversation changed since this preview"): the reply's text, stored as
+    # it grows, changed the carry-over between each preview and its confirmation.
+    with LiveRelay(make_settings(tmp_path / "data", demo_delay=0.15)) as relay:
+        cid = relay.create(title="Compacted mid-reply")["id"]
+        talk(relay, cid, "one")
+        assert relay.send(cid, "slow story please").status_code == 202
+        relay.wait_for(cid, lambda view: view["turn"]["state"] != "idle")
+        shown = preview(relay, cid)
+        deadline = time.monotonic() + 30
+        while len(preview(relay, cid)["summary"]) == len(shown["summary"]):
+            assert time.monotonic() < deadline, "the reply's stored text never grew"
+            time.sleep(0.1)
+        assert relay.get(cid)["turn"]["state"] != "idle"  # still streaming
+        new = compact(relay, cid, revision=shown["revision"])  # before: 409
+        assert new["title"] == "Compacted mid-reply (compacted)"
