@@ -206,7 +206,9 @@ class Guard:
             status, detail, extra = refusal
             await _refuse(scope, receive, send, status, detail, extra)
             return
-        login = await self._login_by_url(scope)
+        # A request the token header let in is not a login (a wrong token= beside it would
+        # count as a guess and lock the right token out).
+        login = None if "authorization" in headers else await self._login_by_url(scope)
         if login is not None:
             await _refuse(scope, receive, send, *login)
             return
@@ -378,8 +380,9 @@ def _query(scope: Scope) -> str:
 
 
 def _url_token(scope: Scope) -> str | None:
-    """The token= of a plain GET page request (a login by URL), blank included."""
-    if scope["type"] != "http" or scope.get("method") != "GET":
+    """The token= of a plain GET page request (a login by URL), blank included: never an API
+    path's (the API answers 401, never a redirect to the login page)."""
+    if scope["type"] != "http" or scope.get("method") != "GET" or scope["path"].startswith("/api/"):
         return None
     values = parse_qs(_query(scope), keep_blank_values=True).get("token")
     return values[0] if values else None

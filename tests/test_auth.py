@@ -456,3 +456,20 @@ def test_existing_data_dir_and_database_are_made_private(tmp_path: Path) -> None
         "oarlock.db-wal": "0o600",
         "oarlock.db-shm": "0o600",
     }
+
+
+def test_a_token_query_beside_the_token_header_is_not_a_guess(relay: LiveRelay) -> None:
+    # Found by a hostile review: an API GET with the right bearer token and a wrong token= was
+    # sent to the login page as a failed login, and after ten of them refused with 429.
+    with httpx.Client(base_url=relay.base, timeout=30) as client:
+        answers = [
+            client.get(
+                "/api/conversations?token=stale", headers={"Authorization": f"Bearer {TOKEN}"}
+            ).status_code
+            for _ in range(12)
+        ]
+        page = client.get("/?token=stale", headers={"Authorization": f"Bearer {TOKEN}"})
+        anonymous = client.get("/api/conversations?token=stale")
+    assert answers == [200] * 12
+    assert page.status_code == 200
+    assert anonymous.status_code == 401  # an API path: never a login by URL (a redirect)
