@@ -222,6 +222,11 @@ class TimedHttpProtocol(HttpToolsProtocol):
             self._refuse(b"408 Request Timeout", detail)
         self.transport.close()
 
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read (an unknown method, a broken header or chunk):
+        uvicorn's 400, as JSON with the security headers like every other error."""
+        self._refuse(b"400 Bad Request", msg)
+
     def _refuse(self, status: bytes, detail: str) -> None:
         """Answer a request whose head never became a request, and close the connection."""
         body = json.dumps({"detail": detail}).encode()

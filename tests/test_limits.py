@@ -349,3 +349,31 @@ def test_fit_snapshot_leaves_out_the_last_queued_messages_first() -> None:
     fitted = fit_snapshot(view, 1500)  # then the oldest; the newest sent one stays
     assert ([e["id"] for e in fitted["timeline"]], fitted["has_more"]) == ([3], True)
     assert fitted["earlier"] == 3
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"BREW /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",  # an unknown method
+        b"GET /healthz HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header: x\r\n\r\n",
+        b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+    ],
+)
+def test_a_request_the_parser_cannot_read_gets_a_json_400(
+    served: tuple[Relay, httpx.Client], request_bytes: bytes
+) -> None:
+    # Found by a hostile review: uvicorn's plain-text 400, without the security headers.
+    relay, client = served
+    with connection(relay) as sock:
+        sock.sendall(request_bytes)
+        status, headers, body = response(sock)
+        assert (status, headers["content-type"], headers["connection"]) == (
+            400,
+            "application/json",
+            "close",
+        )
+        assert json.loads(body) == {"detail": "Invalid HTTP request received."}
+        assert headers["x-content-type-options"] == "nosniff"
+        assert closed(sock)
+    assert_answers(client)
