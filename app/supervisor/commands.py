@@ -337,9 +337,12 @@ class Commands(SupervisorState):
         self.hub.forget(cid)
         self.hub.broadcast({"type": "conversation_removed", "conversation_id": cid})
         for other in changed:
-            # (one deleted meanwhile, here, is not told of again: its numbering is forgotten,
-            # and telling would read it anew on the loop)
-            if other is not None and other.id not in self.deleting:
+            if other is None:
+                continue
+            if not self.hub.knows(other.id or 0):  # released since the rows' job primed it
+                await self.storage.read(self.hub.prime, other.id or 0)  # (not on the loop)
+            # One deleted meanwhile, here, is not told of again: tabs would list it anew.
+            if other.id not in self.deleting:
                 self.publish_conversation(other)
 
     def _begin_delete(self, conversation: Conversation) -> None:
