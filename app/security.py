@@ -206,9 +206,7 @@ class Guard:
             status, detail, extra = refusal
             await _refuse(scope, receive, send, status, detail, extra)
             return
-        # A request the token header let in is not a login (a wrong token= beside it would
-        # count as a guess and lock the right token out).
-        login = None if "authorization" in headers else await self._login_by_url(scope)
+        login = await self._login_by_url(scope, let_in="authorization" in headers)
         if login is not None:
             await _refuse(scope, receive, send, *login)
             return
@@ -308,13 +306,19 @@ class Guard:
             return DATABASE_DOWN
 
     async def _login_by_url(
-        self, scope: Scope
+        self, scope: Scope, *, let_in: bool = False
     ) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
-        """For GET ?token=…: start a session and redirect to the same URL without the token."""
+        """For GET ?token=…: start a session and redirect to the same URL without the token.
+
+        let_in: the token header let the request in already; a wrong token= beside it is then
+        no guess (counted, it would lock the right token out): the request is served.
+        """
         given = _url_token(scope)
         if given is None or self.token is None or self.sessions is None:
             return None
         if not hmac.compare_digest(given.encode(), self.token.encode()):
+            if let_in:
+                return None
             if await self.limiter.failed(_client(scope)):
                 return 429, "Too many failed attempts; wait a minute.", []
             return 303, "", [(b"location", b"/login?failed=1")]
