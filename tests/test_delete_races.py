@@ -114,17 +114,23 @@ def test_a_resend_while_a_delete_runs_is_refused(relay: LiveRelay) -> None:
     assert (resent.status_code, resent.json()) == (409, {"detail": DELETING})
 
 
+def held_after_its_read(relay: LiveRelay, cid: int) -> Pause:
+    """An armed pause: the next storage read of conversation cid holds its reader, once read."""
+    pause = Pause(
+        relay,
+        lambda statement, params: "FROM conversation" in statement and cid in tuple(params),
+        thread="oarlock-db-read",
+        after=True,
+    )
+    pause.armed = True
+    return pause
+
+
 def test_a_warm_up_read_before_a_delete_starts_no_agent(relay: LiveRelay) -> None:
     cid = relay.create(title="Warmed while deleted")["id"]
     with relay.socket() as ws:
         assert receive(ws)["type"] == "hello"
-        pause = Pause(
-            relay,
-            lambda statement, params: "FROM conversation" in statement and cid in tuple(params),
-            thread="oarlock-db-read",
-            after=True,
-        )
-        pause.armed = True
+        pause = held_after_its_read(relay, cid)
         ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
         assert pause.reached.wait(TIMEOUT), "the warm-up never read its conversation"
         assert relay.http.delete(f"/api/conversations/{cid}").status_code == 204
@@ -136,13 +142,7 @@ def test_a_warm_up_read_before_a_delete_starts_no_agent(relay: LiveRelay) -> Non
 
 def deleted_after_its_read(relay: LiveRelay, cid: int, request: Any) -> Any:
     """request()'s answer when cid is deleted after the request read it (its reader held)."""
-    pause = Pause(
-        relay,
-        lambda statement, params: "FROM conversation" in statement and cid in tuple(params),
-        thread="oarlock-db-read",
-        after=True,
-    )
-    pause.armed = True
+    pause = held_after_its_read(relay, cid)
     with ThreadPoolExecutor(1) as pool:
         answering = pool.submit(request)
         assert pause.reached.wait(TIMEOUT), "the request never read its conversation"
