@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, field_validator
+from pydantic import BeforeValidator, ConfigDict, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -279,7 +279,7 @@ class PermissionAnswer(SQLModel):
 
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
-    allow: bool
+    allow: StrictBool  # true or false: "yes", 1 or "false" would be read as a choice not made
     message: Text = Field(default="", max_length=2000)
 
 

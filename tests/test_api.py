@@ -918,6 +918,15 @@ def test_permission_second_answer_409(relay: LiveRelay) -> None:
     )
 
 
+def test_permission_answer_must_be_true_or_false(relay: LiveRelay) -> None:
+    # Found by a hostile review: "yes", 1 (and "false": false) were taken as an answer.
+    cid, question = ask(relay)
+    refused = [answer(relay, cid, question["id"], allow=value) for value in ("yes", 1, "false")]
+    assert [r.status_code for r in refused] == [422, 422, 422]
+    assert relay.get(cid)["turn"] == {"state": "running", "queued": 0}  # still asking
+    assert answer(relay, cid, question["id"], allow=False).status_code == 200
+
+
 def test_permission_deny_with_message(relay: LiveRelay) -> None:
     cid, question = ask(relay)
     response = answer(relay, cid, question["id"], allow=False, message="not now")
