@@ -231,6 +231,9 @@ def test_deeply_nested_frames_get_an_error_and_the_socket_stays(relay: LiveRelay
             "type": "error",
             "detail": "Unknown message type (a list or object).",
         }
+        # Found by a hostile review: answered "Messages must be JSON objects." (it is one).
+        ws.send('{"type": "subscribe", "conversation_id": ' + "9" * 5000 + "}")
+        assert receive(ws) == {"type": "error", "detail": "The message holds a number too long."}
         ws.send(json.dumps({"type": "ping"}))
         assert receive(ws) == {"type": "pong"}
 

@@ -131,8 +131,11 @@ async def _receive(
         raw = data.decode("utf-8", "replace")
         try:
             request = json.loads(raw)
-        except ValueError:
+        except json.JSONDecodeError:
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
+            continue
+        except ValueError:  # valid JSON that Python will not read: an integer of 4,300+ digits
+            subscriber.offer({"type": "error", "detail": "The message holds a number too long."})
             continue
         except RecursionError:  # "[[[[…" thousands deep: a small frame, a deep parse
             subscriber.offer({"type": "error", "detail": "The message is nested too deeply."})
