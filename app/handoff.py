@@ -8,6 +8,7 @@ from typing import Any
 from app.models import Handoff
 from app.summary import NEW_REQUEST, compose_first_message
 from app.tokens import format_tokens
+from app.unicode_text import has_visible_character
 
 HANDOFF_LIMIT = 9_000  # characters of done + next + files, all together
 HANDOFF_HEADER = "[Handoff from the previous session]"
@@ -84,7 +85,8 @@ def parse_handoff(arguments: dict[str, Any]) -> HandoffText:
         raise ValueError("save_handoff needs `files` as a list of paths and function names.")
     handoff = HandoffText(done.strip(), following.strip(), tuple(f.strip() for f in files))
     handoff = HandoffText(handoff.done, handoff.next, tuple(f for f in handoff.files if f))
-    if not handoff.done and not handoff.next:
+    # (zero-width and other invisible characters alone are empty too: /clear would carry them)
+    if not has_visible_character(handoff.done + handoff.next):
         raise ValueError("The handoff is empty: say what is done and what is next.")
     if (length := handoff_length(handoff)) > HANDOFF_LIMIT:
         raise ValueError(TOO_LONG.format(length=f"{length:,}"))

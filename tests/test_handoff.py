@@ -124,6 +124,10 @@ def test_parse_handoff_limit_counts_every_field() -> None:
             {"done": " ", "next": "", "files": []},
             "The handoff is empty: say what is done and what is next.",
         ),
+        (  # invisible characters alone (found by a hostile review: stored, then carried)
+            {"done": "\u200b", "next": "\ufeff\u200d", "files": []},
+            "The handoff is empty: say what is done and what is next.",
+        ),
     ],
 )
 def test_parse_handoff_refuses_bad_arguments(arguments: dict, message: str) -> None:
