@@ -154,12 +154,11 @@ def test_title_without_a_visible_character_is_refused(relay: LiveRelay, title: s
     assert [c["title"] for c in conversations(relay)] == ["visible"]
 
 
-def test_first_message_without_a_visible_character_leaves_the_default_title(
-    relay: LiveRelay,
-) -> None:
+def test_a_message_without_a_visible_character_is_empty(relay: LiveRelay) -> None:
+    # It was taken (and sent to the agent, a paid turn of nothing); it left the title alone.
     cid = relay.create()["id"]
-    assert relay.send(cid, "\u200b\u2060").status_code == 202
-    relay.wait_idle(cid)
+    response = relay.send(cid, "\u200b\u2060")
+    assert (response.status_code, response.json()) == (422, {"detail": "The message is empty."})
     assert relay.get(cid)["title"] == "New conversation"
 
 

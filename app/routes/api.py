@@ -252,7 +252,7 @@ def _text_problem(text: str, limit: int) -> HTTPException | None:
     """Why a message's text is refused (413 too long, 422 empty), or None."""
     if len(text.encode()) > limit:
         return HTTPException(413, f"The message is over the limit of {limit} bytes.")
-    if not text.strip():
+    if not has_visible_character(text):  # blank, or zero-width and other invisible ones alone
         return HTTPException(422, "The message is empty.")
     return None
 
