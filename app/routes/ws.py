@@ -134,7 +134,7 @@ async def _receive(
         except json.JSONDecodeError:
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
             continue
-        except ValueError:  # valid JSON that Python will not read: an integer of 4,300+ digits
+        except ValueError:  # valid JSON that Python will not read: an integer of over 4,300 digits
             subscriber.offer({"type": "error", "detail": "The message holds a number too long."})
             continue
         except RecursionError:  # "[[[[…" thousands deep: a small frame, a deep parse
