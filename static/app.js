@@ -110,10 +110,7 @@ function toast(message, action = null) {
   const el = byId('toast');
   el.textContent = message;
   if (action) {
-    const button = document.createElement('button');
-    button.type = 'button';
-    button.className = 'toast-action';
-    button.textContent = action.label;
+    const button = h('button', { type: 'button', class: 'toast-action', text: action.label });
     button.addEventListener('click', () => { el.hidden = true; action.run(); });
     el.append(' ', button);
   }
