@@ -330,3 +330,5 @@ def test_a_reply_growing_after_the_preview_does_not_make_it_stale(tmp_path: Path
         assert relay.get(cid)["turn"]["state"] != "idle"  # still streaming
         new = compact(relay, cid, revision=shown["revision"])  # before: 409
         assert new["title"] == "Compacted mid-reply (compacted)"
+        # The reply is carried as stored at the confirmation, not as the preview showed it.
+        assert len(new["pending_summary"]) > len(shown["summary"])
