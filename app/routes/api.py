@@ -222,7 +222,7 @@ async def send_message(
     if not command and problem is None:
         # One writer job reads the conversation, titles it and stores the message: no read
         # job before it on every message's path.
-        title = _title_from(body.text) if has_visible_character(body.text) else None
+        title = _title_from(body.text)  # (it has a visible character: _text_problem)
         try:
             entry = await supervisor.storage.write(
                 supervisor.send, conversation_id, body.text, title
