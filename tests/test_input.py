@@ -174,7 +174,8 @@ def test_visible_characters() -> None:
     for blank in [*INVISIBLE_TITLES, "", " \t\n", "\u0301", "\u00ad", "\x01\x7f \x1f"]:
         assert not has_visible_character(blank), repr(blank)
     # ASCII text is read in one C call (a 256 KB message on the loop): the same answers.
-    assert [has_visible_character(t) for t in ("\x00 ~", "\x7f!", "\x1f\x7f")] == [True, True, False]
+    ascii_texts = ("\x00 ~", "\x7f!", "\x1f\x7f")
+    assert [has_visible_character(t) for t in ascii_texts] == [True, True, False]
 
 
 def test_isolate_wraps_only_bidi_text() -> None:
