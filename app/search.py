@@ -48,16 +48,23 @@ def phrases(query: str) -> list[str]:
     """The query's words as FTS5 phrases: quoted (operators become text), the last a prefix.
 
     Quoting makes FTS5 syntax (AND, OR, NEAR, parentheses, quotes, *, column:) plain text.
+    The last word, being typed, matches its prefix; as `("word" OR "word"*)` it matches the
+    same messages, and bm25 weighs the word itself above longer words that start with it.
     """
     terms = ['"' + word.replace('"', '""') + '"' for word in words(query)]
     if terms:
-        terms[-1] += "*"  # results as you type: the word being typed matches its prefix
+        terms[-1] = f"({terms[-1]} OR {terms[-1]}*)"
     return terms
 
 
 def fts_query(query: str) -> str | None:
     """A safe FTS5 MATCH expression: every word must be found."""
-    return " ".join(phrases(query)) or None
+    return every_one(phrases(query)) or None
+
+
+def every_one(terms: list[str]) -> str:
+    """FTS5 phrases all required (an explicit AND: FTS5 implies none before a parenthesis)."""
+    return " AND ".join(terms)
 
 
 def snippet_spans(snippet: str) -> list[dict[str, Any]]:
@@ -196,8 +203,8 @@ def search(
         "start": MARK_START,
         "end": MARK_END,
         "tokens": SNIPPET_TOKENS,
-        "match": " ".join(every),
-        "ranked": " ".join(rare),
+        "match": every_one(every),
+        "ranked": every_one(rare),
         "limit": limit,
     }
     scope = _scope(conversation_ids)
@@ -285,6 +292,9 @@ def _search_postgres(
     rare = [name for name in names if _pg_found_in(session, params[name], cap) <= cap]
     # Only common words: the newest messages first (ranking would read every match).
     score = f"ts_rank({PG_VECTOR}, {_pg_query(rare)})" if rare else "0"
+    if names[-1] in rare:  # as on SQLite, the word itself ranks above longer words it begins
+        params["exact"] = params[names[-1]].removesuffix(":*")
+        score += f" + ts_rank({PG_VECTOR}, to_tsquery('simple', :exact))"
     # Ranked and cut in the inner query; ts_headline runs on the kept rows only.
     sql = (
         "SELECT e.id AS entry_id, e.seq, e.kind, e.conversation_id, c.title, c.status, e.text,"

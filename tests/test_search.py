@@ -49,9 +49,11 @@ def marked(hit: dict[str, Any]) -> list[str]:
 
 
 def test_fts_query_quotes_every_word_and_prefixes_the_last() -> None:
-    assert fts_query('deploy AND( "x" NEAR*') == '"deploy" "AND(" """x""" "NEAR*"*'
+    assert fts_query('deploy AND( "x" NEAR*') == (
+        '"deploy" AND "AND(" AND """x""" AND ("NEAR*" OR "NEAR*"*)'
+    )
     assert fts_query("   \t\n ") is None
-    assert fts_query("a\x00b") == '"a" "b"*'
+    assert fts_query("a\x00b") == '"a" AND ("b" OR "b"*)'
 
 
 def test_snippet_spans_split_on_the_marks() -> None:
@@ -83,6 +85,21 @@ def test_search_needs_every_word_and_matches_the_prefix_being_typed(engine: Engi
     hits = find(engine, "migration datab")
     assert [hit["conversation_id"] for hit in hits] == [both.id]
     assert marked(hits[0]) == ["migration", "database"]
+
+
+def test_the_word_itself_ranks_before_longer_words_it_begins(engine: Engine) -> None:
+    # A finished word is not only a prefix: "kestrel3" first, then kestrel30 … kestrel39.
+    longer = [conversation_with(engine, f"c{i}", ("user", f"kestrel3{i}")) for i in range(10)]
+    itself = conversation_with(engine, "itself", ("user", "kestrel3"))
+    newer = conversation_with(engine, "newer", ("user", "kestrel35 again"))
+    hits = find(engine, "kestrel3")
+    assert hits[0]["conversation_id"] == itself.id
+    assert {hit["conversation_id"] for hit in hits} == {c.id for c in [*longer, itself, newer]}
+    # With another word before it (the word itself in the older message).
+    both = conversation_with(engine, "x", ("user", "flush kestrel3 and more"))
+    conversation_with(engine, "y", ("user", "flush kestrel35 and more"))
+    hits = find(engine, "flush kestrel3")
+    assert [hit["conversation_id"] for hit in hits] == [both.id, both.id + 1]
 
 
 def test_search_indexes_user_and_agent_text_only(engine: Engine) -> None:
