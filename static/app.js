@@ -105,19 +105,33 @@ const dialogs = {
 };
 
 let toastTimer = 0;
-/** Say something for a few seconds; action: { label, run }, a button after the text. */
+/** Say something for a few seconds; action: { label, run }, a button after the text. A toast
+ *  with a button stays until used or dismissed (✕, or Esc in it): reached by Tab, it must not
+ *  go away while someone is on their way to it. */
 function toast(message, action = null) {
   const el = byId('toast');
   el.textContent = message;
+  clearTimeout(toastTimer);
   if (action) {
-    const button = h('button', { type: 'button', class: 'toast-action', text: action.label });
-    button.addEventListener('click', () => { el.hidden = true; action.run(); });
-    el.append(' ', button);
+    el.append(
+      ' ',
+      h('button', { type: 'button', class: 'toast-action', text: action.label, onclick: () => { hideToast(); action.run(); } }),
+      h('button', { type: 'button', class: 'toast-dismiss', 'aria-label': 'Dismiss', text: '✕', onclick: hideToast }),
+    );
+  } else {
+    toastTimer = setTimeout(() => { el.hidden = true; }, 6000);
   }
   el.hidden = false;
-  clearTimeout(toastTimer);
-  toastTimer = setTimeout(() => { el.hidden = true; }, action ? 12000 : 6000);
 }
+function hideToast() {
+  const el = byId('toast');
+  const focused = el.contains(document.activeElement);
+  el.hidden = true;
+  if (focused) byId('message-input').focus(); // the keyboard goes back to the composer
+}
+byId('toast').addEventListener('keydown', (event) => {
+  if (event.key === 'Escape') hideToast();
+});
 
 const timeline = new Timeline({
   onPermission: async (entry, allow) => {

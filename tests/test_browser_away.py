@@ -122,23 +122,29 @@ def test_a_draft_stays_readable_when_another_tab_archives(pages: Pages, relay: L
     pages.assert_clean()
 
 
+def left_then_deleted(page: Page, relay: LiveRelay) -> int:
+    """Text typed in a conversation, the tab gone to another, the first deleted elsewhere."""
+    gone = relay.create(title="Typed, left, deleted")["id"]
+    stay = relay.create(title="Where I went")["id"]
+    page.goto(f"{relay.base}/c/{gone}")
+    typed(page)
+    by_id(page, "conversation-item").filter(has_text="Where I went").click()
+    expect(page).to_have_url(f"{relay.base}/c/{stay}")
+    assert relay.http.delete(f"/api/conversations/{gone}").status_code == 204
+    expect(page.locator("#toast")).to_contain_text(
+        "“Typed, left, deleted” was deleted; what you had typed in it is kept."
+    )
+    return gone
+
+
 def test_a_draft_left_in_a_conversation_deleted_elsewhere_is_kept(
     pages: Pages, relay: LiveRelay
 ) -> None:
     # Found by a hostile review: text typed in a conversation the tab then left vanished when
     # another tab deleted that conversation (only the open conversation's text was kept).
-    gone = relay.create(title="Typed, left, deleted")["id"]
-    stay = relay.create(title="Where I went")["id"]
-    page = pages.open(relay, f"/c/{gone}")
-    typed(page)
-    by_id(page, "conversation-item").filter(has_text="Where I went").click()
-    expect(page).to_have_url(f"{relay.base}/c/{stay}")
-    assert relay.http.delete(f"/api/conversations/{gone}").status_code == 204
-    toast = page.locator("#toast")
-    expect(toast).to_contain_text(
-        "“Typed, left, deleted” was deleted; what you had typed in it is kept."
-    )
-    toast.get_by_role("button", name="Show it").click()
+    page = pages.open(relay)
+    gone = left_then_deleted(page, relay)
+    page.locator("#toast").get_by_role("button", name="Show it").click()
     expect(page).to_have_url(f"{relay.base}/c/{gone}")
     expect(page.locator("#missing-text")).to_have_text("This conversation was deleted.")
     expect(by_id(page, "missing-draft")).to_have_value(DRAFT)
@@ -146,6 +152,32 @@ def test_a_draft_left_in_a_conversation_deleted_elsewhere_is_kept(
     expect(page.locator("#missing-text")).to_have_text("This conversation does not exist.")
     expect(by_id(page, "missing-draft")).to_have_value(DRAFT)
     pages.assert_clean("404")  # the deleted conversation asked for, as intended
+
+
+def test_the_kept_draft_s_toast_waits_for_the_keyboard(pages: Pages, relay: LiveRelay) -> None:
+    # Found by a hostile review: the toast's button went away after 12 s, and from the
+    # keyboard it is the page's last stop: the text was out of reach of someone tabbing to it.
+    page = pages.open(relay)
+    page.clock.install()  # (before the conversation's page loads: its timers are the clock's)
+    gone = left_then_deleted(page, relay)
+    page.clock.fast_forward("01:00")
+    toast = page.locator("#toast")
+    expect(toast).to_be_visible()
+    by_id(page, "message-input").focus()
+    show = toast.get_by_role("button", name="Show it")
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        if show.evaluate("button => button === document.activeElement"):
+            break
+    expect(show).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(toast.get_by_role("button", name="Dismiss")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(toast).to_be_hidden()
+    expect(by_id(page, "message-input")).to_be_focused()  # back where it was typing
+    page.goto(f"{relay.base}/c/{gone}")
+    expect(by_id(page, "missing-draft")).to_have_value(DRAFT)
+    pages.assert_clean("404")
 
 
 def test_a_tab_away_during_a_compact_follows_it_when_it_comes_back(
