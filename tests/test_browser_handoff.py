@@ -206,4 +206,17 @@ def test_a_handoff_being_written_survives_the_modal_closing(pages: Pages, relay:
     expect(by_id(page, "handoff-edit")).to_have_text("Write a handoff")
     expect(by_id(page, "handoff-form")).to_be_hidden()
     assert relay.http.get(f"/api/conversations/{cid}/handoff").json()["handoff"] is None
+    # Save lets it go too: reopened, the modal shows the handoff saved, not a form.
+    by_id(page, "handoff-edit").click()
+    by_id(page, "handoff-done").fill("The lexer")
+    by_id(page, "handoff-save").click()
+    expect(by_id(page, "handoff-text")).to_contain_text("The lexer")
+    by_id(page, "context-close").click()
+    by_id(page, "context-button").click()
+    expect(by_id(page, "handoff-text")).to_contain_text("The lexer")
+    expect(by_id(page, "handoff-edit")).to_have_text("Edit")
+    expect(by_id(page, "handoff-form")).to_be_hidden()
+    assert relay.http.get(f"/api/conversations/{cid}/handoff").json()["handoff"]["done"] == (
+        "The lexer"
+    )
     pages.assert_clean()
