@@ -200,10 +200,11 @@ class ClusterHub(Hub):
     def reserved(self, conversation_id: int, count: int) -> Iterator[None]:
         """Take count numbers in one round trip for this thread's next_seq calls meanwhile.
 
-        For a storage job about to number a burst of deltas: one INCRBY, not one INCR each.
+        For a storage job about to number a burst of deltas: one INCRBY, not one INCR each;
+        taken before the job changes anything, so that a Redis out of reach fails it first.
         Numbers left unused at the end are filled as holes (`rewind`).
         """
-        if count < 2:
+        if count < 1:
             yield
             return
         last = self._take_numbers(conversation_id, count)

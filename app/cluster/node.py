@@ -118,6 +118,7 @@ class ClusterNode:
         self.limiter = SharedFailureLimiter(self.redis)
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[Any]] = set()  # one-off tasks (_background)
+        self._chores: asyncio.Task[None] | None = None  # the heartbeat's Redis part
         self._stopping: set[tuple[int, str | None]] = set()  # Stops being carried out here
         self._asking = asyncio.Semaphore(ASKING)  # context questions waiting for an answer
         self._claiming: set[int] = set()
@@ -130,6 +131,14 @@ class ClusterNode:
         hub = self.supervisor.hub
         assert isinstance(hub, ClusterHub)
         return hub.reserved(conversation_id, count)
+
+    async def reachable(self) -> bool:
+        """Whether Redis answers a PING within TIMEOUT (a burst waiting on it asks first)."""
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                return bool(await self.redis.ping())
+        except (redis.RedisError, OSError, TimeoutError):
+            return False
 
     def holds(self, conversation_id: int) -> bool:
         """Whether this node runs the conversation (holds its lease)."""
@@ -146,7 +155,7 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop the tasks and give every lease back: other nodes take the work at once."""
-        tasks = [*self._tasks, *self._running]
+        tasks = [*self._tasks, *self._running, *([self._chores] if self._chores else [])]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -485,9 +494,11 @@ class ClusterNode:
             await asyncio.sleep(self.seconds / 3)
 
     async def _beat(self) -> None:
-        await self.presence.write()  # renewed: a node that stops is forgotten after a lease
         storage = self.supervisor.storage
         began = time.monotonic()
+        # The leases first, in the database: a Redis that answers nothing (paused, cut off)
+        # must not cost them. Before, the beat waited on it, renewed nothing, and after a
+        # lease another node took every conversation over ("The relay restarted…").
         lost = await storage.write(self._renew)
         self.renewed_at = began
         for cid in lost:  # expired under us (a stall longer than the lease)
@@ -500,7 +511,20 @@ class ClusterNode:
             if cid in self.held and not self.supervisor.delivering(cid):
                 self.supervisor.wake(cid)
         await self._settle_answered()
-        await self._settle_stops()
+        if self._chores is None or self._chores.done():  # beside the beat: never holding it
+            self._chores = asyncio.create_task(self._redis_chores(), name="cluster-chores")
+
+    async def _redis_chores(self) -> None:
+        """The heartbeat's Redis part, in a task of its own, bounded: this client waits on
+        Redis without limit (its control channel listens for good)."""
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                await self.presence.write()  # renewed: a node that stops is forgotten after a lease
+                await self._settle_stops()
+        except TimeoutError:
+            log.warning("cluster heartbeat: Redis did not answer within %.0f s", TIMEOUT)
+        except Exception:  # the next beat tries again
+            log.exception("cluster heartbeat: Redis chores failed")
 
     def _renew(self) -> set[int]:
         """In the writer: renew the leases held; those that lapsed leave `held`, and are returned.

@@ -8,6 +8,8 @@ import logging
 import time
 from typing import Any
 
+import redis
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from app import store
@@ -36,7 +38,14 @@ from app.live_render import LiveRender
 from app.models import Conversation
 from app.providers import compaction_style
 from app.supervisor.base import SupervisorState
-from app.supervisor.runner import Runner, Streaming, TurnState, _logged, is_retry
+from app.supervisor.runner import (
+    NotBegun,
+    Runner,
+    Streaming,
+    TurnState,
+    _logged,
+    is_retry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +78,11 @@ class Events(SupervisorState):
         }
         whole = set(first)
         deltas = sum(isinstance(e, TextDelta) and e.message_id not in whole for e in events)
-        numbers = contextlib.nullcontext()  # a cluster node: the deltas' numbers in one round trip
-        if self.cluster is not None:
-            numbers = self.cluster.numbers(runner.conversation_id, deltas)
-        with numbers, self.session() as session:
-            if self.cluster is not None and not self.cluster.may_write(session, runner):
-                raise LeaseLost(runner.conversation_id)  # stalled past its lease: store nothing
+        with contextlib.ExitStack() as stack:
+            if self.cluster is None:
+                session = stack.enter_context(self.session())
+            else:
+                session = self._begin_cluster_burst(stack, runner, deltas)
             conversation: Conversation | None = None
             for event in events:
                 if isinstance(event, TextDelta) and event.message_id in whole:
@@ -96,6 +104,27 @@ class Events(SupervisorState):
                     # is read already), and look at the queue.
                     self._finish_turn(runner, session, conversation)
                     break
+
+    def _begin_cluster_burst(
+        self, stack: contextlib.ExitStack, runner: Runner, deltas: int
+    ) -> Session:
+        """A cluster node's burst: its numbers (one Redis round trip) and a database connection.
+
+        Taken before anything of the burst is changed (runner or rows): when Redis or the
+        database cannot be reached, NotBegun says the burst may be tried again as it is.
+        A burst without deltas takes a number all the same: its first entry uses it.
+        """
+        assert self.cluster is not None
+        try:
+            stack.enter_context(self.cluster.numbers(runner.conversation_id, max(deltas, 1)))
+            session = stack.enter_context(self.session())
+            session.connection()  # checked out and pinged now (the first statement would)
+            may_write = self.cluster.may_write(session, runner)
+        except (redis.RedisError, OSError, DBAPIError) as error:
+            raise NotBegun(error) from error
+        if not may_write:
+            raise LeaseLost(runner.conversation_id)  # stalled past its lease: store nothing
+        return session
 
     def _handle(
         self,

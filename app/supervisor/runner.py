@@ -34,6 +34,14 @@ class Locked(Exception):
     """Another program holds SQLite's write lock: the runner's write waits, then tries again."""
 
 
+class NotBegun(Exception):
+    """A burst's job could not reach Redis or the database before it changed anything."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def is_retry(notice: Notice) -> bool:
     """True for a notice that the agent is retrying its API request."""
     return notice.data.get("type") in RETRY_NOTICES

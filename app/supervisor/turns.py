@@ -21,11 +21,21 @@ from app.edits import edit_change
 from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
 from app.models import Conversation, Entry
 from app.supervisor.base import SupervisorState
-from app.supervisor.runner import Locked, Runner, TurnState, _settle, failure_reason
+from app.supervisor.runner import (
+    Locked,
+    NotBegun,
+    Runner,
+    TurnState,
+    _settle,
+    failure_reason,
+)
 
 log = logging.getLogger(__name__)
 
 BURST_AHEAD = 256  # agent events a cluster node reads ahead of those being stored
+OUTAGE_PATIENCE = 120.0  # seconds a cluster node's turn waits for Redis or the database
+OUTAGE_RETRY = 0.25  # first wait before its burst is tried again (doubling)
+OUTAGE_RETRY_MAX = 2.0
 
 
 RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
@@ -301,7 +311,7 @@ class Turns(SupervisorState):
                         if cluster or any(self._stores(runner, event) for event in burst):
                             if any(isinstance(event, TurnDone) for event in burst):
                                 runner.again = False  # the job looks at the queue (_finish_turn)
-                            await self._patiently(self._handle_all, runner, burst)
+                            await self._store_burst(runner, burst)
                         else:  # text of messages already stored: published from here
                             for event in burst:
                                 self._handle(runner, event)
@@ -326,6 +336,37 @@ class Turns(SupervisorState):
                 runner, f"The agent stopped unexpectedly: {failure_reason(error)}"
             )
             await self._close_agent(runner)
+
+    async def _store_burst(self, runner: Runner, burst: list[AgentEvent]) -> None:
+        """Store a burst of the agent's events; through a short outage, wait and try again.
+
+        A cluster node's job that could not reach Redis or the database before it changed
+        anything (NotBegun) is tried again as it is, once Redis answers, for up to
+        OUTAGE_PATIENCE; the agent is read no further ahead meanwhile (BURST_AHEAD), its
+        output waits in its pipe. Past that, the turn fails as on any database error.
+        """
+        deadline = time.monotonic() + OUTAGE_PATIENCE
+        delay = OUTAGE_RETRY
+        while True:
+            try:
+                await self._patiently(self._handle_all, runner, burst)
+                return
+            except NotBegun as failed:
+                if self._closing or time.monotonic() + delay > deadline:
+                    raise failed.error from None
+                log.warning(
+                    "conversation %s: the turn's events wait (%s); trying again in %.1f s",
+                    runner.conversation_id,
+                    failed.error,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, OUTAGE_RETRY_MAX)
+            # A job waiting on a Redis that answers nothing holds the writer: ask first.
+            while self.cluster is not None and not await self.cluster.reachable():
+                if self._closing or time.monotonic() + delay > deadline:
+                    break  # the job's own error ends it
+                await asyncio.sleep(delay)
 
     async def _unrecorded(self, runner: Runner, error: Exception) -> None:
         """The database failed an agent event: the turn is stopped, the user told why."""

@@ -1,0 +1,90 @@
+"""A short outage of Redis or PostgreSQL under a running turn: the turn goes on after it.
+
+Two `python -m app serve` nodes on PostgreSQL + Redis (tests/cluster.py, the demo agent)
+while the owner streams a long reply. Redis is paused (SIGSTOP: every command times out, as
+with a network partition) for longer than the lease (3 s here), then resumed. Before, the
+owner's next burst could not number its events and the turn was stopped ("The relay could not
+store this turn"), and the heartbeat, waiting on Redis, renewed no lease: the other node took
+the conversation over with "The relay restarted while this turn was running". The database
+is cut off (its connections ended, new ones refused) for less than the lease (10 s there: the
+leases live in it, and past a lease the other node takes over, as docs/deploy.md says).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tests import postgres
+from tests.cluster import LEASE_SECONDS, Nodes, cluster
+from tests.crash import TIMEOUT, RelayProcess, of_kind
+
+PAUSE = LEASE_SECONDS + 2.0  # seconds Redis answers nothing: past the lease
+CUT = 3.0  # seconds the database takes no connection (its lease: 10 s)
+
+
+def streaming(view: dict[str, Any]) -> bool:
+    return any(e["state"] == "streaming" for e in of_kind(view, "agent"))
+
+
+def test_a_turn_streaming_through_a_redis_pause_ends_whole_on_its_owner(tmp_path: Path) -> None:
+    with cluster(tmp_path) as nodes:
+        # A slower demo: its 220 pieces take about 11 s, the pause falls inside.
+        owner, _other = nodes.start(2, OARLOCK_DEMO_DELAY="0.05")
+        cid = streaming_story(owner)
+        redis = nodes.redis.process
+        assert redis is not None
+        redis.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(PAUSE)
+        finally:
+            redis.send_signal(signal.SIGCONT)
+        assert_whole(nodes, cid)
+
+
+def test_a_turn_streaming_through_a_database_cut_ends_whole_on_its_owner(
+    tmp_path: Path,
+) -> None:
+    with cluster(tmp_path) as nodes:
+        owner, _other = nodes.start(2, OARLOCK_DEMO_DELAY="0.05", OARLOCK_LEASE_SECONDS="10")
+        cid = streaming_story(owner)
+        name = nodes.database_url.rsplit("/", 1)[1]
+        admin = postgres.start().admin
+        assert admin is not None
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            time.sleep(CUT)
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        assert_whole(nodes, cid)
+
+
+def streaming_story(owner: RelayProcess) -> int:
+    """A conversation whose long demo reply streams for a second now."""
+    cid = owner.create(provider="demo", title="Through an outage")
+    owner.send(cid, "slow story please")
+    owner.wait_for(cid, streaming)
+    time.sleep(1.0)
+    return cid
+
+
+def assert_whole(nodes: Nodes, cid: int) -> None:
+    """Every node shows the reply ended whole, without a line (stopped, taken over)."""
+    for node in nodes.nodes:
+        view = node.wait_for(
+            cid,
+            lambda v: v["turn"] == {"state": "idle", "queued": 0} and not streaming(v),
+            timeout=TIMEOUT,
+        )
+        lines = [e["text"] for e in of_kind(view, "line")]
+        assert lines == [], lines  # neither "could not store" nor "the relay restarted"
+        agent = of_kind(view, "agent")
+        assert [e["state"] for e in agent] == ["done"], agent
+        assert agent[0]["text"].startswith("You said: “slow story please”")
+        assert agent[0]["text"].endswith("word199 word200"), agent[0]["text"][-80:]
