@@ -46,6 +46,7 @@ from app.agents.claude_code import (
     summarize_input,
 )
 from app.agents.common import DENIED
+from app.agents.transcript import config_dir, restored_cost
 from tests.agent_turns import TURN_TIMEOUT, allow_all, done, of, run_turn
 from tests.fake_anthropic import DROP, SUMMARY_MARKER, FakeAnthropic
 
@@ -283,6 +284,25 @@ async def test_resume_unknown_session_starts_fresh(make_agent: MakeAgent) -> Non
     assert started.session_id != gone and agent.session_id == started.session_id
     assert of(events, MessageDone)[0].text == "You said: hello again"
     assert done(events).error is None
+
+
+def test_a_resumed_cli_s_cost_starts_from_the_last_cost_state(tmp_path: Path) -> None:
+    # The CLI writes a "cost-state" record at each exit; a CLI resuming starts from the last.
+    env = {"HOME": str(tmp_path)}
+    folder = config_dir(env) / "projects" / "-work"
+    folder.mkdir(parents=True)
+    records = [
+        {"type": "user", "message": {"content": "cost-state"}},  # the word, not the record
+        {"type": "cost-state", "sessionId": "s", "totalCostUSD": 0.0126},
+        {"type": "assistant", "message": {"content": "hi"}},
+        {"type": "cost-state", "sessionId": "s", "totalCostUSD": 0.021},
+    ]
+    lines = [json.dumps(r, separators=(",", ":")) for r in records]
+    (folder / "s.jsonl").write_text("\n".join([*lines, '{"type":"cost-state",']) + "\n")
+    assert restored_cost(env, "s") == 0.021  # the last whole one (a torn line is skipped)
+    assert restored_cost(env, "other") == 0.0
+    (folder / "t.jsonl").write_text("\n".join(lines[:1]) + "\n")
+    assert restored_cost(env, "t") == 0.0
 
 
 async def test_a_request_without_an_answer_is_a_connection_error(

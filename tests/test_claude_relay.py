@@ -840,6 +840,11 @@ def test_idle_agent_is_stopped_then_resumed(start: StartRelay, fake: FakeAnthrop
     assert view["session_id"] == session_before
     history = json.dumps(fake.message_bodies()[-1])
     assert "remember idle" in history  # the resumed session still has the earlier turn
+    # Each turn's own cost (the fake bills every request alike): the resumed CLI counts the
+    # session's cost from its last exit, which is not this turn's (before: the two turns' sum).
+    costs = [e["data"]["result"]["cost_usd"] for e in of_kind(view, "agent")]
+    assert costs[0] > 0
+    assert costs == [costs[0], costs[0]], costs
 
 
 def process_alive(pid: int) -> bool:

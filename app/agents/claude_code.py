@@ -78,7 +78,7 @@ from app.agents.common import (
     summarize,
 )
 from app.agents.lifetime import die_with_relay
-from app.agents.transcript import compaction_summary, prompt_received
+from app.agents.transcript import compaction_summary, prompt_received, restored_cost
 from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ class EventMapper:
     Feed every message of a turn in order; `finish()` closes what a crash left open.
     """
 
-    def __init__(self, session_id: str | None = None) -> None:
+    def __init__(self, session_id: str | None = None, cost_so_far: float = 0.0) -> None:
+        """cost_so_far: the session's cost the CLI's counter starts from (a resumed one's)."""
         self.session_id = session_id
         self.interrupt_requested = False
         self._open: dict[str, _Message] = {}
@@ -163,7 +164,7 @@ class EventMapper:
         self._last_usage: tuple[int, str | None] | None = None
         self._compacted_without_boundary = False
         self._retry_status: int | None = None
-        self._cost_so_far = 0.0
+        self._cost_so_far = cost_so_far
         self.tasks: set[str] = set()  # tasks started and not known to have ended
 
     def begin_turn(self) -> None:
@@ -599,6 +600,8 @@ class ClaudeCodeAgent(TurnFlags):
         client = ClaudeSDKClient(options, transport=transport)
         self._transport = transport
         self._stderr.clear()  # only this process's lines explain what happens to it
+        # Read before it starts: a resumed CLI counts the session's cost from its last exit.
+        cost = await asyncio.to_thread(restored_cost, spec.env, resume) if resume else 0.0
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 await client.connect()
@@ -613,7 +616,7 @@ class ClaudeCodeAgent(TurnFlags):
             raise
         self._client = client
         self._stops_warm_up = resume is not None
-        self._mapper = EventMapper(resume)
+        self._mapper = EventMapper(resume, cost)
         self._dirty = self._closing = False
 
     async def _can_use_tool(

@@ -236,6 +236,30 @@ def message_text(record: dict[str, Any]) -> str | None:
     return _message_text(record.get("message"))
 
 
+COST_STATE = b'"cost-state"'  # the type of the CLI's record of its cost counters, written at exit
+COST_LINE_LIMIT = 1 << 16  # a cost-state record is a few hundred bytes
+
+
+def restored_cost(env: Mapping[str, str], session_id: str) -> float:
+    """The cost (USD) a CLI resuming this session starts its counter from.
+
+    A CLI reports each turn's total_cost_usd as its session's cost so far: on exit it writes
+    a "cost-state" record, and a CLI resuming the session starts from the last one (measured:
+    three turns of $0.0042, exit, then one more: $0.0168; after a kill -9, no record is written
+    and the next CLI starts from the one before). 0.0 without one.
+    """
+    found = 0.0
+    for path in (config_dir(env) / "projects").glob(f"*/{session_id}.jsonl"):
+        for line in bounded_lines(path, limit=COST_LINE_LIMIT):
+            if line is None or COST_STATE not in line:
+                continue
+            with contextlib.suppress(ValueError, TypeError):
+                record = json.loads(line)
+                if record.get("type") == "cost-state":
+                    found = float(record["totalCostUSD"])
+    return found
+
+
 def compaction_summary(env: Mapping[str, str], session_id: str, boundary_id: str) -> str | None:
     """The agent's summary of the compaction boundary_id, read from the session's transcript."""
     for path in (config_dir(env) / "projects").glob(f"*/{session_id}.jsonl"):
