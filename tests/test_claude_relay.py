@@ -283,6 +283,39 @@ def test_permission_allow_then_deny(start: StartRelay, fake: FakeAnthropic) -> N
     assert of_kind(view, "line") == []
 
 
+def test_a_permission_mode_changed_reaches_the_live_agent(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a hostile review: a conversation's mode changed from acceptEdits to default
+    # said "default", yet its live CLI went on writing files without asking.
+    live = start()
+    cid = create_claude(live, permission_mode="acceptEdits")
+    work = Path(live.get(cid)["cwd"])
+    turn(live, cid, "[[WRITE:one.txt|1]]")  # accepted without a question
+    assert (work / "one.txt").read_text() == "1"
+    pid = agent_pid(live, cid)
+    changed = live.http.patch(f"/api/conversations/{cid}", json={"permission_mode": "default"})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["permission_mode"] == "default"
+    assert live.send(cid, "[[WRITE:two.txt|2]]").status_code == 202
+    question = wait_question(live, cid)  # asked now
+    assert question["data"]["tool"] == "Write"
+    answer = live.http.post(
+        f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": False}
+    )
+    assert answer.status_code == 200, answer.text
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert not (work / "two.txt").exists()
+    assert agent_pid(live, cid) == pid  # switched in place, not restarted
+    # And back: accepted again without a question.
+    changed = live.http.patch(f"/api/conversations/{cid}", json={"permission_mode": "acceptEdits"})
+    assert changed.status_code == 200, changed.text
+    view = turn(live, cid, "[[WRITE:three.txt|3]]")
+    assert (work / "three.txt").read_text() == "3"
+    asked = [e["id"] for e in view["timeline"] if e["data"].get("type") == "permission"]
+    assert asked == [question["id"]]  # the one question, of the default mode's turn
+
+
 def stopped(live: LiveRelay, cid: int) -> dict[str, Any]:
     """Press Stop on the conversation's running turn; its view once idle."""
     response = live.http.post(f"/api/conversations/{cid}/interrupt")

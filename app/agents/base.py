@@ -197,6 +197,14 @@ class WarmsUp(Protocol):
 
 
 @runtime_checkable
+class SwitchesMode(Protocol):
+    """An agent whose permission mode can change while it runs (else it is restarted)."""
+
+    async def switch_mode(self, mode: str) -> bool:
+        """Apply mode now, from its next tool call on; False when only a restart can."""
+
+
+@runtime_checkable
 class Receipts(Protocol):
     """An agent whose session records each prompt's id: after a crash it can say what it got.
 

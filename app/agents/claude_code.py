@@ -641,6 +641,19 @@ class ClaudeCodeAgent(TurnFlags):
             return {"decision": "block", "reason": WARM_UP_REASON}
         return {}
 
+    async def switch_mode(self, mode: str) -> bool:
+        """Change the live CLI's permission mode (a control request; from its next tool call).
+
+        Not to or from bypassPermissions: the CLI is started without the permission callback
+        in that mode, with it in the others; those switches need a restart (False).
+        """
+        client, old = self._client, self.spec.permission_mode
+        if client is None or not self.is_alive() or "bypassPermissions" in (mode, old):
+            return False
+        await client.set_permission_mode(mode)  # type: ignore[arg-type]
+        self.spec = replace(self.spec, permission_mode=mode)  # and for a restart after a crash
+        return True
+
     async def warm_up(self) -> None:
         """Run a resumed CLI's prompt path once, stopped by a hook before the model.
 

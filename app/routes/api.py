@@ -190,6 +190,8 @@ async def update_conversation(
         conversation = await supervisor.storage.write(
             supervisor.update_conversation, conversation, **changes
         )
+    if "permission_mode" in changes:  # the live agent too, not only its next start
+        await supervisor.apply_mode(conversation)
     return conversation_view(conversation)
 
 

@@ -12,7 +12,13 @@ from typing import Any
 
 from app import archive, store
 from app.agent_memory import Live, fits, starting_size, to_stop, tree_rss
-from app.agents.base import Agent, AgentSpec, PermissionDecision, PermissionRequest
+from app.agents.base import (
+    Agent,
+    AgentSpec,
+    PermissionDecision,
+    PermissionRequest,
+    SwitchesMode,
+)
 from app.limits import give_back_memory
 from app.models import Conversation
 from app.providers import agent_env
@@ -75,12 +81,37 @@ class Pool(SupervisorState):
             self.publish_agent(runner.conversation_id)
             raise
         runner.agent, runner.starting = agent, False
+        runner.agent_mode = spec.permission_mode
         runner.last_used = time.monotonic()  # its idle time starts now, not at the request
         self.publish_agent(runner.conversation_id)
         await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
         if conversation.applied_window != conversation.auto_compact_window:
             await self.storage.write(self._applied, conversation)
         return agent
+
+    async def _apply_mode(self, runner: Runner, mode: str, *, turn_begins: bool) -> None:
+        """Give the live agent the conversation's permission mode, if it runs with another.
+
+        Switched in place when the agent can (Claude Code: from its next tool call, even in
+        the middle of a turn); else the agent is closed, to resume with the new mode: at
+        once when idle, at the next turn's start when one runs (turn_begins).
+        """
+        agent = runner.agent
+        if agent is None or runner.agent_mode == mode:
+            return
+        if isinstance(agent, SwitchesMode) and await agent.switch_mode(mode):
+            runner.agent_mode = mode
+            return
+        idle = runner.state == TurnState.IDLE and not runner.starting
+        # (background work: a restart would kill it; applied at a turn after it)
+        if (turn_begins or idle) and not agent.background_work():
+            await self._close_agent(runner)
+
+    async def apply_mode(self, conversation: Conversation) -> None:
+        """A conversation's permission mode changed: its live agent follows (_apply_mode)."""
+        runner = self.runners.get(conversation.id or 0)
+        if runner is not None:
+            await self._apply_mode(runner, conversation.permission_mode, turn_begins=False)
 
     def _applied(self, conversation: Conversation) -> None:
         with self.session() as session:

@@ -110,6 +110,7 @@ class Runner:
 
     conversation_id: int
     agent: Agent | None = None
+    agent_mode: str | None = None  # the permission mode the live agent runs with
     task: asyncio.Task[None] | None = None
     state: TurnState = TurnState.IDLE
     streaming: dict[str, Streaming] = field(default_factory=dict)

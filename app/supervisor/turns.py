@@ -276,6 +276,9 @@ class Turns(SupervisorState):
             return
         try:
             await self._apply_window(runner)
+            if runner.turn_conversation is not None:  # changed since the agent started?
+                mode = runner.turn_conversation.permission_mode
+                await self._apply_mode(runner, mode, turn_begins=True)
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
