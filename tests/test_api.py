@@ -519,6 +519,25 @@ def test_patch_permission_mode(relay: LiveRelay) -> None:
     )
 
 
+def test_a_permission_mode_changed_restarts_an_agent_that_cannot_switch(
+    relay: LiveRelay,
+) -> None:
+    # The demo agent cannot change its mode while it runs: idle, it is stopped, and the next
+    # message starts it with the new one.
+    cid = relay.create()["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    runner = relay.supervisor.runners[cid]
+    assert runner.agent is not None and runner.agent_mode == "default"
+    assert relay.get(cid)["agent"] == "ready"
+    assert patch(relay, cid, permission_mode="plan").status_code == 200
+    assert runner.agent is None
+    assert relay.get(cid)["agent"] == "asleep"
+    assert relay.send(cid, "again").status_code == 202
+    relay.wait_idle(cid)
+    assert runner.agent is not None and runner.agent_mode == "plan"
+
+
 def test_patch_auto_compact_window(relay: LiveRelay) -> None:
     cid = relay.create()["id"]
     chosen = patch(relay, cid, auto_compact_window=200000)
