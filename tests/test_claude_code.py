@@ -638,11 +638,13 @@ def test_map_success_status_without_boundary_finishes_at_result() -> None:
     assert events == [CompactionStarted(), CompactionFinished(), TurnDone(duration_ms=5)]
 
 
-def test_finish_closes_open_message() -> None:
+def test_finish_leaves_a_cut_message_to_the_relay() -> None:
+    # Its text streamed, its end never came: no MessageDone (the relay keeps what streamed
+    # as interrupted), and nothing more of it afterwards.
     mapper = EventMapper()
     feed(mapper, "\n".join([start("m1"), delta("cut off")]))
-    assert mapper.finish() == [MessageDone("m1", "cut off")]
     assert mapper.finish() == []
+    assert feed(mapper, delta("late")) == []
 
 
 def test_summarize_input_picks_command_or_path() -> None:

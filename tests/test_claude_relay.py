@@ -373,7 +373,9 @@ def test_killed_cli_shows_error_and_next_message_resumes(
 
     kinds = [(e["kind"], e["state"]) for e in view["timeline"]]
     assert kinds[:3] == [("user", "sent"), ("agent", "done"), ("user", "sent")]
-    assert kinds[3][0] == "agent" and kinds[4:] == [("line", "done")]
+    # The cut reply keeps its streamed text, marked interrupted (it read "done" before).
+    assert kinds[3] == ("agent", "interrupted") and kinds[4:] == [("line", "done")]
+    live.wait_for(cid, lambda v: v["agent"] == "asleep", timeout=TIMEOUT)  # it said "ready"
     assert 3 <= len(view["timeline"][3]["text"].split()) < 400
     error = view["timeline"][4]
     assert error["data"] == {"level": "error"}
@@ -391,6 +393,23 @@ def test_killed_cli_shows_error_and_next_message_resumes(
     assert sent[0] == "my name is Bob"
     assert "now talk [[LONG:400]]" in sent
     assert sent[-1] == "what is my name?"
+
+
+def test_a_cli_killed_between_turns_shows_asleep_and_the_next_message_resumes(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a hostile review: the header said "ready" with no process, and typing (which
+    # warms an asleep agent) started nothing.
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "my name is Bob")
+    assert live.get(cid)["agent"] == "ready"
+    os.kill(agent_pid(live, cid), signal.SIGKILL)
+    live.wait_for(cid, lambda v: v["agent"] == "asleep", timeout=TIMEOUT)  # the reaper's pass
+    view = turn(live, cid, "what is my name?")
+    assert shape(view)[-1] == ("agent", "done", "You said: what is my name?")
+    assert of_kind(view, "line") == []
+    assert "my name is Bob" in json.dumps(fake.message_bodies()[-1])  # resumed
 
 
 def test_a_tool_call_cut_by_a_killed_cli_shows_it_got_no_result(

@@ -197,6 +197,14 @@ class WarmsUp(Protocol):
 
 
 @runtime_checkable
+class Exits(Protocol):
+    """An agent in a process of its own, which can end (crash, kill) between two turns."""
+
+    def is_alive(self) -> bool:
+        """Whether its process still runs."""
+
+
+@runtime_checkable
 class SwitchesMode(Protocol):
     """An agent whose permission mode can change while it runs (else it is restarted)."""
 

@@ -210,7 +210,17 @@ class EventMapper:
         return self.feed(message) if message is not None else []
 
     def finish(self) -> list[AgentEvent]:
-        """Close every open message (the process ended without a result)."""
+        """The process ended without a result: what its open messages become.
+
+        One whose text streamed was cut (no message_stop): no MessageDone, so the relay keeps
+        its streamed text as interrupted. One known only whole (an assistant message without
+        stream events) is closed with that text.
+        """
+        cut = [mid for mid, message in self._open.items() if message.streamed]
+        for message_id in cut:
+            self._open.pop(message_id)
+            self._done.add(message_id)
+        self._current = None
         return self._finalize_all()
 
     def _finalize(self, message_id: str) -> list[AgentEvent]:

@@ -15,6 +15,7 @@ from app.agent_memory import Live, fits, starting_size, to_stop, tree_rss
 from app.agents.base import (
     Agent,
     AgentSpec,
+    Exits,
     PermissionDecision,
     PermissionRequest,
     SwitchesMode,
@@ -293,6 +294,11 @@ class Pool(SupervisorState):
                 if runner.agent is not None and idle and expired:
                     log.info("stopping idle agent of conversation %s", runner.conversation_id)
                     await self._close_agent(runner)
+                elif runner.agent is not None and idle and not runner.starting and gone(runner):
+                    # Killed or crashed between turns: asleep, as the header then says (it
+                    # said ready, and a keystroke warmed nothing); the next message resumes.
+                    log.info("the agent of conversation %s exited", runner.conversation_id)
+                    await self._close_agent(runner)
             try:
                 await self._fit_budget()  # agents grow during their turns
             except Exception:
@@ -301,6 +307,11 @@ class Pool(SupervisorState):
                 await self.storage.write(self.release_idle, time.monotonic() - timeout)
             except Exception:  # memory is released on the next pass
                 log.exception("releasing idle conversations failed")
+
+    async def _close_if_gone(self, runner: Runner) -> None:
+        """A turn ended by its agent's crash: the agent goes (asleep), the next turn resumes."""
+        if runner.agent is not None and gone(runner):
+            await self._close_agent(runner)
 
     def release_idle(self, before: float) -> list[int]:
         """Forget what idle and archived conversations hold in memory; which ones were released.
@@ -335,3 +346,9 @@ class Pool(SupervisorState):
         if released or seqs:
             give_back_memory()  # else what was released stays in the process's RSS
         return released
+
+
+def gone(runner: Runner) -> bool:
+    """Whether the runner's agent runs in a process that has exited."""
+    agent = runner.agent
+    return isinstance(agent, Exits) and not agent.is_alive()

@@ -326,6 +326,9 @@ class Turns(SupervisorState):
                         return
                     if any(isinstance(event, TurnDone) for event in burst):
                         break
+            await self._close_if_gone(runner)  # crashed in its turn: asleep now
+            if runner.agent is None:
+                return
             if runner.reported_agent is not agent:
                 # The window is fixed for a process's life: check it once per process. (Fresh
                 # categories are fetched when someone opens the 🧠 modal: refresh_context.)
