@@ -302,7 +302,10 @@ class HistoryBuilder:
         self.mapper = EventMapper()
         self.entries: list[Draft] = []
         self.tools: dict[str, Draft] = {}
-        self.starts: dict[str, int] = {}  # where each assistant message began in entries
+        # Where each assistant message not yet placed began in entries (a placed one leaves:
+        # every message's placing walked every message before, quadratic in the transcript).
+        self.starts: dict[str, int] = {}
+        self.placed: set[str] = set()
         self.context_tokens: int | None = None
         self.model: str | None = None
         self.compaction: tuple[Draft, SummaryWatch] | None = None  # its summary not yet seen
@@ -319,7 +322,8 @@ class HistoryBuilder:
                 return
             message_id = (record.get("message") or {}).get("id") or record.get("uuid")
             # Its text goes before its tool calls, as the live timeline shows it streamed.
-            self.starts.setdefault(message_id, len(self.entries))
+            if message_id not in self.placed:  # (a record of one placed: the mapper skips it)
+                self.starts.setdefault(message_id, len(self.entries))
             self._events(self.mapper.feed_json(record))
         elif kind == "user":
             self._user(record)
@@ -362,10 +366,13 @@ class HistoryBuilder:
     def _events(self, events: list[Any]) -> None:
         for event in events:
             match event:
-                case MessageDone(message_id=message_id, text=text) if text.strip():
-                    at = self.starts.get(message_id, len(self.entries))
-                    self.entries.insert(at, Draft("agent", text))
-                    self._shift_after(message_id, at)
+                case MessageDone(message_id=message_id, text=text):
+                    if text.strip():
+                        at = self.starts.get(message_id, len(self.entries))
+                        self.entries.insert(at, Draft("agent", text))
+                        self._shift_after(message_id, at)
+                    self.starts.pop(message_id, None)
+                    self.placed.add(message_id)
                 case Activity(phase="call"):
                     data: dict[str, Any] = {"type": "tool", "tool": event.name}
                     data["tool_id"] = event.tool_id

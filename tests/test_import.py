@@ -18,7 +18,7 @@ import pytest
 
 from app.agents.claude_code import RESUME_FAILED
 from app.agents.transcript import project_slug
-from app.imports import NO_RESULT, read_history, user_drafts
+from app.imports import NO_RESULT, HistoryBuilder, read_history, user_drafts
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay, make_settings
 from tests.terminal import CLI, terminal
@@ -268,6 +268,20 @@ def test_a_huge_transcript_is_read_from_its_end(real_transcript: Path) -> None:
     history = read_history(real_transcript, max_entries=2)
     assert [d.text for d in history.entries] == ["echo hi", "The tool returned: hi"]
     assert history.entries_left_out == len(both) - 2
+
+
+def test_a_long_transcript_is_read_in_one_pass(real_transcript: Path) -> None:
+    # Found by a hostile review: placing each message walked every message before it (a
+    # 32 MiB session took 93 s, the relay stalling): a placed message is forgotten now.
+    lines = real_transcript.read_text().splitlines()
+    builder = HistoryBuilder()
+    for n in range(200):  # the same exchange 200 times, its messages' and calls' ids each new
+        for line in lines:
+            builder.feed(json.loads(line.replace("msg_", f"msg{n}_").replace("toolu_", f"t{n}_")))
+    entries = builder.finish()
+    assert [(d.kind, d.text) for d in entries[:4]] == EXPECTED
+    assert len(entries) == 200 * len(EXPECTED)
+    assert builder.starts == {}  # every message placed, none kept
 
 
 def test_a_tool_call_without_its_result_is_shown_ended(real_transcript: Path) -> None:
