@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -44,6 +45,29 @@ def _fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
+
+
+def closed_fences(text: str) -> str:
+    """The text with a code fence it leaves open closed (CommonMark's rules).
+
+    A message cut in the middle of code (or a pasted half snippet) would otherwise turn every
+    later heading of the export into code.
+    """
+    opened: str | None = None  # the open fence's marker
+    for line in text.split("\n"):
+        found = _FENCE.match(line)
+        if found is None:
+            continue
+        marker, rest = found.groups()
+        if opened is None:
+            if not (marker[0] == "`" and "`" in rest):  # (a backtick fence's info has none)
+                opened = marker
+        elif marker[0] == opened[0] and len(marker) >= len(opened) and not rest.strip():
+            opened = None
+    return text if opened is None else f"{text}\n{opened}"
+
+
 def markdown_part(conversation: Conversation, entries: Iterator[Entry]) -> str:
     """One conversation in Markdown: its messages, tool calls and notices in order."""
     lines = [
@@ -55,7 +79,7 @@ def markdown_part(conversation: Conversation, entries: Iterator[Entry]) -> str:
     ]
     for entry in entries:
         if entry.kind in SPEAKERS:
-            lines += [f"## {SPEAKERS[entry.kind]}", "", entry.text.rstrip(), ""]
+            lines += [f"## {SPEAKERS[entry.kind]}", "", closed_fences(entry.text.rstrip()), ""]
         elif entry.kind == "activity":
             fence = _fence(entry.text)
             lines += [f"{fence}tool", entry.text.rstrip(), fence, ""]

@@ -11,10 +11,12 @@ import pytest
 from alembic import command
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 from sqlalchemy.engine import Engine
 
 from app import store
 from app.db import get_session, make_engine
+from app.export import closed_fences
 from app.migrate import alembic_config, upgrade
 from app.models import Conversation
 from app.render import markdown_words
@@ -392,6 +394,29 @@ def test_export_markdown_exactly(relay: LiveRelay) -> None:
         f"{view['created_at'].replace('Z', '+00:00')}\n\n"
         f"## You\n\nhello there\n\n## Agent\n\n{reply}\n"
     )
+
+
+def test_closed_fences_closes_only_a_fence_left_open() -> None:
+    assert closed_fences("```python\nprint(1)") == "```python\nprint(1)\n```"
+    assert closed_fences("~~~~\ncode\n~~~") == "~~~~\ncode\n~~~\n~~~~"  # too short to close
+    for whole in ("```\na\n```", "text ``` inline", "```\na\n`````", "~~~\n```\n~~~", "plain"):
+        assert closed_fences(whole) == whole
+    assert closed_fences("``` not `a` fence\nx") == "``` not `a` fence\nx"  # backtick in info
+    assert closed_fences("    ```\nindented code") == "    ```\nindented code"
+
+
+def test_an_unclosed_fence_keeps_to_its_message_in_the_markdown_export(
+    relay: LiveRelay,
+) -> None:
+    # Found by a hostile review: a message ending inside a code fence turned the rest of the
+    # export, every later "## You" / "## Agent", into code.
+    cid = relay.create(title="Half a snippet")["id"]
+    wait_idle_reply(relay, cid, "look:\n```python\ndef f():")
+    wait_idle_reply(relay, cid, "and then")
+    text = relay.http.get(f"/api/conversations/{cid}/export", params={"format": "md"}).text
+    tokens = MarkdownIt("commonmark").parse(text)
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings == ["Half a snippet", "You", "Agent", "You", "Agent"]
 
 
 def test_export_json_lines_with_ancestors(relay: LiveRelay) -> None:
