@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
@@ -260,13 +260,22 @@ def _candidates(config: Path, roots: list[Path]) -> list[tuple[float, int, Path]
     return found
 
 
-def list_sessions(config: Path, roots: list[Path]) -> tuple[list[TerminalSession], bool]:
+def candidate_ids(config: Path, roots: list[Path]) -> list[str]:
+    """The session ids a listing looks at, newest first (for the conversations holding them)."""
+    return [path.stem for _mtime, _size, path in _candidates(config, roots)[:MAX_EXAMINED]]
+
+
+def list_sessions(
+    config: Path, roots: list[Path], held: Container[str] = ()
+) -> tuple[list[TerminalSession], bool]:
     """Sessions whose cwd is an existing directory inside a root, newest first; and whether
-    more were left out."""
+    more were left out. Sessions in `held` (conversations hold them) are listed beside the
+    MAX_LISTED others: they would fill the list with what cannot be imported."""
     sessions: list[TerminalSession] = []
+    listed = 0
     candidates = _candidates(config, roots)
     for mtime, size, path in candidates[:MAX_EXAMINED]:
-        if len(sessions) == MAX_LISTED:
+        if listed == MAX_LISTED:
             return sessions, True
         try:
             cwd, title = session_summary(path)
@@ -278,6 +287,7 @@ def list_sessions(config: Path, roots: list[Path]) -> tuple[list[TerminalSession
         except (OSError, RuntimeError, ValueError):  # ValueError: a NUL in the cwd, say
             continue
         sessions.append(TerminalSession(path.stem, cwd, title or "(no prompt)", mtime, size))
+        listed += path.stem not in held
     return sessions, len(candidates) > MAX_EXAMINED
 
 

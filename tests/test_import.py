@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app import imports
 from app.agents.claude_code import RESUME_FAILED
 from app.agents.transcript import project_slug
 from app.imports import NO_RESULT, HistoryBuilder, read_history, user_drafts
@@ -165,6 +168,28 @@ def test_only_sessions_inside_the_roots_are_listed(
     assert refused.status_code == 400
     assert "must be inside" in refused.json()["detail"]
     assert live.http.get("/api/conversations").json()["conversations"] == []
+
+
+def test_sessions_already_held_do_not_fill_the_list(
+    live: LiveRelay, config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a hostile review: the 100 newest sessions were listed, held or not; once
+    # conversations held 100 newer ones (every Claude Code conversation does), an older
+    # terminal session could not be reached from the dialog.
+    monkeypatch.setattr(imports, "MAX_LISTED", 2)
+    terminal(tmp_path / "data" / "work", "the terminal's own")
+    (older,) = (config / "projects").glob("*/*.jsonl")
+    newer = [older.with_name(f"{uuid.uuid4()}.jsonl") for _ in range(3)]
+    for n, path in enumerate(newer, start=1):
+        shutil.copyfile(older, path)
+        os.utime(path, (older.stat().st_mtime + n, older.stat().st_mtime + n))
+        assert import_session(live, path.stem).status_code == 201
+    listed = sessions(live)
+    held = [s["session_id"] for s in listed["sessions"] if s["conversation_id"] is not None]
+    fresh = [s["session_id"] for s in listed["sessions"] if s["conversation_id"] is None]
+    assert held == [path.stem for path in reversed(newer)]  # newest first, marked held
+    assert fresh == [older.stem]
+    assert listed["more"] is False
 
 
 def test_bad_or_unknown_session_ids(live: LiveRelay) -> None:

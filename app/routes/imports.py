@@ -47,8 +47,10 @@ async def list_claude_sessions(request: Request, supervisor: SupervisorDep) -> d
     """Claude Code sessions whose cwd is inside the workspace roots, newest first."""
     settings: Settings = request.app.state.settings
     config = claude_config(settings)
-    found, more = await asyncio.to_thread(imports.list_sessions, config, settings.roots)
-    held = await supervisor.storage.read(_holders, supervisor, [s.session_id for s in found])
+    # Which of the sessions it looks at conversations hold: those do not count to its cap.
+    ids = await asyncio.to_thread(imports.candidate_ids, config, settings.roots)
+    held = await supervisor.storage.read(_holders, supervisor, ids)
+    found, more = await asyncio.to_thread(imports.list_sessions, config, settings.roots, held)
     return {
         "config_dir": str(config),
         "sessions": [
