@@ -192,6 +192,25 @@ def test_sessions_already_held_do_not_fill_the_list(
     assert listed["more"] is False
 
 
+def test_a_killed_cli_s_record_does_not_hold_its_session_once_its_pid_is_reused(
+    live: LiveRelay, config: Path, tmp_path: Path
+) -> None:
+    # Found by a hostile review: a CLI killed with SIGKILL leaves sessions/<pid>.json; once
+    # another program had that pid, the session could never be imported ("still open").
+    terminal(tmp_path / "data" / "work", "killed later")
+    (transcript,) = (config / "projects").glob("*/*.jsonl")
+    init = Path("/proc/1/stat").read_text().rsplit(")", 1)[-1].split()[19]  # pid 1's start
+    record = config / "sessions" / "1.json"
+    record.parent.mkdir(exist_ok=True)
+    stale = {"pid": 1, "sessionId": transcript.stem, "cwd": str(tmp_path), "kind": "interactive"}
+    record.write_text(json.dumps(stale | {"procStart": init}))  # pid 1 itself: it runs
+    refused = import_session(live, transcript.stem)
+    assert refused.status_code == 409, refused.text
+    assert "still open in a terminal (process 1)" in refused.json()["detail"]
+    record.write_text(json.dumps(stale | {"procStart": str(int(init) + 12345)}))  # another
+    assert import_session(live, transcript.stem).status_code == 201
+
+
 def test_bad_or_unknown_session_ids(live: LiveRelay) -> None:
     assert import_session(live, "not-a-session").status_code == 422
     assert import_session(live, "..%2F..%2Fetc").status_code in (404, 422)

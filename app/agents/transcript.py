@@ -48,8 +48,13 @@ class LiveSession:
     cwd: str | None
 
 
-def _left_running(pid: int) -> bool:
-    """Whether a process runs (a zombie does not) and is not one this process started."""
+def _left_running(pid: int, started: object = None) -> bool:
+    """Whether a process runs (a zombie does not) and is not one this process started.
+
+    started: the CLI's `procStart`, its process's start time (/proc/<pid>/stat, field 22): a
+    process of that pid started at another time is another one (a killed CLI leaves its
+    record, and after a while, or a reboot, its pid is some other program's).
+    """
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
     except OSError:
@@ -60,6 +65,8 @@ def _left_running(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+    if isinstance(started, str) and started.isdigit() and started != fields[19]:
+        return False
     # This relay's own agents (other conversations in the same cwd) take no cut prompt.
     return fields[0] not in ("Z", "X") and int(fields[1]) != os.getpid()
 
@@ -72,7 +79,7 @@ def live_sessions(config: Path) -> Iterator[LiveSession]:
             pid = int(record["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if pid > 0 and _left_running(pid):
+        if pid > 0 and _left_running(pid, record.get("procStart")):
             yield LiveSession(pid, record.get("sessionId"), record.get("cwd"))
 
 
