@@ -7,6 +7,10 @@ import { api, byId } from './util.js';
 
 const FLAG = 'oarlock.notify'; // 'on': this browser turned notifications on
 const WORKER = '/static/sw.js';
+// Tabs of one browser tell each other which conversation one of them is looking at when an
+// event of it comes: the others wait this long for that before they notify.
+const LOOKING = 'oarlock.looking';
+const LOOKING_WAIT_MS = 300;
 
 /** Base64url text of an ArrayBuffer (a push subscription's applicationServerKey). */
 function b64url(buffer) {
@@ -27,6 +31,13 @@ export class Notify {
     this.open = open;
     this.button = byId('notify-button');
     this.registration = null;
+    this.looked = new Map(); // conversation id → when another tab said it is looking at it
+    this.channel = 'BroadcastChannel' in window ? new BroadcastChannel(LOOKING) : null;
+    if (this.channel) {
+      this.channel.onmessage = ({ data }) => {
+        if (data && Number.isInteger(data.looking)) this.looked.set(data.looking, Date.now());
+      };
+    }
   }
 
   start() {
@@ -127,11 +138,24 @@ export class Notify {
     this.send({ type: 'presence', visible: document.visibilityState === 'visible' });
   }
 
-  /** A notify event: show it unless this page is visible and on that conversation. */
+  /** A notify event: show it unless this page, or another tab of this browser, is visible and
+   *  on that conversation (that tab says so when the same event reaches it). */
   onNotify(message) {
+    const id = message.conversation_id;
+    if (document.visibilityState === 'visible' && this.current() === id) {
+      if (this.channel) this.channel.postMessage({ looking: id });
+      return;
+    }
     if (!this.on) return;
-    const looking = document.visibilityState === 'visible' && this.current() === message.conversation_id;
-    if (!looking) this.show(message);
+    if (!this.channel) {
+      this.show(message);
+      return;
+    }
+    const arrived = Date.now();
+    setTimeout(() => {
+      if ((this.looked.get(id) ?? 0) >= arrived - LOOKING_WAIT_MS) return; // looked at there
+      if (this.on) this.show(message);
+    }, LOOKING_WAIT_MS);
   }
 
   show(message) {

@@ -135,6 +135,35 @@ def test_hidden_page_notifies_of_its_own_conversation(relay: LiveRelay, pages: P
     assert_clean(pages)
 
 
+def test_a_tab_looking_at_the_conversation_keeps_the_browser_s_other_tabs_quiet(
+    relay: LiveRelay, pages: Pages
+) -> None:
+    # Found by a hostile review: a background tab notified of the conversation another tab
+    # of the same browser showed ("a conversation you are not looking at", README).
+    here = relay.create(title="Here")["id"]
+    looking = open_watched(pages, relay, here)
+    turn_on(looking)
+    behind = pages.watch(looking.context.new_page())  # the same browser's other tab
+    behind.add_init_script(HOOK)
+    behind.goto(f"{relay.base}/c/{here}")
+    expect(by_id(behind, "title")).to_have_text("Here")
+    behind.evaluate(HIDE)
+    relay.send(here, "while watched")
+    expect(agent_reply(looking, "while watched")).to_be_visible()
+    expect(agent_reply(behind, "while watched")).to_be_attached()
+    behind.wait_for_timeout(1500)  # past the tab's wait for a looking tab
+    assert notes(behind) == [] and notes(looking) == []
+    # With the looking tab elsewhere, the hidden one notifies.
+    looking.goto(f"{relay.base}/c/{relay.create(title='Elsewhere')['id']}")
+    expect(by_id(looking, "title")).to_have_text("Elsewhere")
+    relay.send(here, "while away")
+    assert wait_notes(behind, 1) == [
+        {"title": "Here", "body": "Turn finished", "tag": f"oarlock-{here}"}
+    ]
+    assert notes(looking) == [{"title": "Here", "body": "Turn finished", "tag": f"oarlock-{here}"}]
+    assert_clean(pages)
+
+
 def test_off_means_no_notification(relay: LiveRelay, pages: Pages) -> None:
     elsewhere = relay.create(title="Elsewhere")["id"]
     here = relay.create(title="Here")["id"]
