@@ -29,13 +29,22 @@ self.addEventListener('push', (event) => {
   event.waitUntil(self.registration.showNotification(title, options));
 });
 
+/** A window running the app (its list or a conversation), which opens what it is told; not a
+ *  backup file, the API docs or the login page of the same origin, which would not. */
+function appWindow(windows, origin) {
+  return windows.find((client) => {
+    const url = new URL(client.url);
+    return url.origin === origin && (url.pathname === '/' || url.pathname.startsWith('/c/'));
+  });
+}
+
 self.addEventListener('notificationclick', (event) => {
   event.notification.close();
   const id = event.notification.data ? event.notification.data.conversation_id : null;
   const url = new URL(id == null ? '/' : `/c/${id}`, self.location.origin).href;
   event.waitUntil((async () => {
     const windows = await self.clients.matchAll({ type: 'window', includeUncontrolled: true });
-    const page = windows.find((client) => new URL(client.url).origin === self.location.origin);
+    const page = appWindow(windows, self.location.origin);
     if (!page) return self.clients.openWindow(url);
     await page.focus();
     page.postMessage({ type: 'open', conversation_id: id }); // the page opens it (static/notify.js)

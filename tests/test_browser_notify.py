@@ -180,6 +180,27 @@ def test_off_means_no_notification(relay: LiveRelay, pages: Pages) -> None:
     assert_clean(pages)
 
 
+def test_a_web_push_click_goes_to_an_app_window(relay: LiveRelay, pages: Pages) -> None:
+    # Found by a hostile review: the click focused the first window of the origin, a raw
+    # backup file or the API docs as well, and asked it to open the conversation: nothing did.
+    page = pages.open(relay)
+    page.evaluate("navigator.serviceWorker.ready")
+    (worker,) = page.context.service_workers
+    base = relay.base
+    found = worker.evaluate(
+        """(base) => [
+          [base + '/api/conversations/3/backups/b.md', base + '/c/3', base + '/'],
+          [base + '/docs', base + '/'],
+          [base + '/api/conversations/3/backups/b.md', base + '/login', base + '/docs'],
+          ['http://elsewhere.example/c/3'],
+        ].map((urls) => appWindow(urls.map((url) => ({ url })), self.location.origin))
+         .map((client) => (client ? client.url : null))""",
+        base,
+    )
+    assert found == [f"{base}/c/3", f"{base}/", None, None]
+    assert_clean(pages)
+
+
 def test_manifest_and_service_worker_load(relay: LiveRelay, pages: Pages) -> None:
     page = pages.open(relay)
     # ready never settles without a registration: give up after 10 s (a bound, not a measure).
