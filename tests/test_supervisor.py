@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,25 @@ class BackgroundDemo(DemoAgent):
     def background_work(self) -> bool:
         """What the test says."""
         return BackgroundDemo.busy
+
+
+def test_the_idle_timeout_spares_an_agent_running_background_work(tmp_path: Path) -> None:
+    # Found by a hostile review: the idle timeout stopped an agent whose background shell
+    # still ran (the job killed, without a word); the memory budget already spared it.
+    with LiveRelay(make_settings(tmp_path / "data", agent_idle_timeout=1)) as relay:
+        relay.supervisor.agent_factory = lambda _provider, spec, _settings: BackgroundDemo(spec)
+        BackgroundDemo.busy = True
+        cid = relay.create()["id"]
+        relay.send(cid, "first")
+        relay.wait_idle(cid)
+        runner = relay.supervisor.runners[cid]
+        time.sleep(3)  # three idle timeouts, six passes of the reaper
+        assert runner.agent is not None
+        BackgroundDemo.busy = False  # its work ended: the timeout applies again
+        deadline = time.monotonic() + 10
+        while runner.agent is not None:
+            assert time.monotonic() < deadline, "the idle agent was never stopped"
+            time.sleep(0.1)
 
 
 def test_window_change_waits_for_background_work(relay: LiveRelay) -> None:

@@ -291,7 +291,8 @@ class Pool(SupervisorState):
                     runner.task and not runner.task.done()
                 )
                 expired = runner.archived or now - runner.last_used > timeout
-                if runner.agent is not None and idle and expired:
+                # Never one running background work (a shell it started): as for the budget.
+                if runner.agent is not None and expired and self._stoppable(runner):
                     log.info("stopping idle agent of conversation %s", runner.conversation_id)
                     await self._close_agent(runner)
                 elif runner.agent is not None and idle and not runner.starting and gone(runner):
