@@ -140,9 +140,14 @@ class BackupFiles:
         folder = self._ensure(conversation_id)
         temporary = folder / f".{RAILS_FILE}.tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(rails.as_dict(), file)
-        os.replace(temporary, folder / RAILS_FILE)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                json.dump(rails.as_dict(), file)
+            os.replace(temporary, folder / RAILS_FILE)
+        except BaseException:  # a full disk: the rails stay as they were, nothing is left
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
 
 
 @dataclass(frozen=True)

@@ -446,6 +446,11 @@ def test_rails_survive_in_the_folder(tmp_path: Path) -> None:
     files.save_rails(3, rails)
     assert files.load_rails(3) == rails
     assert stat.S_IMODE(os.stat(tmp_path / "backups" / "3" / "rails.json").st_mode) == 0o600
+    # A save that fails midway (as on a full disk) leaves the saved rails and no litter.
+    with pytest.raises(TypeError):
+        files.save_rails(3, Rails(last_used=object()))  # type: ignore[arg-type]
+    assert files.load_rails(3) == rails
+    assert sorted(p.name for p in (tmp_path / "backups" / "3").iterdir()) == ["rails.json"]
     (tmp_path / "backups" / "3" / "rails.json").write_text("{not json")
     assert files.load_rails(3) == Rails()
 
