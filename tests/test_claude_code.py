@@ -678,7 +678,7 @@ def test_mapper_tracks_background_tasks_until_they_end() -> None:
     assert mapper.tasks == set()
 
 
-def result_answering(*uuids: str) -> Any:
+def result_answering(*uuids: str, origin: dict[str, str] | None = None) -> Any:
     """A result message (as the CLI sends it) of a turn that took in these user messages."""
     raw: dict[str, Any] = {
         "type": "result",
@@ -692,6 +692,8 @@ def result_answering(*uuids: str) -> Any:
     }
     if uuids:
         raw |= {"user_message_uuid": uuids[-1], "user_message_uuids": list(uuids)}
+    if origin is not None:
+        raw["origin"] = origin
     return parse_message(raw)
 
 
@@ -700,6 +702,9 @@ def test_result_of_an_injected_turn_does_not_answer_our_prompt() -> None:
     assert _answers(result_answering("other", "mine"), "mine")  # merged into one turn
     assert not _answers(result_answering("background-notification"), "mine")
     assert _answers(result_answering(), "mine")  # no uuids (older CLI): as before
+    # A turn the CLI began itself, naming no message: a background task's end, not ours.
+    assert not _answers(result_answering(origin={"kind": "task-notification"}), "mine")
+    assert _answers(result_answering(origin={"kind": "human"}), "mine")
 
 
 @pytest.mark.parametrize(

@@ -316,6 +316,47 @@ def test_a_permission_mode_changed_reaches_the_live_agent(
     assert asked == [question["id"]]  # the one question, of the default mode's turn
 
 
+def test_a_background_task_ending_between_turns_is_read_and_shifts_no_reply(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a hostile review: when a background shell ended between turns, the CLI ran a
+    # turn of its own; unread, its result ended the next message's turn, and every reply
+    # after it came one message late. Its task also stayed "running" until the next turn.
+    live = start()
+    cid = create_claude(live)
+    command = "sleep 2; echo bg-done"
+    tool = {"command": command, "description": "Wait", "run_in_background": True}
+    fake.tool_calls.append(("Bash", tool))
+    assert live.send(cid, "start it in the background").status_code == 202
+    view = live.wait_idle(cid, timeout=TIMEOUT)  # (sleep and echo need no permission)
+    assert "running in background" in of_kind(view, "activity")[0]["data"]["output"]
+    agent = live.supervisor.runners[cid].agent
+    assert agent is not None and agent.background_work()
+    asked = len(fake.requests)
+    deadline = time.monotonic() + TIMEOUT
+    while agent.background_work() or len(fake.requests) == asked:  # ended, and its own turn
+        assert time.monotonic() < deadline, "the task's end was never read"
+        time.sleep(0.1)
+    time.sleep(1.0)  # (the CLI's own turn streams its answer)
+    for word in ("APPLE", "BANANA"):
+        view = turn(live, cid, word)
+        assert of_kind(view, "agent")[-1]["text"] == f"You said: {word}"
+        assert of_kind(view, "user")[-1]["text"] == word
+
+
+def test_the_model_is_not_offered_a_question_tool_it_cannot_get_answered(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a hostile review: AskUserQuestion came as a permission card of raw JSON whose
+    # Allow told the model "The user did not answer the questions."
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "hello")
+    offered = {tool["name"] for tool in fake.message_bodies()[-1]["tools"]}
+    assert "Bash" in offered
+    assert "AskUserQuestion" not in offered
+
+
 def stopped(live: LiveRelay, cid: int) -> dict[str, Any]:
     """Press Stop on the conversation's running turn; its view once idle."""
     response = live.http.post(f"/api/conversations/{cid}/interrupt")

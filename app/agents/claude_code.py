@@ -83,6 +83,7 @@ from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
 
+UNANSWERABLE_TOOLS = ("AskUserQuestion",)  # Claude Code's tools the relay has no UI for
 RESUME_FAILED = (
     "Could not resume the previous Claude Code session (its transcript is gone); "
     "started a new session."
@@ -412,11 +413,18 @@ def stderr_reason(lines: Iterable[str], limit: int = 300) -> str:
 
 
 def _answers(result: ResultMessage, prompt_id: str) -> bool:
-    """True unless the result says it answers other messages than the prompt (uuid) sent."""
+    """True unless the result is another turn's than the prompt's (sent with uuid prompt_id).
+
+    A turn the CLI began on its own (a background task's end) names no prompt of ours and
+    says where it came from; ours names ours, or nothing (an interrupted turn's may not).
+    """
     taken = result.user_message_uuids or (
         [result.user_message_uuid] if result.user_message_uuid else []
     )
-    return not taken or prompt_id in taken
+    if taken:
+        return prompt_id in taken
+    origin = result.origin or {}
+    return origin.get("kind") in (None, "human")
 
 
 class _ExactEnvTransport(SubprocessCLITransport):
@@ -532,6 +540,11 @@ class ClaudeCodeAgent(TurnFlags):
         self._client: ClaudeSDKClient | None = None
         self._transport: _ExactEnvTransport | None = None
         self._mapper = EventMapper()
+        # Between turns, what the CLI says on its own (a background task's end, the turn it
+        # then runs) is read at once: the task state stays current, the events wait for the
+        # next turn (see _listen).
+        self._idle: asyncio.Task[None] | None = None
+        self._backlog: list[AgentEvent] = []
         self._init_turn_flags()
         self._stderr: deque[str] = deque(maxlen=20)
         self._starting = False  # turn() is (re)starting the CLI
@@ -598,6 +611,9 @@ class ClaudeCodeAgent(TurnFlags):
             # The relay's own tools are never asked about: _can_use_tool allows them (the SDK
             # refuses an allowed_tools entry that would shadow the callback).
             allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
+            # Its questions would come as a permission card whose Allow answers nothing (the
+            # model heard "The user did not answer"): without it, the model asks in its reply.
+            disallowed_tools=list(UNANSWERABLE_TOOLS),
             # Only a resumed CLI is ever warmed up: on the others the hook would cost every
             # prompt a control round trip for nothing.
             hooks={"UserPromptSubmit": [HookMatcher(hooks=[self._stop_warm_up])]}
@@ -679,6 +695,7 @@ class ClaudeCodeAgent(TurnFlags):
             return
         self._in_turn = True
         try:
+            await self._quiet()
             async with asyncio.timeout(CONTROL_TIMEOUT):
                 await client.query(self._warm_up_prompt)
                 async with contextlib.aclosing(client.receive_messages()) as messages:
@@ -690,6 +707,7 @@ class ClaudeCodeAgent(TurnFlags):
             self._dirty = True
         finally:
             self._in_turn = False
+            self._listen()
 
     def received(self, session_id: str | None, prompt_id: str, since: float) -> bool | None:
         """Whether the session's transcript records the prompt sent with prompt_id."""
@@ -725,7 +743,11 @@ class ClaudeCodeAgent(TurnFlags):
                     return
                 finally:
                     self._starting = False
+            await self._quiet()
             for event in self._take_pending():
+                yield event
+            backlog, self._backlog = self._backlog, []
+            for event in backlog:  # said by the CLI on its own since the last turn
                 yield event
             if self._stop_early:  # Stop came before the prompt was sent: send nothing
                 yield TurnDone(interrupted=True)
@@ -769,6 +791,39 @@ class ClaudeCodeAgent(TurnFlags):
         finally:
             self._in_turn = False
             self._dirty = self._dirty or not finished
+            self._listen()
+
+    def _listen(self) -> None:
+        """Read the CLI between turns (a task, until the next turn or warm-up stops it)."""
+        client = self._client
+        if client is None or self._dirty or self._closing or not self.is_alive():
+            return
+        if self._idle is None or self._idle.done():
+            self._idle = asyncio.create_task(self._read_idle(client), name="claude-idle")
+
+    async def _read_idle(self, client: ClaudeSDKClient) -> None:
+        """What the CLI says on its own: its task state now, its events at the next turn.
+
+        A turn it runs by itself ends with a result of its own: not a turn of the relay's.
+        """
+        try:
+            async with contextlib.aclosing(client.receive_messages()) as messages:
+                async for message in messages:
+                    for event in self._mapper.feed(message):
+                        if isinstance(event, SessionStarted):
+                            self.session_id = event.session_id
+                        if not isinstance(event, TurnDone):
+                            self._backlog.append(event)
+        except Exception:  # the process ended: the next turn finds it gone and starts anew
+            log.info("Claude Code stopped while idle", exc_info=True)
+
+    async def _quiet(self) -> None:
+        """Stop reading between turns (a turn or a warm-up reads now)."""
+        task, self._idle = self._idle, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def _failure_text(self, error: Exception) -> str:
         if self.is_alive() and not isinstance(error, ProcessError):
@@ -813,6 +868,7 @@ class ClaudeCodeAgent(TurnFlags):
         """Stop the CLI (stdin closed, then killed if it lingers); never hangs."""
         client, transport = self._client, self._transport
         self._closing = True
+        await self._quiet()
         if client is not None and self.is_alive():
             with contextlib.suppress(TimeoutError):  # a turn in flight would delay the exit
                 async with asyncio.timeout(3):
