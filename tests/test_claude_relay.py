@@ -349,6 +349,32 @@ def test_a_background_task_ending_between_turns_is_read_and_shifts_no_reply(
             assert replies == [f"You said: {word}"], replies
 
 
+def test_a_subagent_s_question_outlives_the_turn_that_started_it(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a hostile review: a subagent (which this CLI runs in the background) asking
+    # before the main turn ended had its question denied by that end ("The turn ended."):
+    # whether it could work was a race against the main agent's last reply.
+    live = start()
+    cid = create_claude(live)
+    work = Path(live.get(cid)["cwd"])
+    task = {"description": "sub task", "prompt": "[[BASH:touch sub.txt]]"}
+    fake.tool_calls.append(("Agent", task | {"subagent_type": "general-purpose"}))
+    assert live.send(cid, "have a subagent do it").status_code == 202
+    question = wait_question(live, cid)
+    assert question["data"]["input"]["command"] == "touch sub.txt"
+    view = live.wait_idle(cid, timeout=TIMEOUT)  # the main turn is over
+    assert {e["id"]: e["state"] for e in view["timeline"]}[question["id"]] == "pending"
+    answer = live.http.post(
+        f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
+    )
+    assert answer.status_code == 200, answer.text
+    deadline = time.monotonic() + TIMEOUT
+    while not (work / "sub.txt").exists():
+        assert time.monotonic() < deadline, "the subagent's allowed command never ran"
+        time.sleep(0.1)
+
+
 def test_the_model_is_not_offered_a_question_tool_it_cannot_get_answered(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:

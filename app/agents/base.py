@@ -134,6 +134,9 @@ class PermissionRequest:
     # The agent announced this call (an Activity "call" event) before asking: the question
     # is stored after that call's row, so it follows what the agent said before the call.
     announced: bool = False
+    # Asked by work that may outlive the turn (a background subagent): the turn's end does
+    # not answer it; it waits for the user (or a Stop) as one asked between turns does.
+    lasting: bool = False
 
 
 @dataclass(frozen=True)

@@ -652,8 +652,10 @@ class ClaudeCodeAgent(TurnFlags):
             return PermissionResultAllow()
         # Claude Code writes the call's assistant message before this request (a subagent's
         # calls are not shown: EventMapper.feed).
-        announced = context.agent_id is None
-        request = PermissionRequest(tool_name, tool_input, context.tool_use_id, announced)
+        subagent = context.agent_id is not None  # (it may run on after the turn: lasting)
+        request = PermissionRequest(
+            tool_name, tool_input, context.tool_use_id, announced=not subagent, lasting=subagent
+        )
         decision = await ask_user(self.spec, request)
         if decision.allow:
             return PermissionResultAllow()

@@ -118,6 +118,7 @@ class Runner:
     compaction: Entry | None = None
     compaction_began: float | None = None  # time.monotonic() at the compaction's first sign
     questions: dict[int, asyncio.Future[PermissionDecision]] = field(default_factory=dict)
+    lasting: set[int] = field(default_factory=set)  # questions the turn's end leaves open
     last_agent_entry: Entry | None = None
     context_report: dict[str, Any] | None = None  # what the agent last said of its window
     reporting: asyncio.Task[None] | None = None

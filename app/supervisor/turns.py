@@ -397,8 +397,11 @@ class Turns(SupervisorState):
         runner.prompt_id = None  # (a Stop for this turn that comes late stops no other)
         runner.carried_summary = None
         runner.last_used = time.monotonic()
-        for future in list(runner.questions.values()):
-            self.storage.soon(_settle, future, PermissionDecision(False, "The turn ended."))
+        # A background subagent's question (lasting) stays open: its agent may go on.
+        runner.lasting &= runner.questions.keys()
+        for entry_id, future in list(runner.questions.items()):
+            if entry_id not in runner.lasting:
+                self.storage.soon(_settle, future, PermissionDecision(False, "The turn ended."))
         with contextlib.nullcontext(given) if given is not None else self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
@@ -415,8 +418,10 @@ class Turns(SupervisorState):
             for entry in store.entries_in_state(
                 session=session, conversation_id=runner.conversation_id, state="pending"
             ):
-                self._save(session, conversation, entry, state="expired", data=entry.data)
-            runner.questions.clear()
+                if entry.id not in runner.lasting:
+                    self._save(session, conversation, entry, state="expired", data=entry.data)
+            for entry_id in [i for i in runner.questions if i not in runner.lasting]:
+                runner.questions.pop(entry_id, None)
             if runner.compaction is not None:
                 self._remove(session, conversation, runner.compaction)
                 runner.compaction = None
@@ -531,6 +536,8 @@ class Turns(SupervisorState):
                 },
             )
         runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
+        if request.lasting:
+            runner.lasting.add(entry.id or 0)
 
 
 def _rolled_back(session: Session) -> None:
