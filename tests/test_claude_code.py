@@ -651,6 +651,9 @@ def test_summarize_input_picks_command_or_path() -> None:
     assert summarize_input({"command": "ls -la\necho done", "description": "x"}) == "ls -la"
     assert summarize_input({"file_path": "/tmp/a.py"}) == "/tmp/a.py"
     assert summarize_input({"todos": [1]}) == '{"todos": [1]}'
+    # A subagent's call: its description, not the JSON of its whole prompt.
+    agent = {"description": "sub task", "prompt": "a long prompt", "subagent_type": "general"}
+    assert summarize_input(agent) == "sub task"
     assert summarize_input({}) == ""
 
 

@@ -88,7 +88,18 @@ RESUME_FAILED = (
     "Could not resume the previous Claude Code session (its transcript is gone); "
     "started a new session."
 )
-SUMMARY_KEYS = ("command", "file_path", "notebook_path", "path", "pattern", "url", "query")
+# What a tool row shows of a call: the first of these its input has (a subagent's: its
+# description; a shell command's description is the model's words, the command comes first).
+SUMMARY_KEYS = (
+    "command",
+    "file_path",
+    "notebook_path",
+    "path",
+    "pattern",
+    "url",
+    "query",
+    "description",
+)
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
 CONTROL_TIMEOUT = 15.0
