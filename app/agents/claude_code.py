@@ -637,8 +637,12 @@ class ClaudeCodeAgent(TurnFlags):
         client = ClaudeSDKClient(options, transport=transport)
         self._transport = transport
         self._stderr.clear()  # only this process's lines explain what happens to it
-        # Read before it starts: a resumed CLI counts the session's cost from its last exit.
-        cost = await asyncio.to_thread(restored_cost, spec.env, resume) if resume else 0.0
+        # Where a resumed CLI's cost count starts (its last exit's): read while it starts.
+        cost = (
+            asyncio.ensure_future(asyncio.to_thread(restored_cost, spec.env, resume))
+            if resume
+            else None
+        )
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 await client.connect()
@@ -653,7 +657,7 @@ class ClaudeCodeAgent(TurnFlags):
             raise
         self._client = client
         self._stops_warm_up = resume is not None
-        self._mapper = EventMapper(resume, cost)
+        self._mapper = EventMapper(resume, await cost if cost is not None else 0.0)
         self._dirty = self._closing = False
 
     async def _can_use_tool(
