@@ -13,11 +13,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
 from sqlmodel import select
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from app import __version__, store
@@ -40,7 +42,7 @@ from app.security import (
 )
 from app.sessions import Sessions
 from app.supervisor import Supervisor
-from app.validation_errors import listed_problems
+from app.validation_errors import listed_problems, unreadable_json
 
 STATIC = resource_dir("static")
 log = logging.getLogger(__name__)
@@ -201,6 +203,15 @@ def create_app(settings: Settings) -> FastAPI:
     async def conversation_gone(_request: Request, error: store.ConversationGone) -> JSONResponse:
         """A conversation deleted between a request's read of it and its work on it."""
         return JSONResponse({"detail": str(error)}, status_code=404)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        """FastAPI's own answer; a body that parses but Python will not read says why (it was
+        "There was an error parsing the body"), as the socket says of a message."""
+        cause = error.__cause__ if error.status_code == 400 else None
+        if cause is not None and (detail := unreadable_json(cause, "The request body")):
+            return JSONResponse({"detail": detail}, status_code=400)
+        return await http_exception_handler(request, error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:

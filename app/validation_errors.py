@@ -1,4 +1,5 @@
-"""The 422 answer's list of problems, made small and always sendable as JSON."""
+"""The 422 answer's list of problems, made small and always sendable as JSON; and why valid
+JSON could not be read."""
 
 from __future__ import annotations
 
@@ -30,3 +31,16 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
+
+
+def unreadable_json(error: BaseException, what: str) -> str | None:
+    """Why Python would not read JSON that parses (what: "The message", "The request body").
+
+    An integer of over 4,300 digits is a ValueError; "[[[[…" thousands deep, a RecursionError.
+    None for any other error.
+    """
+    if isinstance(error, RecursionError):
+        return f"{what} is nested too deeply."
+    if isinstance(error, ValueError) and "digits" in str(error):
+        return f"{what} holds a number too long."
+    return None

@@ -243,11 +243,21 @@ def test_deeply_nested_frames_get_an_error_and_the_socket_stays(relay: LiveRelay
 def test_deeply_nested_json_body_is_a_4xx(relay: LiveRelay) -> None:
     cid = relay.create(title="deep")["id"]
     body = '{"text": ' + "[" * 5000 + "]" * 5000 + "}"
-    with fresh_client(relay) as client:
-        response = post_raw(client, "POST", f"/api/conversations/{cid}/messages", body)
-    assert 400 <= response.status_code < 500, response.text
-    assert response.headers["content-type"] == "application/json"
+    long_number = '{"text": "hi", "n": ' + "9" * 5000 + "}"
+    # Found by a hostile review: FastAPI's "There was an error parsing the body" said nothing
+    # of why; the socket already said it of a message.
+    for sent, said in (
+        (body, "The request body is nested too deeply."),
+        (long_number, "The request body holds a number too long."),
+    ):
+        with fresh_client(relay) as client:
+            response = post_raw(client, "POST", f"/api/conversations/{cid}/messages", sent)
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == {"detail": said}
     assert relay.get(cid)["timeline"] == []
+    missing = relay.http.get("/api/conversations/999999")  # other HTTP errors: as they were
+    assert (missing.status_code, missing.json()) == (404, {"detail": "No conversation 999999."})
 
 
 # ---- 25. another process holding the SQLite write lock ------------------------------------------

@@ -22,6 +22,7 @@ from app.models import Conversation
 from app.notify import Notifier
 from app.security import COOKIE, SERVER_SEND_KEY, Send
 from app.supervisor import ConversationError, Supervisor
+from app.validation_errors import unreadable_json
 
 MAX_FRAME = 16 * 1024  # clients only send small control messages
 MAX_BATCH = 256  # events sent in one frame at most
@@ -134,11 +135,9 @@ async def _receive(
         except json.JSONDecodeError:
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
             continue
-        except ValueError:  # valid JSON that Python will not read: an integer of over 4,300 digits
-            subscriber.offer({"type": "error", "detail": "The message holds a number too long."})
-            continue
-        except RecursionError:  # "[[[[…" thousands deep: a small frame, a deep parse
-            subscriber.offer({"type": "error", "detail": "The message is nested too deeply."})
+        except (ValueError, RecursionError) as error:  # valid JSON that Python will not read
+            detail = unreadable_json(error, "The message") or "Messages must be JSON objects."
+            subscriber.offer({"type": "error", "detail": detail})
             continue
         if not isinstance(request, dict):
             subscriber.offer({"type": "error", "detail": "Messages must be JSON objects."})
