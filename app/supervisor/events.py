@@ -82,7 +82,8 @@ class Events(SupervisorState):
             if self.cluster is None:
                 session = stack.enter_context(self.session())
             else:
-                session = self._begin_cluster_burst(stack, runner, deltas)
+                writes = any(self._stores(runner, event) for event in events)
+                session = self._begin_cluster_burst(stack, runner, deltas, writes)
             conversation: Conversation | None = None
             for event in events:
                 if isinstance(event, TextDelta) and event.message_id in whole:
@@ -106,9 +107,10 @@ class Events(SupervisorState):
                     break
 
     def _begin_cluster_burst(
-        self, stack: contextlib.ExitStack, runner: Runner, deltas: int
+        self, stack: contextlib.ExitStack, runner: Runner, deltas: int, writes: bool
     ) -> Session:
-        """A cluster node's burst: its numbers (one Redis round trip) and a database connection.
+        """A cluster node's burst: its numbers (one Redis round trip) and, when it writes
+        (anything but more text of a stored message), a database connection.
 
         Taken before anything of the burst is changed (runner or rows): when Redis or the
         database cannot be reached, NotBegun says the burst may be tried again as it is.
@@ -118,7 +120,10 @@ class Events(SupervisorState):
         try:
             stack.enter_context(self.cluster.numbers(runner.conversation_id, max(deltas, 1)))
             session = stack.enter_context(self.session())
-            session.connection()  # checked out and pinged now (the first statement would)
+            # Checked out and pinged now, as its first statement would do; more text of a
+            # stored message writes nothing: no round trip added to a streaming reply.
+            if writes:
+                session.connection()
             may_write = self.cluster.may_write(session, runner)
         except (redis.RedisError, OSError, DBAPIError) as error:
             raise NotBegun(error) from error
