@@ -681,6 +681,21 @@ def test_mapper_tracks_background_tasks_until_they_end() -> None:
     assert mapper.tasks == set()
 
 
+def test_a_task_s_end_is_a_line_saying_how_it_ended() -> None:
+    mapper = EventMapper("s")
+    base = {"type": "system", "uuid": "u", "session_id": "s", "output_file": "/tmp/t.output"}
+    done = {"subtype": "task_notification", "task_id": "t1", "status": "completed"}
+    summary = 'Background command "Wait" completed (exit code 0)'
+    assert mapper.feed_json(base | done | {"summary": summary}) == [
+        Notice(summary, data={"type": "task", "status": "completed"})
+    ]
+    failed = done | {"status": "failed", "summary": 'Background command "x" failed\nwith\n' * 50}
+    (line,) = mapper.feed_json(base | failed)
+    assert (line.level, line.data["status"]) == ("warning", "failed")
+    assert "\n" not in line.text and len(line.text) <= 301
+    assert mapper.feed_json(base | done | {"summary": ""}) == []  # nothing to say
+
+
 def result_answering(*uuids: str, origin: dict[str, str] | None = None) -> Any:
     """A result message (as the CLI sends it) of a turn that took in these user messages."""
     raw: dict[str, Any] = {

@@ -316,37 +316,79 @@ def test_a_permission_mode_changed_reaches_the_live_agent(
     assert asked == [question["id"]]  # the one question, of the default mode's turn
 
 
-def test_a_background_task_ending_between_turns_is_read_and_shifts_no_reply(
+def test_the_agent_s_own_turn_after_a_background_task_is_shown_as_it_comes(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:
-    # Found by a hostile review: when a background shell ended between turns, the CLI ran a
-    # turn of its own; unread, its result ended the next message's turn, and every reply
-    # after it came one message late. Its task also stayed "running" until the next turn.
+    # When a background shell ends between turns, the CLI tells the model and runs a turn of
+    # its own. Found by a hostile review: unread, its result ended the next message's turn and
+    # every reply after it came one message late. Then it was read but shown only with the
+    # user's next message: a user waiting for the task's outcome saw nothing.
     live = start()
     cid = create_claude(live)
     command = "sleep 2; echo bg-done"
     tool = {"command": command, "description": "Wait", "run_in_background": True}
     fake.tool_calls.append(("Bash", tool))
-    assert live.send(cid, "start it in the background").status_code == 202
-    view = live.wait_idle(cid, timeout=TIMEOUT)  # (sleep and echo need no permission)
-    assert "running in background" in of_kind(view, "activity")[0]["data"]["output"]
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert receive(ws)["type"] == "snapshot"
+        assert live.send(cid, "start it in the background").status_code == 202
+        receive_until(  # (sleep and echo need no permission)
+            ws, lambda m: m["type"] == "turn" and m["turn"]["state"] == "idle", timeout=TIMEOUT
+        )
+        asked = len(fake.message_bodies())
+        # Nothing sent: the task's end, then the agent's own turn, come to the tab as they do.
+        seen = receive_until(
+            ws, lambda m: m["type"] == "turn" and m["turn"]["state"] == "idle", timeout=TIMEOUT
+        )
+    assert len(fake.message_bodies()) == asked + 1  # the model was told of the task's end
+    states = [m["turn"]["state"] for m in seen if m["type"] == "turn"]
+    assert states[0] == "running"
+    entries = [m["entry"] for m in seen if m["type"] == "entry"]
+    line = next(e for e in entries if e["kind"] == "line")
+    assert line["text"] == 'Background command "Wait" completed (exit code 0)'
+    assert line["data"] == {"level": "info", "type": "task", "status": "completed"}
+    reply = [e for e in entries if e["kind"] == "agent"][-1]
+    assert (reply["state"], reply["text"]) == ("done", "You said: ")  # (the fake quotes none)
+    assert reply["data"]["result"]["cost_usd"] > 0  # its own cost, on its reply
+    view = live.get(cid)
+    kinds = [e["kind"] for e in view["timeline"]]
+    assert kinds.count("user") == 1 and kinds[-2:] == ["line", "agent"], kinds
+    assert view["turn"] == {"state": "idle", "queued": 0}
     agent = live.supervisor.runners[cid].agent
-    assert agent is not None and agent.background_work()
-    asked = len(fake.requests)
-    deadline = time.monotonic() + TIMEOUT
-    while agent.background_work() or len(fake.requests) == asked:  # ended, and its own turn
-        assert time.monotonic() < deadline, "the task's end was never read"
-        time.sleep(0.1)
-    time.sleep(1.0)  # (the CLI's own turn streams its answer)
-    for word in ("APPLE", "BANANA"):
+    assert agent is not None and not agent.background_work()
+    for word in ("APPLE", "BANANA"):  # and no reply is shifted
         view = turn(live, cid, word)
         assert of_kind(view, "user")[-1]["text"] == word
         asked = next(i for i, e in enumerate(view["timeline"]) if e["text"] == word)
         replies = [e["text"] for e in view["timeline"][asked + 1 :] if e["kind"] == "agent"]
-        if word == "APPLE":  # the CLI's own turn first (the fake quotes no text of it)
-            assert replies == ["You said: ", "You said: APPLE"], replies
-        else:
-            assert replies == [f"You said: {word}"], replies
+        assert replies == [f"You said: {word}"], replies
+
+
+def test_the_agent_s_own_turn_asks_queues_a_message_and_stops_on_stop(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # The own turn runs as any turn does: its permission question shows at once, a message
+    # sent meanwhile waits for it, Stop stops it.
+    live = start()
+    cid = create_claude(live)
+    work = Path(live.get(cid)["cwd"])
+    background = {"command": "sleep 1", "description": "Nap", "run_in_background": True}
+    fake.tool_calls.extend([("Bash", background), ("Bash", {"command": "touch own.txt"})])
+    turn(live, cid, "start it in the background")
+    question = wait_question(live, cid)  # asked by the own turn
+    assert question["data"]["input"]["command"] == "touch own.txt"
+    assert live.get(cid)["turn"] == {"state": "running", "queued": 0}
+    assert live.send(cid, "APPLE").status_code == 202
+    assert live.get(cid)["turn"] == {"state": "running", "queued": 1}
+    response = live.http.post(f"/api/conversations/{cid}/interrupt")
+    assert (response.status_code, response.json()) == (202, {"interrupted": True})
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert not (work / "own.txt").exists()
+    texts = [e["text"] for e in view["timeline"]]
+    stopped = texts.index("Interrupted by the user.")
+    assert texts.index("touch own.txt") < stopped < texts.index("APPLE")
+    assert texts[-1] == "You said: APPLE"
 
 
 def test_a_subagent_s_question_outlives_the_turn_that_started_it(

@@ -163,6 +163,9 @@ class AgentSpec:
     ask_permission: AskPermission
     context_tokens: int | None = None  # what the relay last knew (lets the demo resume)
     tools: tuple[RelayTool, ...] = ()  # the relay's own tools (save_handoff...), never asked about
+    # Called (on the loop) when the agent begins a turn of its own between the relay's
+    # turns (OwnTurns): a background task ended, a scheduled prompt came due.
+    on_own_turn: Callable[[], None] | None = None
 
 
 class AgentError(Exception):
@@ -213,6 +216,17 @@ class SwitchesMode(Protocol):
 
     async def switch_mode(self, mode: str) -> bool:
         """Apply mode now, from its next tool call on; False when only a restart can."""
+
+
+@runtime_checkable
+class OwnTurns(Protocol):
+    """An agent that runs turns by itself between the relay's (spec.on_own_turn says when)."""
+
+    def own_turn_waiting(self) -> bool:
+        """Whether a turn the agent began by itself waits to be read with own_turn()."""
+
+    def own_turn(self) -> AsyncIterator[AgentEvent]:
+        """That turn's events, those so far then the rest as they come; the last is TurnDone."""
 
 
 @runtime_checkable

@@ -12,8 +12,9 @@ import logging
 import re
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -339,6 +340,12 @@ class EventMapper:
             if session_id and session_id != self.session_id:
                 self.session_id = session_id
                 return [SessionStarted(session_id)]
+        elif subtype == "task_notification" and data.get("summary"):
+            # 'Background command "Wait" completed (exit code 0)': the model is told next.
+            status = data.get("status")
+            level = "warning" if status == "failed" else "info"
+            text = one_line(str(data["summary"]), 300)
+            return [Notice(text, level=level, data={"type": "task", "status": status})]
         elif subtype == "api_retry":
             self._retry_status = data.get("error_status")
             text = retry_text(data)
@@ -553,9 +560,10 @@ class ClaudeCodeAgent(TurnFlags):
         self._mapper = EventMapper()
         # Between turns, what the CLI says on its own (a background task's end, the turn it
         # then runs) is read at once: the task state stays current, the events wait for the
-        # next turn (see _listen).
+        # relay to run that turn as one of its own (own_turn), or for the next turn.
         self._idle: asyncio.Task[None] | None = None
-        self._backlog: list[AgentEvent] = []
+        self._backlog: list[AgentEvent] = []  # its TurnDone marks where such a turn ended
+        self._own_open = False  # the CLI began a turn by itself; its result is not read yet
         self._init_turn_flags()
         self._stderr: deque[str] = deque(maxlen=20)
         self._starting = False  # turn() is (re)starting the CLI
@@ -763,27 +771,75 @@ class ClaudeCodeAgent(TurnFlags):
             await self._quiet()
             for event in self._take_pending():
                 yield event
-            backlog, self._backlog = self._backlog, []
+            backlog, self._backlog, self._own_open = self._backlog, [], False
             for event in backlog:  # said by the CLI on its own since the last turn
-                yield event
+                if not isinstance(event, TurnDone):  # (shown as part of this turn)
+                    yield event
             if self._stop_early:  # Stop came before the prompt was sent: send nothing
                 yield TurnDone(interrupted=True)
                 return
         finally:
             self._turn_asked = False  # (the prompt goes next, with no await before _in_turn)
+        client = self._client
+        assert client is not None
+        self._mapper.begin_turn()
+        prompt_id = prompt_id or str(uuid.uuid4())
+        message = _user_message(prompt, prompt_id)
+        # Closed with this one (a turn abandoned midway leaves the CLI dirty at once).
+        reading = self._reading(prompt_id, send=partial(client.query, message))
+        async with contextlib.aclosing(reading) as events:
+            async for event in events:
+                yield event
+
+    def own_turn_waiting(self) -> bool:
+        """Whether a turn the CLI began by itself waits to be read (own_turn)."""
+        return self._own_open or any(isinstance(e, TurnDone) for e in self._backlog)
+
+    async def own_turn(self) -> AsyncIterator[AgentEvent]:
+        """The turn the CLI began by itself between the relay's turns (a background task
+        ended, a scheduled prompt came due): the events read so far, then the rest until its
+        result. Without one waiting, only TurnDone."""
+        await self._quiet()
+        ended = next((i for i, e in enumerate(self._backlog) if isinstance(e, TurnDone)), None)
+        if ended is not None or not self._own_open:  # read whole already, or none begun
+            cut = len(self._backlog) if ended is None else ended + 1
+            events, self._backlog = self._backlog[:cut], self._backlog[cut:]
+            self._listen()
+            for event in events:
+                yield event
+            if ended is None:
+                yield TurnDone()
+            return
+        events, self._backlog, self._own_open = self._backlog, [], False
+        async with contextlib.aclosing(self._reading(None, before=events)) as rest:
+            async for event in rest:
+                yield event
+
+    async def _reading(
+        self,
+        prompt_id: str | None,
+        *,
+        send: Callable[[], Awaitable[None]] | None = None,
+        before: list[AgentEvent] | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        """One turn read until its result, after events read before (before) or the prompt
+        sent with prompt_id (send). Without a prompt: the turn the CLI runs by itself."""
         client, mapper = self._client, self._mapper
         assert client is not None
-        mapper.begin_turn()
         self._in_turn, finished = True, False
         try:
-            # The CLI also runs turns of its own (background-task notifications...): a result
-            # that names other messages than ours is such a turn's, and does not end ours.
-            prompt_id = prompt_id or str(uuid.uuid4())
-            await client.query(_user_message(prompt, prompt_id))
+            for event in before or ():
+                yield event
+            if send is not None:
+                await send()
             async with contextlib.aclosing(client.receive_messages()) as messages:
                 async for message in messages:
-                    injected = isinstance(message, ResultMessage) and not _answers(
-                        message, prompt_id
+                    # The CLI also runs turns of its own (background-task notifications...): a
+                    # result that names other messages than our prompt's is such a turn's.
+                    injected = (
+                        prompt_id is not None
+                        and isinstance(message, ResultMessage)
+                        and not _answers(message, prompt_id)
                     )
                     for event in mapper.feed(message):
                         if isinstance(event, SessionStarted):
@@ -819,18 +875,25 @@ class ClaudeCodeAgent(TurnFlags):
             self._idle = asyncio.create_task(self._read_idle(client), name="claude-idle")
 
     async def _read_idle(self, client: ClaudeSDKClient) -> None:
-        """What the CLI says on its own: its task state now, its events at the next turn.
-
-        A turn it runs by itself ends with a result of its own: not a turn of the relay's.
+        """What the CLI says on its own: its task state now, its events for own_turn (the
+        relay is told when such a turn begins) or the next turn.
         """
         try:
             async with contextlib.aclosing(client.receive_messages()) as messages:
                 async for message in messages:
+                    began = isinstance(message, SystemMessage) and message.subtype == "init"
+                    if began:  # (a turn's first message: the last turn's flags are done)
+                        self._mapper.begin_turn()
                     for event in self._mapper.feed(message):
                         if isinstance(event, SessionStarted):
                             self.session_id = event.session_id
-                        if not isinstance(event, TurnDone):
-                            self._backlog.append(event)
+                        if isinstance(event, TurnDone):
+                            self._own_open = False
+                        self._backlog.append(event)
+                    if began and not self._own_open:
+                        self._own_open = True
+                        if self.spec.on_own_turn is not None:
+                            self.spec.on_own_turn()
         except Exception:  # the process ended: the next turn finds it gone and starts anew
             log.info("Claude Code stopped while idle", exc_info=True)
 

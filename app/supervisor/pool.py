@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,7 @@ class Pool(SupervisorState):
             auto_compact_window=conversation.auto_compact_window,
             env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
             ask_permission=ask,
+            on_own_turn=None if runner is None else partial(self._own_turn_began, runner),
             context_tokens=conversation.context_tokens,
             tools=relay_tools(
                 save_handoff=lambda arguments: self._tool_save_handoff(

@@ -135,6 +135,7 @@ class Runner:
     warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
     starting: bool = False  # the agent's process is being started
     again: bool = False  # a message was queued while the runner was looking at the queue
+    own_turn: bool = False  # the agent began a turn by itself: run it once nothing is queued
     turn_conversation: Conversation | None = None  # as _begin_turn left it (read once a turn)
     ended: bool = False  # the job that stored the turn's last event also ended the turn
     looked: bool = False  # ... and looked at the queue: its answer is `upcoming`

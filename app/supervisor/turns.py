@@ -14,7 +14,15 @@ from typing import Any
 from sqlmodel import Session
 
 from app import store
-from app.agents.base import AgentEvent, PermissionDecision, PermissionRequest, Receipts, TurnDone
+from app.agents.base import (
+    Agent,
+    AgentEvent,
+    OwnTurns,
+    PermissionDecision,
+    PermissionRequest,
+    Receipts,
+    TurnDone,
+)
 from app.cluster.leases import LeaseLost
 from app.db import WRITE_PATIENCE, write_lock_free
 from app.edits import edit_change
@@ -119,9 +127,17 @@ class Turns(SupervisorState):
                     continue
                 if runner.archived:  # /compact came during its last turn (SPEC §2)
                     await self._close_agent(runner)
-                return
+                    return
+                own, runner.own_turn = runner.own_turn, False
+                agent = runner.agent
+                if not (own and isinstance(agent, OwnTurns) and agent.own_turn_waiting()):
+                    return
+                runner.idle_shown = False
             try:
-                await self._run_turn(runner, prompt)
+                if prompt is None:
+                    await self._run_own_turn(runner)
+                else:
+                    await self._run_turn(runner, prompt)
             except Exception as error:  # one failing turn must not stop the queue
                 log.exception("turn failed in conversation %s", runner.conversation_id)
                 await self._error_line_soon(runner, f"The turn failed: {failure_reason(error)}")
@@ -255,10 +271,7 @@ class Turns(SupervisorState):
         self._save(session, conversation, entry, move=True, row=changes, state="sent", data=data)
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
-        runner.state = TurnState.RUNNING
-        runner.last_agent_entry = None
-        runner.lines_shown.clear()
-        runner.retry_line = None
+        _turn_begins(runner)
         self.publish_turn(conversation.id or 0, session, queued=waiting)
         self.publish_conversation(conversation)  # on its stream too: a snapshot's replay has it
         runner.turn_conversation = conversation
@@ -291,11 +304,55 @@ class Turns(SupervisorState):
         if runner.stop_requested or self._closing:  # Stop, or shutdown, came while it started
             await self.storage.write(self._stop_before_delivery, runner)
             return
+        if isinstance(agent, Receipts) and runner.prompt_id:
+            turn = agent.turn(prompt, prompt_id=runner.prompt_id)
+        else:
+            turn = agent.turn(prompt)
+        await self._stream_turn(runner, agent, turn)
+
+    def _own_turn_began(self, runner: Runner) -> None:
+        """Its agent began a turn by itself (OwnTurns: a background task ended...): it runs
+        as a turn of the relay's, shown as it comes, once no message is queued before it. A
+        message delivered first takes its events into its own turn (the agent's turn())."""
+        if self._closing or self.runners.get(runner.conversation_id) is not runner:
+            return
+        runner.own_turn = True
+        self._wake(runner.conversation_id)
+
+    async def _run_own_turn(self, runner: Runner) -> None:
+        agent = runner.agent
+        assert isinstance(agent, OwnTurns)
+        if not await self._patiently(self._begin_own_turn, runner):
+            return
+        await self._stream_turn(runner, agent, agent.own_turn())
+
+    def _begin_own_turn(self, runner: Runner) -> bool:
+        """Tell the tabs a turn runs that no message began; False when it cannot run here."""
+        with self.session() as session:
+            conversation = store.lock_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is None or conversation.status != "active":
+                return False
+            if self.cluster is not None and not self.cluster.still_owner(session, runner):
+                return False
+            _turn_begins(runner)
+            # It goes on from the last message's turn: a Stop sent for that turn (from
+            # another node, which knows no other) stops it.
+            last = store.last_sent_message(session=session, conversation_id=runner.conversation_id)
+            prompt_id = last.data.get("prompt_uuid") if last is not None else None
+            runner.prompt_id = prompt_id if isinstance(prompt_id, str) else None
+            # Active while it runs: after a crash, a restart says it was cut (Recovery).
+            store.update_conversation(session=session, conversation=conversation, turn_active=True)
+            self.publish_turn(runner.conversation_id, session)
+            self.publish_conversation(conversation)
+            return True
+
+    async def _stream_turn(
+        self, runner: Runner, agent: Agent, turn: AsyncIterator[AgentEvent]
+    ) -> None:
+        """Store and publish a turn's events as they come, until its TurnDone."""
         try:
-            if isinstance(agent, Receipts) and runner.prompt_id:
-                turn = agent.turn(prompt, prompt_id=runner.prompt_id)
-            else:
-                turn = agent.turn(prompt)
             # The events that arrived while the last burst was being stored are stored together,
             # in one storage job: one read of the conversation, one fsync.
             # A cluster node's events go on through Redis after the burst's job: the agent is
@@ -538,6 +595,14 @@ class Turns(SupervisorState):
         runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
         if request.lasting:
             runner.lasting.add(entry.id or 0)
+
+
+def _turn_begins(runner: Runner) -> None:
+    """Reset what a runner keeps of one turn (a new one begins)."""
+    runner.state = TurnState.RUNNING
+    runner.last_agent_entry = None
+    runner.lines_shown.clear()
+    runner.retry_line = None
 
 
 def _rolled_back(session: Session) -> None:
