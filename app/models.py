@@ -51,6 +51,7 @@ def without_blank_edges(value: str) -> str:
 
 # Every string a client sends: valid Unicode, checked before any other rule.
 Text = Annotated[str, BeforeValidator(_unicode_only)]
+Answer = Annotated[Text, Field(max_length=5000)]  # one answer to one of the agent's questions
 
 
 # Every integer column holds 64 bits, as SQLite's INTEGER does (ids up to 2**63 - 1 reach the
@@ -281,6 +282,8 @@ class PermissionAnswer(SQLModel):
 
     allow: StrictBool  # true or false: "yes", 1 or "false" would be read as a choice not made
     message: Text = Field(default="", max_length=2000)
+    # The answers to an AskUserQuestion: question → answer (app/questions.py checks them).
+    answers: dict[Text, Answer] | None = Field(default=None, max_length=20)
 
 
 class EntryPublic(SQLModel):

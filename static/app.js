@@ -134,10 +134,10 @@ byId('toast').addEventListener('keydown', (event) => {
 });
 
 const timeline = new Timeline({
-  onPermission: async (entry, allow) => {
+  onPermission: async (entry, allow, answers) => {
     const cur = state.current;
     const { data } = await api(`/api/conversations/${cur.id}/permissions/${entry.id}`, {
-      method: 'POST', body: { allow },
+      method: 'POST', body: answers ? { allow, answers } : { allow },
     });
     if (state.current === cur && data && data.id != null) timeline.upsert(data);
   },

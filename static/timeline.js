@@ -158,9 +158,99 @@ function otherFields(input, main, hasDiff) {
 }
 
 const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
+const QUESTION_ANSWERS = { allowed: 'Answered', denied: 'Skipped', expired: 'Expired' };
+
+/** The questions an AskUserQuestion call asks (each with its text), as the agent sent them. */
+function askedQuestions(input) {
+  const questions = input && Array.isArray(input.questions) ? input.questions : [];
+  return questions.filter((q) => q && typeof q.question === 'string');
+}
+
+/** One question's fieldset: its options (radio buttons, or checkboxes for a multi-select),
+ * each with its description, and a field for the user's own words. */
+function questionGroup(entryId, question, index) {
+  const multi = question.multiSelect === true;
+  const name = `question-${entryId}-${index}`;
+  const options = (Array.isArray(question.options) ? question.options : [])
+    .filter((o) => o && typeof o.label === 'string');
+  const inputs = options.map((o) => h('input', { type: multi ? 'checkbox' : 'radio', name, value: o.label }));
+  const own = h('input', {
+    type: 'text', class: 'question-own', maxlength: 5000, dir: 'auto', testid: 'question-own',
+    placeholder: options.length ? 'Or your own answer' : 'Your answer', 'aria-label': `Your own answer to: ${question.question}`,
+  });
+  if (!multi) { // one answer: a choice or the user's own words
+    own.addEventListener('input', () => { if (own.value.trim()) inputs.forEach((i) => { i.checked = false; }); });
+    inputs.forEach((i) => i.addEventListener('change', () => { own.value = ''; }));
+  }
+  const fieldset = h('fieldset', { class: 'question-group', testid: 'question' },
+    h('legend', {},
+      question.header ? h('span', { class: 'question-header', dir: 'auto', text: String(question.header) }) : null,
+      h('span', { class: 'question-text', dir: 'auto', text: question.question })),
+    ...options.map((o, i) => h('label', { class: 'question-option', testid: 'question-option' }, inputs[i],
+      h('span', { class: 'question-label', dir: 'auto', text: o.label }),
+      typeof o.description === 'string' && o.description
+        ? h('span', { class: 'question-desc', dir: 'auto', text: o.description }) : null)),
+    own);
+  // The answer as the agent takes it: the chosen labels, then the user's words, joined.
+  const value = () => [...inputs.filter((i) => i.checked).map((i) => i.value), own.value.trim()]
+    .filter(Boolean).join(', ');
+  return { question: question.question, fieldset, value };
+}
+
+/** The agent's own questions (Claude Code's AskUserQuestion): a form whose answers go back
+ * to it as the tool's result; Skip tells it the user declined. */
+function questionEntry(entry, timeline) {
+  const data = entry.data || {};
+  const questions = askedQuestions(data.input);
+  const card = h('div', { class: `activity permission question state-${entry.state}`, testid: 'entry-activity' },
+    h('div', { class: 'perm-title' }, h('strong', { text: 'The agent asks' })));
+  if (entry.state !== 'pending') {
+    const answers = data.answers && typeof data.answers === 'object' ? data.answers : {};
+    for (const q of questions) {
+      const answer = typeof answers[q.question] === 'string' ? answers[q.question] : null;
+      card.append(h('div', { class: 'question-done', testid: 'question-answered' },
+        h('div', { class: 'question-text', dir: 'auto', text: q.question }),
+        answer != null ? h('div', { class: 'question-answer', dir: 'auto', text: answer }) : null));
+    }
+    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: QUESTION_ANSWERS[entry.state] || entry.state }));
+    return card;
+  }
+  const groups = questions.map((q, i) => questionGroup(entry.id, q, i));
+  const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
+  const submit = h('button', { type: 'submit', class: 'btn btn-primary btn-small', testid: 'question-submit', text: 'Answer' });
+  const skip = h('button', { type: 'button', class: 'btn btn-small', testid: 'question-skip', text: 'Skip' });
+  const send = (allow) => {
+    let answers;
+    if (allow) {
+      answers = Object.fromEntries(groups.map((g) => [g.question, g.value()]));
+      if (Object.values(answers).some((a) => !a)) {
+        error.textContent = 'Answer every question (or skip them all).';
+        error.hidden = false;
+        return;
+      }
+    }
+    submit.disabled = true;
+    skip.disabled = true;
+    error.hidden = true;
+    timeline.hooks.onPermission(entry, allow, answers).catch((err) => {
+      if (err.status === 409) return; // answered elsewhere first: the entry event will follow
+      error.textContent = err.message;
+      error.hidden = false;
+      submit.disabled = false;
+      skip.disabled = false;
+    });
+  };
+  skip.addEventListener('click', () => send(false));
+  const form = h('form', { class: 'question-form', onsubmit: (event) => { event.preventDefault(); send(true); } },
+    ...groups.map((g) => g.fieldset),
+    h('div', { class: 'perm-actions' }, submit, skip, error));
+  card.append(form);
+  return card;
+}
 
 function permissionEntry(entry, timeline) {
   const data = entry.data || {};
+  if (data.tool === 'AskUserQuestion') return questionEntry(entry, timeline);
   const edit = data.edit && typeof data.edit === 'object' ? data.edit : null;
   const wants = !edit ? ' wants to run:' : edit.kind === 'write' ? ' wants to write:' : ' wants to edit:';
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests import test_claude_relay as claude_relay
-from tests.browser import Pages, by_id, context_categories, send_text, shown_categories
+from tests.browser import Pages, by_id, context_categories, line, send_text, shown_categories
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import LiveRelay
 from tests.test_claude_relay import StartRelay
@@ -130,4 +130,61 @@ def test_the_context_modal_shows_what_fills_claude_codes_window(
     expect(by_id(page, "context-categories").locator("li")).to_have_text(
         shown_categories(categories)
     )
+    pages.assert_clean()
+
+
+def test_the_agent_s_own_turn_shows_without_a_message(
+    pages: Pages, start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # A background shell ends while the user waits: the line, the agent's own turn with Stop
+    # and its question come to the page without anything typed.
+    live = start()
+    cid = live.create(provider="claude", title="Own turn")["id"]
+    background = {"command": "sleep 1", "description": "Nap", "run_in_background": True}
+    fake.tool_calls.extend([("Bash", background), ("Bash", {"command": "touch own.txt"})])
+    page = pages.open(live, f"/c/{cid}")
+    send_text(page, "start it in the background")
+    expect(line(page, 'Background command "Nap" completed (exit code 0)')).to_be_visible(
+        timeout=30_000
+    )
+    allow = by_id(page, "permission-allow")
+    expect(allow).to_be_visible(timeout=30_000)
+    expect(by_id(page, "stop-button")).to_be_visible()  # a turn runs: the agent's own
+    allow.click()
+    expect(by_id(page, "entry-agent").filter(has_text="The tool returned:")).to_have_count(
+        2, timeout=30_000
+    )
+    expect(by_id(page, "stop-button")).to_be_hidden()
+    live.wait_idle(cid)
+    pages.assert_clean()
+
+
+def test_the_agent_s_questions_are_a_form_whose_answers_it_gets(
+    pages: Pages, start: StartRelay, fake: FakeAnthropic
+) -> None:
+    live = start()
+    cid = live.create(provider="claude", title="Questions")["id"]
+    fake.tool_calls.append(("AskUserQuestion", claude_relay.QUESTIONS))
+    page = pages.open(live, f"/c/{cid}")
+    send_text(page, "set up the project")
+    questions = by_id(page, "question")
+    expect(questions).to_have_count(2, timeout=30_000)
+    first, second = questions.nth(0), questions.nth(1)
+    expect(first).to_contain_text("Database")
+    expect(first).to_contain_text("Which database should I use?")
+    expect(first.get_by_role("radio")).to_have_count(2)
+    expect(second.get_by_role("checkbox")).to_have_count(2)
+    expect(first).to_contain_text("One file")  # an option's description
+    by_id(page, "question-submit").click()  # nothing chosen yet
+    expect(page.get_by_role("alert")).to_have_text("Answer every question (or skip them all).")
+    first.get_by_label("SQLite").check()
+    second.get_by_label("Unit").check()
+    by_id(second, "question-own").fill("a load test")
+    by_id(page, "question-submit").click()
+    expect(by_id(page, "permission-answer")).to_have_text("Answered")
+    expect(by_id(page, "question-answered").nth(1)).to_contain_text("Unit, a load test")
+    reply = by_id(page, "entry-agent").filter(has_text="The tool returned:")
+    expect(reply).to_contain_text('"Which database should I use?"="SQLite"', timeout=30_000)
+    expect(reply).to_contain_text('"Which tests should I write?"="Unit, a load test"')
+    live.wait_idle(cid)
     pages.assert_clean()

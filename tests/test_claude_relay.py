@@ -417,17 +417,97 @@ def test_a_subagent_s_question_outlives_the_turn_that_started_it(
         time.sleep(0.1)
 
 
-def test_the_model_is_not_offered_a_question_tool_it_cannot_get_answered(
+QUESTIONS = {
+    "questions": [
+        {
+            "question": "Which database should I use?",
+            "header": "Database",
+            "options": [
+                {"label": "PostgreSQL", "description": "Relational, server"},
+                {"label": "SQLite", "description": "One file"},
+            ],
+            "multiSelect": False,
+        },
+        {
+            "question": "Which tests should I write?",
+            "header": "Tests",
+            "options": [
+                {"label": "Unit", "description": "Pure functions"},
+                {"label": "Browser", "description": "Chromium"},
+            ],
+            "multiSelect": True,
+        },
+    ]
+}
+
+
+def test_the_agent_s_questions_are_answered_with_a_form_s_answers(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:
     # Found by a hostile review: AskUserQuestion came as a permission card of raw JSON whose
-    # Allow told the model "The user did not answer the questions."
+    # Allow told the model "The user did not answer the questions." Now the answers go back.
     live = start()
     cid = create_claude(live)
-    turn(live, cid, "hello")
-    offered = {tool["name"] for tool in fake.message_bodies()[-1]["tools"]}
-    assert "Bash" in offered
-    assert "AskUserQuestion" not in offered
+    fake.tool_calls.append(("AskUserQuestion", QUESTIONS))
+    assert live.send(cid, "set up the project").status_code == 202
+    question = wait_question(live, cid)
+    assert question["data"]["tool"] == "AskUserQuestion"
+    assert question["text"] == (
+        "The agent asks: Which database should I use? · Which tests should I write?"
+    )
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    first = "Which database should I use?"
+    for wrong, error in (
+        ({first: "SQLite"}, "Answer every question (or skip them all)."),
+        ({first: "SQLite", "Which tests should I write?": "  "}, "Answer every question"),
+        ({first: "SQLite", "Why?": "no"}, "The agent did not ask: Why?"),
+    ):
+        refused = live.http.post(url, json={"allow": True, "answers": wrong})
+        assert refused.status_code == 400 and error in refused.json()["detail"], refused.text
+    answers = {first: "SQLite", "Which tests should I write?": "Unit, Browser, and a load test"}
+    answered = live.http.post(url, json={"allow": True, "answers": answers})
+    assert answered.status_code == 200, answered.text
+    assert (answered.json()["state"], answered.json()["data"]["answers"]) == ("allowed", answers)
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    reply = of_kind(view, "agent")[-1]["text"]  # the fake quotes the tool's result
+    assert reply.startswith("The tool returned:")
+    for question_text, answer in answers.items():
+        assert f'"{question_text}"="{answer}"' in reply, reply
+    again = live.http.post(url, json={"allow": False})
+    assert again.status_code == 409
+
+
+def test_a_skipped_question_tells_the_model_and_answers_fit_only_questions(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    live = start()
+    cid = create_claude(live)
+    fake.tool_calls.extend([("Bash", {"command": "touch x.txt"}), ("AskUserQuestion", QUESTIONS)])
+    assert live.send(cid, "make a file").status_code == 202
+    bash = wait_question(live, cid)
+    url = f"/api/conversations/{cid}/permissions/{bash['id']}"
+    refused = live.http.post(url, json={"allow": True, "answers": {"a": "b"}})
+    assert refused.status_code == 400
+    assert refused.json()["detail"] == (
+        "Only a question of the agent's (AskUserQuestion) takes answers."
+    )
+    assert live.http.post(url, json={"allow": False}).status_code == 200
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert live.send(cid, "set up the project").status_code == 202
+    question = wait_question(live, cid)
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    refused = live.http.post(url, json={"allow": False, "answers": {"a": "b"}})
+    assert refused.status_code == 400, refused.text
+    skipped = live.http.post(url, json={"allow": False})
+    assert skipped.status_code == 200 and skipped.json()["state"] == "denied"
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    (call,) = [
+        e
+        for e in of_kind(view, "activity")
+        if e["data"].get("tool") == "AskUserQuestion" and e["data"]["type"] == "tool"
+    ]
+    assert call["text"] == "Which database should I use? · Which tests should I write?"
+    assert (call["state"], call["data"]["output"]) == ("error", DENIED)
 
 
 def stopped(live: LiveRelay, cid: int) -> dict[str, Any]:

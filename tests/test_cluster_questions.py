@@ -7,21 +7,26 @@ answers taken on two nodes at once come one after the other (the first wins, the
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from app.agents.base import AgentEvent, MessageDone, PermissionRequest, TurnDone
 from tests.crash import TIMEOUT
 from tests.redis import control_forbidden
 from tests.relay import LiveRelay
+from tests.stand_in import StandIn
 from tests.test_api import STOPPED_QUESTION, LingeringAsker
 from tests.test_browser_races import pending_question
+from tests.test_claude_relay import QUESTIONS
 from tests.test_cluster_control import until
 from tests.test_cluster_races import Pause, started_nodes, two_nodes  # noqa: F401 - fixture
 
@@ -95,6 +100,37 @@ def test_answers_on_two_nodes_at_once_the_first_wins(
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["allowed"]
     assert tool_output(view) == "created demo.txt (not really: this is the demo)"
+
+
+class QuestionAsker(StandIn):
+    """Asks the user questions (AskUserQuestion); replies with the answers it got."""
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """The questions, then the answers as its reply."""
+        decision = await self.spec.ask_permission(
+            PermissionRequest("AskUserQuestion", QUESTIONS, "q1")
+        )
+        yield MessageDone("m1", json.dumps(decision.answers, sort_keys=True))
+        yield TurnDone()
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["notice", "notice-lost"])
+def test_the_agent_s_questions_answered_on_another_node_get_their_answers(
+    quick_nodes: tuple[LiveRelay, LiveRelay], lost: bool
+) -> None:
+    """y runs the agent, x takes the answers: on the control channel, or by y's heartbeat."""
+    x, y = quick_nodes
+    y.supervisor.agent_factory = lambda _p, spec, _s: QuestionAsker(spec)
+    cid = y.create(title="Asked on y")["id"]
+    assert y.send(cid, "ask").status_code == 202
+    question = pending_question(y, cid)
+    answers = {"Which database should I use?": "SQLite", "Which tests should I write?": "Unit"}
+    forbidden = control_forbidden(y.settings.redis_url or "") if lost else contextlib.nullcontext()
+    with forbidden:
+        response = answer(x, cid, question, allow=True, answers=answers)
+        assert response.status_code == 200, response.text
+        view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert view["timeline"][-1]["text"] == json.dumps(answers, sort_keys=True)
 
 
 def lingering_question(y: LiveRelay, title: str) -> tuple[int, int]:

@@ -145,6 +145,8 @@ class PermissionDecision:
 
     allow: bool
     message: str = ""
+    # The user's answers to the agent's own questions (AskUserQuestion): question → answer.
+    answers: dict[str, str] | None = None
 
 
 AskPermission = Callable[[PermissionRequest], Awaitable[PermissionDecision]]

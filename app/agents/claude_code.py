@@ -80,11 +80,11 @@ from app.agents.common import (
 )
 from app.agents.lifetime import die_with_relay
 from app.agents.transcript import compaction_summary, prompt_received, restored_cost
+from app.questions import asked
 from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
 log = logging.getLogger(__name__)
 
-UNANSWERABLE_TOOLS = ("AskUserQuestion",)  # Claude Code's tools the relay has no UI for
 RESUME_FAILED = (
     "Could not resume the previous Claude Code session (its transcript is gone); "
     "started a new session."
@@ -119,6 +119,8 @@ CLI_HISTORY_COMMAND = re.compile(r"\s*/(?:compact|clear|reset|new)(?![\w-])")
 
 def summarize_input(tool_input: dict[str, Any]) -> str:
     """Return a one-line summary of a tool call's input (the command, the path...)."""
+    if questions := asked(tool_input):  # AskUserQuestion: what it asks
+        return one_line(" · ".join(questions))
     return summarize(tool_input, SUMMARY_KEYS)
 
 
@@ -632,7 +634,6 @@ class ClaudeCodeAgent(TurnFlags):
             allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
             # Its questions would come as a permission card whose Allow answers nothing (the
             # model heard "The user did not answer"): without it, the model asks in its reply.
-            disallowed_tools=list(UNANSWERABLE_TOOLS),
             # Only a resumed CLI is ever warmed up: on the others the hook would cost every
             # prompt a control round trip for nothing.
             hooks={"UserPromptSubmit": [HookMatcher(hooks=[self._stop_warm_up])]}
@@ -680,6 +681,8 @@ class ClaudeCodeAgent(TurnFlags):
             tool_name, tool_input, context.tool_use_id, announced=not subagent, lasting=subagent
         )
         decision = await ask_user(self.spec, request)
+        if decision.allow and decision.answers is not None:  # AskUserQuestion's, answered
+            return PermissionResultAllow(updated_input={**tool_input, "answers": decision.answers})
         if decision.allow:
             return PermissionResultAllow()
         return PermissionResultDeny(message=decision.message)

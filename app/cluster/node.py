@@ -42,6 +42,7 @@ from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
 from app.config import Settings
 from app.providers import agent_env
+from app.questions import decision_of
 from app.summary import SummaryMessage, build_summary
 from app.supervisor.pool import REFRESH_SECONDS
 from app.workspace import WorkspaceError, usable_cwd
@@ -480,7 +481,12 @@ class ClusterNode:
             entry_id = message.get("entry_id")
             if isinstance(entry_id, int) and entry_id:
                 allow = bool(message.get("allow"))
-                decision = PermissionDecision(allow, str(message.get("message") or ""))
+                answers = message.get("answers")
+                decision = PermissionDecision(
+                    allow,
+                    str(message.get("message") or ""),
+                    answers=answers if isinstance(answers, dict) else None,
+                )
                 supervisor.settle_question(cid, entry_id, decision)
 
     # -- the heartbeat -----------------------------------------------------------------------
@@ -559,9 +565,7 @@ class ClusterNode:
         if not asked:
             return
         for entry in await self.supervisor.storage.read(self._answered, list(asked)):
-            decision = PermissionDecision(
-                entry.state == "allowed", str(entry.data.get("answer_message") or "")
-            )
+            decision = decision_of(entry.state, entry.data)
             self.supervisor.settle_question(asked[entry.id or 0], entry.id or 0, decision)
 
     async def _settle_stops(self) -> None:

@@ -282,9 +282,10 @@ async def answer_permission(
     """Allow or deny a tool the agent asked to run; the first answer wins."""
     conversation = await fetch_conversation(supervisor, conversation_id)
     try:
-        entry = await supervisor.storage.write(
-            supervisor.answer, conversation, entry_id, PermissionDecision(body.allow, body.message)
-        )
+        decision = PermissionDecision(body.allow, body.message, answers=body.answers)
+        entry = await supervisor.storage.write(supervisor.answer, conversation, entry_id, decision)
+    except ValueError as error:  # answers that do not fit the question
+        raise HTTPException(400, str(error)) from None
     except LookupError as error:
         raise HTTPException(404, str(error)) from None
     except ConversationError as error:

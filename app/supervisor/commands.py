@@ -16,6 +16,7 @@ from app.agents.base import PermissionDecision, WarmsUp
 from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
+from app.questions import checked_answers, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import NoRoom
 from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
@@ -477,8 +478,7 @@ class Commands(SupervisorState):
                 if entry.state == "pending":
                     self._save(session, conversation, entry, state="expired", data=entry.data)
                 elif entry.state in ("allowed", "denied"):
-                    message = str(entry.data.get("answer_message") or "")
-                    answered[entry_id] = PermissionDecision(entry.state == "allowed", message)
+                    answered[entry_id] = decision_of(entry.state, entry.data)
         return answered
 
     def _turn_elsewhere(self, conversation_id: int) -> tuple[bool, str | None]:
@@ -513,6 +513,7 @@ class Commands(SupervisorState):
                 raise ConversationError(STOPPED_QUESTION)
             if entry.state != "pending":
                 raise ConversationError(f"This question was already answered ({entry.state}).")
+            answers = checked_answers(entry.data, decision.allow, decision.answers)  # ValueError
             runner = self.runners.get(conversation.id or 0)  # (none on another node)
             future = runner.questions.pop(entry_id, None) if runner is not None else None
             here = self.cluster is None or self.cluster.holds(conversation.id or 0)
@@ -522,11 +523,15 @@ class Commands(SupervisorState):
             data = entry.data
             if decision.message:  # the owner settles with it if the notice below is lost
                 data = {**data, "answer_message": decision.message}
+            if answers is not None:  # (and shown with the question)
+                data = {**data, "answers": answers}
             self._save(session, conversation, entry, state=state, data=data)
         if future is not None:
             self.storage.soon(_settle, future, decision)
         elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):
             fields = {"entry_id": entry_id, "allow": decision.allow, "message": decision.message}
+            if answers is not None:
+                fields["answers"] = answers
             self.cluster.send("answer", conversation.id or 0, **fields)
         return entry
 

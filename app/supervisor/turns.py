@@ -28,6 +28,7 @@ from app.db import WRITE_PATIENCE, write_lock_free
 from app.edits import edit_change
 from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
 from app.models import Conversation, Entry
+from app.questions import QUESTION_TOOL, asked
 from app.supervisor.base import SupervisorState
 from app.supervisor.runner import (
     Locked,
@@ -576,13 +577,16 @@ class Turns(SupervisorState):
     ) -> None:
         change = edit_change(request.tool_name, request.tool_input)
         edit = {"edit": change} if change else {}
+        text = f"{request.tool_name} wants permission"
+        if request.tool_name == QUESTION_TOOL:  # the agent asks the user (a form of answers)
+            text = "The agent asks: " + " · ".join(asked(request.tool_input))
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
             entry = self._add(
                 session,
                 conversation,
                 "activity",
-                f"{request.tool_name} wants permission",
+                store.storable(text[:2000]),
                 state="pending",
                 data={
                     "type": "permission",

@@ -1,0 +1,61 @@
+"""The agent's own questions to the user (Claude Code's AskUserQuestion): their answers.
+
+The question comes as a permission request for the tool; the user's answers go back as the
+tool's input with an "answers" map (question text → the chosen labels joined by ", ", or the
+user's own words), which the CLI hands to the model as the tool's result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.agents.base import PermissionDecision
+
+QUESTION_TOOL = "AskUserQuestion"
+NOT_A_QUESTION = "Only a question of the agent's (AskUserQuestion) takes answers."
+ANSWER_ALL = "Answer every question (or skip them all)."
+
+
+def asked(tool_input: Any) -> list[str]:
+    """The question texts of an AskUserQuestion call's input, in order."""
+    questions = tool_input.get("questions") if isinstance(tool_input, dict) else None
+    if not isinstance(questions, list):
+        return []
+    texts = [q.get("question") for q in questions if isinstance(q, dict)]
+    return [t for t in texts if isinstance(t, str)]
+
+
+def checked_answers(
+    entry_data: dict[str, Any], allow: bool, answers: dict[str, str] | None
+) -> dict[str, str] | None:
+    """The answers to store for a question entry, checked (ValueError: what is wrong).
+
+    An AskUserQuestion answered (allow) needs one non-blank answer per question it asked,
+    and none to another; skipped (not allow) it takes none. Other tools take none.
+    """
+    if entry_data.get("tool") != QUESTION_TOOL:
+        if answers is not None:
+            raise ValueError(NOT_A_QUESTION)
+        return None
+    if not allow:
+        if answers:
+            raise ValueError("A skipped question takes no answers.")
+        return None
+    questions = asked(entry_data.get("input"))
+    given = {q: a.strip() for q, a in (answers or {}).items()}
+    unknown = [q for q in given if q not in questions]
+    if unknown:
+        raise ValueError(f"The agent did not ask: {unknown[0][:200]}")
+    if not questions or any(not given.get(q) for q in questions):
+        raise ValueError(ANSWER_ALL)
+    return {q: given[q] for q in questions}
+
+
+def decision_of(state: str, entry_data: dict[str, Any]) -> PermissionDecision:
+    """The decision a stored, answered question carries (answered on another node...)."""
+    answers = entry_data.get("answers")
+    return PermissionDecision(
+        state == "allowed",
+        str(entry_data.get("answer_message") or ""),
+        answers=dict(answers) if isinstance(answers, dict) else None,
+    )

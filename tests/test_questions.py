@@ -1,0 +1,62 @@
+"""The answers to the agent's own questions (AskUserQuestion), checked before they are stored."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app.agents.base import PermissionDecision
+from app.questions import ANSWER_ALL, NOT_A_QUESTION, asked, checked_answers, decision_of
+
+INPUT = {
+    "questions": [
+        {"question": "Which database?", "options": [{"label": "SQLite"}], "multiSelect": False},
+        {"question": "Which tests?", "options": [{"label": "Unit"}], "multiSelect": True},
+    ]
+}
+ASKED = {"type": "permission", "tool": "AskUserQuestion", "input": INPUT}
+
+
+def test_the_questions_asked_are_read_from_the_input() -> None:
+    assert asked(INPUT) == ["Which database?", "Which tests?"]
+    assert asked({"questions": "no"}) == [] == asked(None) == asked({"command": "ls"})
+    assert asked({"questions": [{"question": 3}, "x", {"question": "Why?"}]}) == ["Why?"]
+
+
+def test_every_question_needs_an_answer_and_only_those() -> None:
+    answers = {"Which tests?": " Unit, Browser ", "Which database?": "SQLite"}
+    # In the order asked, trimmed.
+    assert list(checked_answers(ASKED, True, answers) or {}) == ["Which database?", "Which tests?"]
+    assert (checked_answers(ASKED, True, answers) or {})["Which tests?"] == "Unit, Browser"
+    for wrong, error in (
+        (None, ANSWER_ALL),
+        ({"Which database?": "SQLite"}, ANSWER_ALL),
+        ({"Which database?": "SQLite", "Which tests?": " \n"}, ANSWER_ALL),
+        (answers | {"Who?": "me"}, "The agent did not ask: Who?"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(error)):
+            checked_answers(ASKED, True, wrong)
+
+
+def test_a_skip_takes_no_answers_and_other_tools_none() -> None:
+    assert checked_answers(ASKED, False, None) is None
+    assert checked_answers(ASKED, False, {}) is None
+    with pytest.raises(ValueError, match=re.escape("A skipped question takes no answers.")):
+        checked_answers(ASKED, False, {"Which database?": "SQLite"})
+    bash = {"type": "permission", "tool": "Bash", "input": {"command": "ls"}}
+    assert checked_answers(bash, True, None) is None
+    with pytest.raises(ValueError, match=re.escape(NOT_A_QUESTION)):
+        checked_answers(bash, True, {"x": "y"})
+    with pytest.raises(ValueError, match=re.escape(ANSWER_ALL)):  # asks nothing readable
+        checked_answers({"tool": "AskUserQuestion", "input": {}}, True, {})
+
+
+def test_a_stored_answer_is_the_decision_it_was() -> None:
+    data = ASKED | {"answers": {"Which database?": "SQLite"}, "answer_message": ""}
+    assert decision_of("allowed", data) == PermissionDecision(
+        True, "", answers={"Which database?": "SQLite"}
+    )
+    assert decision_of("denied", ASKED | {"answer_message": "no"}) == PermissionDecision(
+        False, "no"
+    )
