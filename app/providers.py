@@ -37,6 +37,12 @@ TRAITS: dict[str, Traits] = {
     "demo": Traits("Demo (offline)", compact_window=True, compaction="line"),
 }
 WINDOW_PROVIDERS = tuple(name for name, traits in TRAITS.items() if traits.compact_window)
+CLAUDE_CLI_PROVIDERS = ("claude", "deepseek")  # the Claude Code CLI runs their agents
+ROOT_BYPASS = (
+    "Claude Code refuses bypassPermissions when it runs as root, as this relay does: pick"
+    " another permission mode, or run the relay as a normal user (in a sandboxed container:"
+    " IS_SANDBOX=1 and OARLOCK_AGENT_ENV_PASSTHROUGH=IS_SANDBOX)."
+)
 
 
 def compaction_style(provider: str) -> Style:
@@ -139,6 +145,28 @@ def agent_env(
         env[WINDOW_ENV] = str(window)
     env[RELAY_ENV] = relay_marker(settings.resolved_data_dir)  # finds what agents started
     return env
+
+
+def mode_refused(
+    provider: str,
+    mode: str,
+    settings: Settings,
+    *,
+    euid: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """Why this provider's agent would refuse to start in this permission mode here, or None.
+
+    The Claude Code CLI refuses bypassPermissions as root unless its environment has
+    IS_SANDBOX=1 (measured with the bundled CLI: "1" only; "true" or "yes" are refused).
+    """
+    if provider not in CLAUDE_CLI_PROVIDERS or mode != "bypassPermissions":
+        return None
+    if (os.geteuid() if euid is None else euid) != 0:
+        return None
+    if agent_env(provider, settings, None, environ).get("IS_SANDBOX") == "1":
+        return None
+    return ROOT_BYPASS
 
 
 def make_agent(provider: str, spec: AgentSpec, settings: Settings) -> Agent:

@@ -26,6 +26,7 @@ import pytest
 from app.agents.claude_code import stderr_reason
 from app.agents.lifetime import WATCHER, Lifetime, data_key, reap_leftovers, relay_marker
 from app.agents.sweep import RELAY_ENV, is_leftover, marker_of
+from app.providers import ROOT_BYPASS
 from app.supervisor import REDELIVERED_LINE, SHUTDOWN_LINE
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
@@ -412,17 +413,50 @@ def test_restart_kills_what_a_killed_relay_and_its_watcher_left(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the CLI refuses bypassPermissions only as root")
-def test_bypass_permissions_as_root_shows_the_cli_reason(
+def test_bypass_permissions_as_root_is_refused_up_front_unless_sandboxed(
     tmp_path: Path, claude_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in os.environ.keys() - claude_env.keys():
         monkeypatch.delenv(name)  # the relay's agents get its environment
     for name, value in claude_env.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("IS_SANDBOX", "1")  # not passed to agents unless named
     live = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        refused = live.http.post(
+            "/api/conversations",
+            json={"provider": "claude", "permission_mode": "bypassPermissions"},
+        )
+        assert refused.status_code == 409 and refused.json()["detail"] == ROOT_BYPASS
+        cid = live.create(provider="claude", permission_mode="default")["id"]
+        changed = live.http.patch(
+            f"/api/conversations/{cid}", json={"permission_mode": "bypassPermissions"}
+        )
+        assert changed.status_code == 409 and changed.json()["detail"] == ROOT_BYPASS
+        assert live.get(cid)["permission_mode"] == "default"
+        imported = live.http.post(
+            "/api/claude-sessions/0b0e7a35-9d63-4c39-8a33-4d5f1c2a9e10/import",
+            json={"permission_mode": "bypassPermissions"},
+        )
+        assert imported.status_code == 409 and imported.json()["detail"] == ROOT_BYPASS
+        demo = live.create(provider="demo", permission_mode="bypassPermissions")  # no CLI
+        assert demo["permission_mode"] == "bypassPermissions"
+    finally:
+        live.stop()
+    # As the refusal says: in a sandbox, IS_SANDBOX=1 passed to the agent.
+    sandboxed = make_settings(tmp_path / "data", agent_env_passthrough="IS_SANDBOX")
+    live = LiveRelay(sandboxed).start()
     try:
         cid = live.create(provider="claude", permission_mode="bypassPermissions")["id"]
         assert live.send(cid, "hello").status_code == 202
+        view = live.wait_idle(cid, timeout=TIMEOUT)
+        assert [e["text"] for e in view["timeline"]] == ["hello", "You said: hello"]
+    finally:
+        live.stop()
+    # The relay started again without it: the CLI's own reason, not the SDK's.
+    live = LiveRelay(make_settings(tmp_path / "data")).start()
+    try:
+        assert live.send(cid, "again").status_code == 202
         view = live.wait_idle(cid, timeout=TIMEOUT)
     finally:
         live.stop()

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.config import Settings
-from app.providers import WINDOW_PROVIDERS, compaction_style, default_provider, provider_infos
+from app.providers import (
+    ROOT_BYPASS,
+    WINDOW_PROVIDERS,
+    compaction_style,
+    default_provider,
+    mode_refused,
+    provider_infos,
+)
 
 
 def test_compaction_style_of_claude_is_line() -> None:
@@ -40,3 +47,19 @@ def test_provider_infos_with_keys(tmp_path: Path) -> None:
     assert [i.id for i in infos if i.available] == ["claude", "deepseek", "demo"]
     assert default_provider(Settings(), infos) == "claude"
     assert default_provider(Settings(default_provider="deepseek"), infos) == "deepseek"
+
+
+def test_bypass_permissions_is_refused_for_claude_code_as_root_unless_sandboxed() -> None:
+    plain, passed = Settings(), Settings(agent_env_passthrough="IS_SANDBOX")
+    sandbox = {"IS_SANDBOX": "1"}
+    for provider in ("claude", "deepseek"):
+        assert mode_refused(provider, "bypassPermissions", plain, euid=0, environ={}) == ROOT_BYPASS
+        refused = mode_refused(provider, "bypassPermissions", plain, euid=0, environ=sandbox)
+        assert refused == ROOT_BYPASS  # the variable does not reach the agent
+        assert mode_refused(provider, "bypassPermissions", passed, euid=0, environ=sandbox) is None
+        yes = {"IS_SANDBOX": "true"}  # the CLI takes "1" only
+        assert mode_refused(provider, "bypassPermissions", passed, euid=0, environ=yes)
+        assert mode_refused(provider, "bypassPermissions", plain, euid=1000, environ={}) is None
+        assert mode_refused(provider, "acceptEdits", plain, euid=0, environ={}) is None
+    for provider in ("demo", "copilot", "openai"):
+        assert mode_refused(provider, "bypassPermissions", plain, euid=0, environ={}) is None

@@ -26,7 +26,7 @@ from app.models import (
     MessageCreate,
     PermissionAnswer,
 )
-from app.providers import WINDOW_PROVIDERS, default_provider, provider_infos
+from app.providers import WINDOW_PROVIDERS, default_provider, mode_refused, provider_infos
 from app.routes.deps import fetch_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
 from app.supervisor.commands import DEFAULT_TITLE
@@ -132,6 +132,8 @@ async def create_conversation(
     mode = body.permission_mode or settings.permission_mode
     if mode not in PERMISSION_MODES:
         raise HTTPException(422, f"permission_mode must be one of: {', '.join(PERMISSION_MODES)}.")
+    if (refused := mode_refused(provider, mode, settings)) is not None:
+        raise HTTPException(409, refused)
     title = " ".join((body.title or "").split()) or DEFAULT_TITLE
     conversation = await supervisor.storage.write(
         supervisor.create_conversation,
@@ -160,7 +162,10 @@ async def get_conversation(
 
 @router.patch("/conversations/{conversation_id}")
 async def update_conversation(
-    conversation_id: ConversationId, body: ConversationUpdate, supervisor: SupervisorDep
+    conversation_id: ConversationId,
+    body: ConversationUpdate,
+    request: Request,
+    supervisor: SupervisorDep,
 ) -> dict[str, Any]:
     """Rename a conversation, change its permission mode or its auto-compact window."""
     conversation = await fetch_conversation(supervisor, conversation_id)
@@ -177,6 +182,9 @@ async def update_conversation(
                 422, f"permission_mode must be one of: {', '.join(PERMISSION_MODES)}."
             )
         changes["permission_mode"] = body.permission_mode
+        refused = mode_refused(conversation.provider, body.permission_mode, _settings(request))
+        if refused is not None:
+            raise HTTPException(409, refused)
     if "auto_compact_window" in given:
         try:
             changes["auto_compact_window"] = validate_setting(body.auto_compact_window)

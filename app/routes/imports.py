@@ -15,7 +15,7 @@ from app import imports
 from app.agents.transcript import config_dir, live_sessions
 from app.config import PermissionMode, Settings
 from app.models import Conversation
-from app.providers import agent_env, provider_infos
+from app.providers import agent_env, mode_refused, provider_infos
 from app.routes.api import SupervisorDep, resolve_cwd
 from app.supervisor import Supervisor
 from app.views import conversation_view
@@ -81,6 +81,9 @@ async def import_claude_session(
     claude = next(info for info in provider_infos(settings) if info.id == "claude")
     if not claude.available:
         raise HTTPException(409, f"{claude.name} cannot run here: {claude.reason}")
+    mode = (body and body.permission_mode) or settings.permission_mode
+    if (refused := mode_refused("claude", mode, settings)) is not None:
+        raise HTTPException(409, refused)
     path = imports.find_transcript(config, session_id)
     if path is None:
         raise HTTPException(404, f"No Claude Code session {session_id} in {config / 'projects'}.")
@@ -119,7 +122,7 @@ async def import_claude_session(
                 title=title or "Imported session",
                 cwd=str(resolved),
                 session_id=session_id,
-                permission_mode=(body and body.permission_mode) or settings.permission_mode,
+                permission_mode=mode,
                 history=history,
                 entries=imports.notes(session_id, str(resolved), history) + history.entries,
             )
