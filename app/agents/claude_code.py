@@ -632,8 +632,6 @@ class ClaudeCodeAgent(TurnFlags):
             # The relay's own tools are never asked about: _can_use_tool allows them (the SDK
             # refuses an allowed_tools entry that would shadow the callback).
             allowed_tools=[] if ask else [MCP_PREFIX + tool.name for tool in spec.tools],
-            # Its questions would come as a permission card whose Allow answers nothing (the
-            # model heard "The user did not answer"): without it, the model asks in its reply.
             # Only a resumed CLI is ever warmed up: on the others the hook would cost every
             # prompt a control round trip for nothing.
             hooks={"UserPromptSubmit": [HookMatcher(hooks=[self._stop_warm_up])]}
