@@ -96,7 +96,7 @@ function diffBlock(edit) {
   const kinds = { '+': 'add', '-': 'del', '@': 'hunk' };
   for (const line of Array.isArray(edit.diff) ? edit.diff : []) {
     const kind = kinds[String(line)[0]] || 'ctx';
-    pre.append(h('span', { class: `diff-line ${kind}`, text: kind === 'hunk' ? '…' : String(line) }));
+    pre.append(h('span', { class: `diff-line ${kind}`, text: kind === 'hunk' ? '…' : visible(String(line)).shown }));
   }
   if (edit.more > 0) pre.append(h('span', { class: 'diff-line hunk', text: `… ${edit.more} more lines` }));
   return pre;
@@ -126,6 +126,21 @@ function toolEntry(entry, old) {
   return details;
 }
 
+// Invisible characters (Unicode format: bidi controls, zero-width ones) in what a permission
+// card approves. A U+202E in a command reverses how the rest of it reads: "touch PWNED"
+// could show as a harmless echo. In a card each is shown as its code, ⟨U+202E⟩.
+const INVISIBLE = /\p{Cf}/gu;
+
+/** text with every invisible character shown as ⟨U+XXXX⟩ (and whether it held any). */
+function visible(text) {
+  let found = false;
+  const shown = String(text).replace(INVISIBLE, (c) => {
+    found = true;
+    return `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`;
+  });
+  return { shown, found };
+}
+
 /** The input field a permission card shows in its box: the command, else the path. */
 function mainField(input) {
   if (input == null || typeof input !== 'object') return null;
@@ -152,8 +167,8 @@ function otherFields(input, main, hasDiff) {
   const rows = Object.entries(input)
     .filter(([key]) => !shown(key))
     .map(([key, value]) => h('div', { class: 'perm-field', testid: 'permission-field' },
-      h('span', { class: 'perm-field-name', text: `${key}:` }), ' ',
-      h('code', { dir: 'auto', text: typeof value === 'string' ? value : JSON.stringify(value) })));
+      h('span', { class: 'perm-field-name', text: `${visible(key).shown}:` }), ' ',
+      h('code', { dir: 'auto', text: visible(typeof value === 'string' ? value : JSON.stringify(value)).shown })));
   return rows.length ? h('div', { class: 'perm-fields' }, ...rows) : null;
 }
 
@@ -184,12 +199,12 @@ function questionGroup(entryId, question, index) {
   }
   const fieldset = h('fieldset', { class: 'question-group', testid: 'question' },
     h('legend', {},
-      question.header ? h('span', { class: 'question-header', dir: 'auto', text: String(question.header) }) : null,
-      h('span', { class: 'question-text', dir: 'auto', text: question.question })),
+      question.header ? h('span', { class: 'question-header', dir: 'auto', text: visible(question.header).shown }) : null,
+      h('span', { class: 'question-text', dir: 'auto', text: visible(question.question).shown })),
     ...options.map((o, i) => h('label', { class: 'question-option', testid: 'question-option' }, inputs[i],
-      h('span', { class: 'question-label', dir: 'auto', text: o.label }),
+      h('span', { class: 'question-label', dir: 'auto', text: visible(o.label).shown }),
       typeof o.description === 'string' && o.description
-        ? h('span', { class: 'question-desc', dir: 'auto', text: o.description }) : null)),
+        ? h('span', { class: 'question-desc', dir: 'auto', text: visible(o.description).shown }) : null)),
     own);
   // The answer as the agent takes it: the chosen labels, then the user's words, joined.
   const value = () => [...inputs.filter((i) => i.checked).map((i) => i.value), own.value.trim()]
@@ -253,9 +268,13 @@ function permissionEntry(entry, timeline) {
   if (data.tool === 'AskUserQuestion') return questionEntry(entry, timeline);
   const edit = data.edit && typeof data.edit === 'object' ? data.edit : null;
   const wants = !edit ? ' wants to run:' : edit.kind === 'write' ? ' wants to write:' : ' wants to edit:';
+  const main = visible(edit ? String(edit.file || '') : inputSummary(data.input));
+  const hidden = main.found || visible(JSON.stringify(data.input ?? null)).found;
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },
-    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: data.tool || 'The agent' }), wants),
-    h('pre', { class: 'perm-input', dir: 'auto', text: edit ? String(edit.file || '') : inputSummary(data.input) }),
+    h('div', { class: 'perm-title' }, h('strong', { dir: 'auto', text: visible(data.tool || 'The agent').shown }), wants),
+    h('pre', { class: 'perm-input', dir: 'auto', testid: 'permission-input', text: main.shown }),
+    hidden ? h('div', { class: 'perm-warn', role: 'note', testid: 'permission-hidden',
+      text: '⚠ It holds invisible characters (direction or zero-width), each shown as ⟨U+…⟩: read it as it will run.' }) : null,
     otherFields(data.input, mainField(data.input), Boolean(edit)),
     edit ? diffBlock(edit) : null);
   if (entry.state !== 'pending') {

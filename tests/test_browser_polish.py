@@ -213,6 +213,42 @@ def test_a_pending_permission_shows_the_whole_command(pages: Pages, relay: LiveR
     pages.assert_clean()
 
 
+REVERSED = 'echo "\u202e"; touch /tmp/elsewhere/PWNED; echo "\u202c done"'
+EDIT_HIDDEN = {"file_path": "/work/app.py", "old_string": "a = 1", "new_string": "a = 1\u200b"}
+
+
+def test_a_permission_shows_invisible_characters_as_their_codes(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A hostile review: a U+202E in a command made "touch …PWNED" read as a harmless echo of a
+    # garbled string in the card; Allow ran it.
+    use_script(
+        relay,
+        asking(
+            ("b0", "Bash", {"command": "ls -la"}),
+            ("b1", "Bash", {"command": REVERSED, "timeout": "\u2066600\u2069"}),
+            ("e1", "Edit", EDIT_HIDDEN),
+        ),
+    )
+    page, cid = open_new(pages, relay)
+    send_text(page, "go")
+    box = page.locator(".permission.state-pending .perm-input")
+    expect(box).to_have_text("ls -la")
+    expect(by_id(page, "permission-hidden")).to_have_count(0)  # nothing hidden: no warning
+    by_id(page, "permission-deny").click()
+    expect(box).to_have_text('echo "⟨U+202E⟩"; touch /tmp/elsewhere/PWNED; echo "⟨U+202C⟩ done"')
+    card = page.locator(".permission.state-pending")
+    expect(card.locator(".perm-field")).to_have_text(["timeout: ⟨U+2066⟩600⟨U+2069⟩"])
+    expect(by_id(card, "permission-hidden")).to_contain_text("invisible characters")
+    by_id(page, "permission-deny").click()
+    card = page.locator(".permission.state-pending")
+    expect(by_id(card, "diff")).to_contain_text("+a = 1⟨U+200B⟩")
+    expect(by_id(card, "permission-hidden")).to_be_visible()
+    by_id(page, "permission-deny").click()
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 BACKGROUND = {
     "command": "./serve.sh",
     "description": "Start the server",
