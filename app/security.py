@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, quote, urlencode
 
 import anyio
@@ -136,11 +136,16 @@ def host_name(host_header: str) -> str:
     return match["ip6"] or match["name"]
 
 
+Guess = Literal["ok", "wrong", "refused"]
+
+
 class FailureLimiter:
     """Counts failed tokens per client address; past the limit, failures are slowed.
 
     Only failures are slowed and refused (429): a correct token or a live session always
     gets in, so a page that makes the owner's browser send wrong guesses locks nobody out.
+    A client's wrong tokens are judged one at a time (guess): guesses sent in parallel wait
+    in turn, so past the limit they come no faster than one a pause.
     """
 
     def __init__(self, limit: int = 10, window: float = 60.0, pause: float = 1.0) -> None:
@@ -148,6 +153,32 @@ class FailureLimiter:
         self.window = window
         self.pause = pause
         self._failures: dict[str, deque[float]] = {}
+        self._turns: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # lock, [its users]
+
+    async def guess(self, client: str, ok: bool) -> Guess:
+        """A token a client tried (ok: it is right): "ok", "wrong", or "refused" (past the
+        limit, answered after the pause).
+
+        A right token gets in at once unless the client is past the limit; then it waits its
+        turn behind the client's wrong ones, so a right guess in a flood is not known sooner.
+        """
+        if ok and not await self.is_blocked(client):
+            return "ok"
+        lock, users = self._turns.setdefault(client, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                if ok:
+                    return "ok"
+                return "refused" if await self.failed(client) else "wrong"
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._turns[client]
+
+    async def is_blocked(self, client: str) -> bool:
+        """True when this client failed too often lately (blocked, for every node's count)."""
+        return self.blocked(client)
 
     def blocked(self, client: str) -> bool:
         """True when this client failed too often lately."""
@@ -262,9 +293,11 @@ class Guard:
             page = not websocket and method == "GET" and not path.startswith("/api/")
             bearer = headers.get("authorization", "")
             if bearer.lower().startswith("bearer "):
-                if not hmac.compare_digest(bearer[7:].strip().encode(), self.token.encode()):
-                    if await self.limiter.failed(_client(scope)):
-                        return 429, "Too many failed attempts; wait a minute.", []
+                ok = hmac.compare_digest(bearer[7:].strip().encode(), self.token.encode())
+                guess = await self.limiter.guess(_client(scope), ok)
+                if guess == "refused":
+                    return 429, "Too many failed attempts; wait a minute.", []
+                if guess == "wrong":
                     return _unauthorized(page, path)
             elif (session_id := await self._session_of(headers)) == DATABASE_DOWN:
                 return 503, "The database cannot be used right now; try again shortly.", []
@@ -316,11 +349,13 @@ class Guard:
         given = _url_token(scope)
         if given is None or self.token is None or self.sessions is None:
             return None
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            if let_in:
-                return None
-            if await self.limiter.failed(_client(scope)):
-                return 429, "Too many failed attempts; wait a minute.", []
+        ok = hmac.compare_digest(given.encode(), self.token.encode())
+        if not ok and let_in:
+            return None
+        guess = await self.limiter.guess(_client(scope), ok)
+        if guess == "refused":
+            return 429, "Too many failed attempts; wait a minute.", []
+        if guess == "wrong":
             return 303, "", [(b"location", b"/login?failed=1")]
         query = parse_qs(_query(scope), keep_blank_values=True)
         rest = {k: v for k, v in query.items() if k != "token"}
@@ -341,10 +376,10 @@ async def check_login(
     expected: str | None, given: str, limiter: FailureLimiter, scope: Scope
 ) -> bool:
     """Check a token typed into the login form (a failure counts, and is slowed past the limit)."""
-    ok = expected is None or hmac.compare_digest(given.encode(), expected.encode())
-    if not ok:
-        await limiter.failed(_client(scope))
-    return ok
+    if expected is None:
+        return True
+    ok = hmac.compare_digest(given.encode(), expected.encode())
+    return await limiter.guess(_client(scope), ok) == "ok"
 
 
 def session_cookie(session_id: str, *, secure: bool) -> bytes:

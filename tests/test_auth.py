@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from app.logs import redact
+from app.security import FailureLimiter
 from app.sessions import CHECK_SECONDS
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
@@ -275,6 +278,49 @@ def test_correct_token_gets_in_past_the_limit(relay: LiveRelay) -> None:
     assert (wrong.status_code, wrong.json()) == (429, TOO_MANY)
     assert (right.status_code, right.headers["location"]) == (303, "/")
     assert api(relay, right.headers["set-cookie"].split(";")[0]) == 200
+
+
+def test_guesses_sent_in_parallel_past_the_limit_are_judged_one_at_a_time(
+    relay: LiveRelay,
+) -> None:
+    # Found by a security review: past the limit each failure waited its 1 s pause, but the
+    # pauses ran side by side: 100 parallel guesses were all answered within 2 s, a right one
+    # among them with 200. Now they wait in turn, the right one too.
+    with httpx.Client(base_url=relay.base, timeout=60) as client:
+        wrong = {"Authorization": "Bearer nope"}
+        assert [client.get("/api/conversations", headers=wrong).status_code for _ in range(10)] == [
+            401
+        ] * 10
+
+        def guess(token: str) -> tuple[int, float]:
+            with httpx.Client(base_url=relay.base, timeout=60) as own:
+                headers = {"Authorization": f"Bearer {token}"}
+                answer = own.get("/api/conversations", headers=headers)
+            return answer.status_code, time.monotonic() - start
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            wrong_ones = [pool.submit(guess, "nope") for _ in range(3)]
+            time.sleep(0.3)  # (queued behind them)
+            right = pool.submit(guess, TOKEN)
+            answers = [f.result() for f in wrong_ones]
+            allowed = right.result()
+    assert sorted(code for code, _ in answers) == [429] * 3
+    assert sorted(took for _, took in answers)[-1] >= 2.9  # three pauses of 1 s, in turn
+    assert allowed[0] == 200 and allowed[1] >= 2.9  # known only in its turn
+
+
+async def test_a_client_s_failures_wait_in_turn_and_a_right_token_skips_no_queue() -> None:
+    limiter = FailureLimiter(limit=2, window=60.0, pause=0.1)
+    assert [await limiter.guess("a", False) for _ in range(2)] == ["wrong", "wrong"]
+    assert await limiter.guess("b", True) == "ok"  # another client: not blocked
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await asyncio.gather(*(limiter.guess("a", False) for _ in range(5)))
+    assert results == ["refused"] * 5 and loop.time() - start >= 0.5  # one pause each, in turn
+    assert await limiter.guess("b", True) == "ok"
+    assert await limiter.guess("a", True) == "ok"  # (after its pause-free turn)
+    assert not limiter._turns  # nothing kept once nobody waits
 
 
 # -- forwarded headers are believed only from OARLOCK_TRUSTED_PROXIES ----------------------
