@@ -391,6 +391,39 @@ def test_the_agent_s_own_turn_asks_queues_a_message_and_stops_on_stop(
     assert texts[-1] == "You said: APPLE"
 
 
+@pytest.mark.parametrize("action", ["archive", "delete"])
+def test_archiving_or_deleting_stops_the_agent_with_its_background_work(
+    start: StartRelay, fake: FakeAnthropic, action: str
+) -> None:
+    # Found by a hostile review: archived (or deleted) while a background shell ran, the
+    # conversation's agent lived on; when the shell ended it ran a turn of its own, unshown,
+    # and wrote a file (a delete waited 4 s for it).
+    live = start()
+    cid = create_claude(live, permission_mode="acceptEdits")
+    work = Path(live.get(cid)["cwd"])
+    background = {"command": "sleep 3", "description": "Nap", "run_in_background": True}
+    fake.tool_calls.extend(
+        [("Bash", background), ("Write", {"file_path": str(work / "after.txt"), "content": "x"})]
+    )
+    turn(live, cid, "start it in the background")
+    agent = live.supervisor.runners[cid].agent
+    assert agent is not None and agent.background_work()
+    asked = len(fake.message_bodies())
+    if action == "archive":
+        assert live.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    else:
+        assert live.http.delete(f"/api/conversations/{cid}").status_code == 204
+    deadline = time.monotonic() + TIMEOUT
+    while agent.is_alive():
+        assert time.monotonic() < deadline, "the agent outlived its conversation"
+        time.sleep(0.1)
+    time.sleep(4)  # past the shell's end
+    assert len(fake.message_bodies()) == asked  # no turn of its own
+    assert not (work / "after.txt").exists()
+    if action == "archive":
+        assert live.get(cid)["agent"] == "asleep"
+
+
 def test_a_subagent_s_question_outlives_the_turn_that_started_it(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:

@@ -946,8 +946,13 @@ class ClaudeCodeAgent(TurnFlags):
             return None
 
     async def close(self) -> None:
-        """Stop the CLI (stdin closed, then killed if it lingers); never hangs."""
+        """Stop the CLI (stdin closed, then killed if it lingers); never hangs.
+
+        With background work it is killed first: closed gracefully, the CLI would wait for its
+        tasks, then run a turn of its own about them, unread.
+        """
         client, transport = self._client, self._transport
+        lingers = self.background_work()
         self._closing = True
         await self._quiet()
         if client is not None and self.is_alive():
@@ -955,6 +960,8 @@ class ClaudeCodeAgent(TurnFlags):
                 async with asyncio.timeout(3):
                     await self._interrupt_cli()
         self._client, self._transport = None, None
+        if lingers and transport is not None:
+            await transport.kill()
         if client is not None:
             try:
                 async with asyncio.timeout(CLOSE_TIMEOUT):

@@ -300,6 +300,9 @@ class Commands(SupervisorState):
         runner = self.runners.get(cid)
         if runner is not None:
             runner.archived = True  # released by the reaper
+            # Its agent stops now, with any background work: nothing may act for an archived
+            # conversation (a task's end would have the agent run a turn of its own, unshown).
+            self.storage.soon(self._retire_now, cid)
         if self.cluster is not None and not self.cluster.holds(cid):
             self.cluster.send("retire", cid)  # its owner's agent stops as well
         return conversation

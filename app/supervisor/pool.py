@@ -293,8 +293,12 @@ class Pool(SupervisorState):
                     runner.task and not runner.task.done()
                 )
                 expired = runner.archived or now - runner.last_used > timeout
-                # Never one running background work (a shell it started): as for the budget.
-                if runner.agent is not None and expired and self._stoppable(runner):
+                # Never one running background work (a shell it started), as for the budget,
+                # unless its conversation is archived: then nothing of it may go on.
+                stoppable = self._stoppable(runner) or (
+                    runner.archived and idle and not runner.starting and not runner.questions
+                )
+                if runner.agent is not None and expired and stoppable:
                     log.info("stopping idle agent of conversation %s", runner.conversation_id)
                     await self._close_agent(runner)
                 elif runner.agent is not None and idle and not runner.starting and gone(runner):

@@ -317,6 +317,9 @@ class Turns(SupervisorState):
         message delivered first takes its events into its own turn (the agent's turn())."""
         if self._closing or self.runners.get(runner.conversation_id) is not runner:
             return
+        if runner.archived:  # nothing acts for an archived conversation: the agent stops
+            self._retire_now(runner.conversation_id)
+            return
         runner.own_turn = True
         self._wake(runner.conversation_id)
 
