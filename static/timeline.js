@@ -256,7 +256,14 @@ function questionEntry(entry, timeline) {
     });
   };
   skip.addEventListener('click', () => send(false));
-  const form = h('form', { class: 'question-form', onsubmit: (event) => { event.preventDefault(); send(true); } },
+  // Esc in the form is not a Stop (it would expire the question and what was typed): it
+  // clears the field it is in.
+  const keep = (event) => {
+    if (event.key !== 'Escape') return;
+    event.preventDefault();
+    if (event.target.type === 'text') event.target.value = '';
+  };
+  const form = h('form', { class: 'question-form', onkeydown: keep, onsubmit: (event) => { event.preventDefault(); send(true); } },
     ...groups.map((g) => g.fieldset),
     h('div', { class: 'perm-actions' }, submit, skip, error));
   card.append(form);

@@ -177,9 +177,16 @@ def test_the_agent_s_questions_are_a_form_whose_answers_it_gets(
     expect(first).to_contain_text("One file")  # an option's description
     by_id(page, "question-submit").click()  # nothing chosen yet
     expect(page.get_by_role("alert")).to_have_text("Answer every question (or skip them all).")
+    own = by_id(second, "question-own")
+    own.fill("I would like gre")
+    own.press("Escape")  # clears the field: not a Stop (a hostile review lost the turn so)
+    expect(own).to_have_value("")
+    page.keyboard.press("Escape")  # nor from elsewhere in the form
     first.get_by_label("SQLite").check()
+    first.get_by_label("SQLite").press("Escape")
+    expect(by_id(page, "stop-button")).to_be_visible()
     second.get_by_label("Unit").check()
-    by_id(second, "question-own").fill("a load test")
+    own.fill("a load test")
     by_id(page, "question-submit").click()
     expect(by_id(page, "permission-answer")).to_have_text("Answered")
     expect(by_id(page, "question-answered").nth(1)).to_contain_text("Unit, a load test")
