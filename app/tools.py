@@ -120,6 +120,10 @@ def relay_tools(
     )
 
 
-def is_relay_tool(name: str) -> bool:
-    """True for a relay tool's name as Claude Code calls it (never asks permission)."""
-    return name.startswith(MCP_PREFIX)
+def is_relay_tool(name: str, tools: tuple[RelayTool, ...]) -> bool:
+    """True for one of these relay tools' names as Claude Code calls it (never asks).
+
+    Exactly: an MCP server of the user's or a project's named "oarlock__x" gives tool names
+    that begin as the relay's do, and must be asked about as any other.
+    """
+    return name in {MCP_PREFIX + tool.name for tool in tools}

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, 
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 
 TIMEOUT = 60  # the longest any wait may take
+STDIO_MCP = Path(__file__).parent / "stdio_mcp.py"  # a project's MCP server
 MODEL = "claude-opus-5-5"  # the bundled CLI's default model
 APPLY_NOTE = "Applies on the next message (the session restarts once)."
 COMPACT_WARNING = "The conversation will be compacted on the next message."
@@ -422,6 +424,29 @@ def test_archiving_or_deleting_stops_the_agent_with_its_background_work(
     assert not (work / "after.txt").exists()
     if action == "archive":
         assert live.get(cid)["agent"] == "asleep"
+
+
+def test_a_project_mcp_server_named_like_the_relay_s_is_asked_about(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a security review: a repository's MCP server named "oarlock__tools" gave tool
+    # names beginning "mcp__oarlock__", which the relay allowed without a question.
+    live = start()
+    cid = create_claude(live)
+    work = Path(live.get(cid)["cwd"])
+    server = {"type": "stdio", "command": sys.executable, "args": [str(STDIO_MCP)]}
+    (work / ".mcp.json").write_text(json.dumps({"mcpServers": {"oarlock__tools": server}}))
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.json").write_text('{"enableAllProjectMcpServers": true}')
+    target = work / "touched.txt"
+    fake.tool_calls.append(("mcp__oarlock__tools__run", {"path": str(target)}))
+    assert live.send(cid, "hello").status_code == 202
+    question = wait_question(live, cid)
+    assert question["data"]["tool"] == "mcp__oarlock__tools__run"
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    assert live.http.post(url, json={"allow": False}).status_code == 200
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert not target.exists()
 
 
 def test_a_subagent_s_question_outlives_the_turn_that_started_it(

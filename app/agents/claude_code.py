@@ -670,7 +670,7 @@ class ClaudeCodeAgent(TurnFlags):
     async def _can_use_tool(
         self, tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
     ) -> PermissionResultAllow | PermissionResultDeny:
-        if is_relay_tool(tool_name):
+        if is_relay_tool(tool_name, self.spec.tools):
             return PermissionResultAllow()
         # Claude Code writes the call's assistant message before this request (a subagent's
         # calls are not shown: EventMapper.feed).
