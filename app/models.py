@@ -246,6 +246,7 @@ class ConversationCreate(SQLModel):
     provider: Text | None = None
     cwd: Text | None = Field(default=None, max_length=4096)
     permission_mode: Text | None = None
+    trust_project: StrictBool = False  # the folder's own Claude Code settings may act (trust)
 
     _title = field_validator("title")(_visible_title)
     _title_nul = field_validator("title")(_no_nul)

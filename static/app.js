@@ -1265,6 +1265,7 @@ function showNewError(message) {
 
 async function openNewDialog() {
   byId('new-form').reset();
+  byId('new-trust-field').hidden = true;
   imports.reset();
   showNewError('');
   byId('new-create').disabled = false;
@@ -1290,6 +1291,7 @@ byId('new-form').addEventListener('submit', async (e) => {
   if (title) body.title = title;
   if (provider) body.provider = provider;
   if (cwd) body.cwd = cwd;
+  if (byId('new-trust').checked) body.trust_project = true;
   const create = byId('new-create');
   create.disabled = true;
   showNewError('');
@@ -1301,6 +1303,10 @@ byId('new-form').addEventListener('submit', async (e) => {
     navigate(data.id, { focus: true });
   } catch (err) {
     showNewError(err.message);
+    // The folder's own Claude Code settings: created only once the user trusts them.
+    if (err.status === 409 && err.message.startsWith('This folder has Claude Code settings')) {
+      byId('new-trust-field').hidden = false;
+    }
   } finally {
     create.disabled = false;
   }

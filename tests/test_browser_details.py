@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,3 +196,29 @@ def test_the_agent_s_questions_are_a_form_whose_answers_it_gets(
     expect(reply).to_contain_text('"Which tests should I write?"="Unit, a load test"')
     live.wait_idle(cid)
     pages.assert_clean()
+
+
+def test_a_folder_with_its_own_settings_is_created_in_once_trusted(
+    pages: Pages, start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    live = start()
+    repo = tmp_path / "data" / "repo"
+    repo.mkdir(parents=True)
+    (repo / ".mcp.json").write_text('{"mcpServers": {}}')
+    page = pages.open(live)
+    by_id(page, "empty-new-conversation").click()
+    expect(by_id(page, "new-trust")).to_be_hidden()  # asked only where it matters
+    by_id(page, "new-provider").select_option("claude")
+    by_id(page, "new-cwd").fill(str(repo))
+    by_id(page, "new-create").click()
+    expect(page.get_by_role("alert")).to_contain_text(
+        "This folder has Claude Code settings (.mcp.json) that can run commands"
+    )
+    trust = by_id(page, "new-trust")
+    expect(trust).to_be_visible()
+    trust.check()
+    by_id(page, "new-create").click()
+    expect(page).to_have_url(re.compile(r"/c/\d+$"))
+    (conversation,) = live.http.get("/api/conversations").json()["conversations"]
+    assert conversation["cwd"] == str(repo)
+    pages.assert_clean("409")  # the first Create, refused as intended

@@ -449,6 +449,32 @@ def test_a_project_mcp_server_named_like_the_relay_s_is_asked_about(
     assert not target.exists()
 
 
+def test_a_folder_s_own_settings_act_only_once_the_user_trusts_them(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Found by a security review: a repository's .claude/settings.json ran its hooks and
+    # sent the API key where its "env" said, at the first message, without a question (in a
+    # terminal, Claude Code first asks whether to trust the folder).
+    live = start()
+    repo = tmp_path / "data" / "repo"
+    (repo / ".claude").mkdir(parents=True)
+    ran = tmp_path / "hook-ran"
+    hook = {"hooks": [{"type": "command", "command": f"touch {ran}"}]}
+    settings = {"hooks": {"UserPromptSubmit": [hook]}}
+    (repo / ".claude" / "settings.json").write_text(json.dumps(settings))
+    body = {"provider": "claude", "cwd": str(repo)}
+    refused = live.http.post("/api/conversations", json=body)
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith(
+        "This folder has Claude Code settings (.claude/settings.json) that can run commands"
+    )
+    assert live.http.get("/api/conversations").json()["conversations"] == []  # nothing made
+    created = live.http.post("/api/conversations", json=body | {"trust_project": True})
+    assert created.status_code == 201, created.text
+    turn(live, created.json()["id"], "hello")
+    assert ran.exists()  # trusted: its hook runs, as in Claude Code
+
+
 def test_a_subagent_s_question_outlives_the_turn_that_started_it(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -26,10 +27,18 @@ from app.models import (
     MessageCreate,
     PermissionAnswer,
 )
-from app.providers import WINDOW_PROVIDERS, default_provider, mode_refused, provider_infos
+from app.providers import (
+    CLAUDE_CLI_PROVIDERS,
+    WINDOW_PROVIDERS,
+    agent_env,
+    default_provider,
+    mode_refused,
+    provider_infos,
+)
 from app.routes.deps import fetch_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
 from app.supervisor.commands import DEFAULT_TITLE
+from app.trust import trust_question, untrusted_settings
 from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
 from app.window import validate_setting
@@ -50,6 +59,14 @@ Cursor = Annotated[int | None, Query(ge=1, le=MAX_ID)]  # a timeline position (s
 def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
+
+
+async def ask_trust(provider: str, settings: Settings, cwd: Path) -> None:
+    """409 when the folder's own Claude Code settings would act and nobody trusted them."""
+    env = agent_env(provider, settings, None)
+    found = await asyncio.to_thread(untrusted_settings, cwd, env)
+    if found:
+        raise HTTPException(409, trust_question(found))
 
 
 def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
@@ -135,11 +152,14 @@ async def create_conversation(
     if (refused := mode_refused(provider, mode, settings)) is not None:
         raise HTTPException(409, refused)
     title = " ".join((body.title or "").split()) or DEFAULT_TITLE
+    cwd = resolve_cwd(settings, body.cwd)
+    if provider in CLAUDE_CLI_PROVIDERS and not body.trust_project:
+        await ask_trust(provider, settings, cwd)
     conversation = await supervisor.storage.write(
         supervisor.create_conversation,
         title=title,
         provider=provider,
-        cwd=resolve_cwd(settings, body.cwd),
+        cwd=cwd,
         permission_mode=mode,
     )
     return conversation_view(conversation)

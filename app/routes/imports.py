@@ -9,14 +9,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from app import imports
 from app.agents.transcript import config_dir, live_sessions
 from app.config import PermissionMode, Settings
 from app.models import Conversation
 from app.providers import agent_env, mode_refused, provider_infos
-from app.routes.api import SupervisorDep, resolve_cwd
+from app.routes.api import SupervisorDep, ask_trust, resolve_cwd
 from app.supervisor import Supervisor
 from app.views import conversation_view
 
@@ -30,6 +30,7 @@ class ImportOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     permission_mode: PermissionMode | None = None
+    trust_project: StrictBool = False  # the folder's own Claude Code settings may act
 
 
 def claude_config(settings: Settings) -> Path:
@@ -99,6 +100,8 @@ async def import_claude_session(
     if cwd is None:
         raise HTTPException(422, "The session's transcript names no working directory.")
     resolved = resolve_cwd(settings, cwd)  # 400 when outside the roots or gone
+    if not (body and body.trust_project):  # (a terminal's Claude Code asked already: trusted)
+        await ask_trust("claude", settings, resolved)
     pid = await asyncio.to_thread(_running_in_terminal, config, session_id)
     if pid is not None:
         raise HTTPException(
