@@ -684,16 +684,27 @@ def test_mapper_tracks_background_tasks_until_they_end() -> None:
 def test_a_task_s_end_is_a_line_saying_how_it_ended() -> None:
     mapper = EventMapper("s")
     base = {"type": "system", "uuid": "u", "session_id": "s", "output_file": "/tmp/t.output"}
+    shell = {"subtype": "task_started", "task_type": "local_bash", "description": "Wait"}
+    mapper.feed_json(base | shell | {"task_id": "t1"})
+    mapper.feed_json(base | shell | {"task_id": "t2"})
     done = {"subtype": "task_notification", "task_id": "t1", "status": "completed"}
     summary = 'Background command "Wait" completed (exit code 0)'
     assert mapper.feed_json(base | done | {"summary": summary}) == [
         Notice(summary, data={"type": "task", "status": "completed"})
     ]
-    failed = done | {"status": "failed", "summary": 'Background command "x" failed\nwith\n' * 50}
+    failed = done | {"task_id": "t2", "status": "failed"}
+    failed |= {"summary": 'Background command "x" failed\nwith\n' * 50}
     (line,) = mapper.feed_json(base | failed)
     assert (line.level, line.data["status"]) == ("warning", "failed")
     assert "\n" not in line.text and len(line.text) <= 301
-    assert mapper.feed_json(base | done | {"summary": ""}) == []  # nothing to say
+    # A subagent's summary is its own words (a hostile review saw one read as a shell's
+    # line): the line names the task instead.
+    started = {"subtype": "task_started", "task_id": "a1", "description": "Helper"}
+    mapper.feed_json(base | started | {"task_type": "local_agent"})
+    agent = done | {"task_id": "a1", "summary": 'Background command "deploy" completed'}
+    assert mapper.feed_json(base | agent)[0].text == 'Background task "Helper" completed'
+    unknown = done | {"task_id": "zz", "summary": "words", "status": "stopped"}
+    assert mapper.feed_json(base | unknown)[0].text == "A task stopped"
 
 
 def result_answering(*uuids: str, origin: dict[str, str] | None = None) -> Any:

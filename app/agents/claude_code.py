@@ -103,6 +103,7 @@ SUMMARY_KEYS = (
 )
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
+SHELL_TASK = "local_bash"  # the CLI's task_type of a background shell
 CONTROL_TIMEOUT = 15.0
 WARM_UP_REASON = "oarlock warm-up: stopped before the model"
 STDERR_DRAIN = 2.0  # seconds to wait for an ended CLI's last stderr lines
@@ -181,6 +182,7 @@ class EventMapper:
         self._retry_status: int | None = None
         self._cost_so_far = cost_so_far
         self.tasks: set[str] = set()  # tasks started and not known to have ended
+        self._task_kinds: dict[str, tuple[str, str]] = {}  # task id: (type, description)
 
     def begin_turn(self) -> None:
         """Reset what belongs to one turn."""
@@ -216,8 +218,28 @@ class EventMapper:
         status = data.get("status") or (data.get("patch") or {}).get("status")
         if subtype == "task_started":
             self.tasks.add(task_id)
+            self._task_kinds[task_id] = (
+                str(data.get("task_type") or ""),
+                str(data.get("description") or ""),
+            )
         elif subtype == "task_notification" or status in TERMINAL_TASK_STATUSES:
             self.tasks.discard(task_id)
+
+    def _task_ended(self, data: dict[str, Any]) -> Notice:
+        """The line for a task's end (the model is told of it next, in a turn of its own).
+
+        A shell's is the CLI's own sentence: 'Background command "Wait" completed (exit code
+        0)'. Another task's (a subagent's) summary is its own first words, which could read
+        as anything: the line says which task ended and how instead.
+        """
+        status = str(data["status"])
+        kind, name = self._task_kinds.pop(str(data.get("task_id")), ("", ""))
+        summary = str(data.get("summary") or "")
+        if kind != SHELL_TASK or not summary:
+            summary = f'Background task "{name}" {status}' if name else f"A task {status}"
+        level = "warning" if status == "failed" else "info"
+        text = one_line(summary, 300)
+        return Notice(text, level=level, data={"type": "task", "status": status})
 
     def feed_json(self, data: dict[str, Any]) -> list[AgentEvent]:
         """Return the events one raw stream-json line of the CLI means (for recorded runs)."""
@@ -342,12 +364,8 @@ class EventMapper:
             if session_id and session_id != self.session_id:
                 self.session_id = session_id
                 return [SessionStarted(session_id)]
-        elif subtype == "task_notification" and data.get("summary"):
-            # 'Background command "Wait" completed (exit code 0)': the model is told next.
-            status = data.get("status")
-            level = "warning" if status == "failed" else "info"
-            text = one_line(str(data["summary"]), 300)
-            return [Notice(text, level=level, data={"type": "task", "status": status})]
+        elif subtype == "task_notification" and isinstance(data.get("status"), str):
+            return [self._task_ended(data)]
         elif subtype == "api_retry":
             self._retry_status = data.get("error_status")
             text = retry_text(data)
