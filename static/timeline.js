@@ -118,7 +118,7 @@ function toolEntry(entry, old) {
       h('span', { class: 'tool-icon', 'aria-hidden': 'true', text: '🔧' }), ' ',
       h('span', { class: 'tool-name', dir: 'auto', text: data.tool || 'Tool' }),
       entry.text ? ' · ' : '',
-      entry.text ? h('span', { class: 'tool-summary', dir: 'auto', text: entry.text }) : null,
+      entry.text ? h('span', { class: 'tool-summary', dir: 'auto', text: visible(entry.text).shown }) : null,
       status),
     data.edit ? diffBlock(data.edit) : null,
     h('pre', { class: 'tool-output', dir: 'auto', text: output }));
@@ -174,6 +174,7 @@ function otherFields(input, main, hasDiff) {
 
 const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
 const QUESTION_ANSWERS = { allowed: 'Answered', denied: 'Skipped', expired: 'Expired' };
+const MAX_ANSWER = 5000; // characters per answer (PermissionAnswer in app/models.py)
 
 /** The questions an AskUserQuestion call asks (each with its text), as the agent sent them. */
 function askedQuestions(input) {
@@ -202,9 +203,10 @@ function questionGroup(entryId, question, index) {
       question.header ? h('span', { class: 'question-header', dir: 'auto', text: visible(question.header).shown }) : null,
       h('span', { class: 'question-text', dir: 'auto', text: visible(question.question).shown })),
     ...options.map((o, i) => h('label', { class: 'question-option', testid: 'question-option' }, inputs[i],
-      h('span', { class: 'question-label', dir: 'auto', text: visible(o.label).shown }),
-      typeof o.description === 'string' && o.description
-        ? h('span', { class: 'question-desc', dir: 'auto', text: visible(o.description).shown }) : null)),
+      h('span', { class: 'question-option-text' }, // the label above its description
+        h('span', { class: 'question-label', dir: 'auto', text: visible(o.label).shown }),
+        typeof o.description === 'string' && o.description
+          ? h('span', { class: 'question-desc', dir: 'auto', text: visible(o.description).shown }) : null))),
     own);
   // The answer as the agent takes it: the chosen labels, then the user's words, joined.
   const value = () => [...inputs.filter((i) => i.checked).map((i) => i.value), own.value.trim()]
@@ -224,8 +226,8 @@ function questionEntry(entry, timeline) {
     for (const q of questions) {
       const answer = typeof answers[q.question] === 'string' ? answers[q.question] : null;
       card.append(h('div', { class: 'question-done', testid: 'question-answered' },
-        h('div', { class: 'question-text', dir: 'auto', text: q.question }),
-        answer != null ? h('div', { class: 'question-answer', dir: 'auto', text: answer }) : null));
+        h('div', { class: 'question-text', dir: 'auto', text: visible(q.question).shown }),
+        answer != null ? h('div', { class: 'question-answer', dir: 'auto', text: visible(answer).shown }) : null));
     }
     card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: QUESTION_ANSWERS[entry.state] || entry.state }));
     return card;
@@ -238,8 +240,10 @@ function questionEntry(entry, timeline) {
     let answers;
     if (allow) {
       answers = Object.fromEntries(groups.map((g) => [g.question, g.value()]));
-      if (Object.values(answers).some((a) => !a)) {
-        error.textContent = 'Answer every question (or skip them all).';
+      const wrong = Object.values(answers).some((a) => !a) ? 'Answer every question (or skip them all).'
+        : Object.values(answers).some((a) => a.length > MAX_ANSWER) ? `An answer is over ${MAX_ANSWER.toLocaleString('en')} characters; shorten it.` : null;
+      if (wrong) {
+        error.textContent = wrong;
         error.hidden = false;
         return;
       }

@@ -249,6 +249,42 @@ def test_a_permission_shows_invisible_characters_as_their_codes(
     pages.assert_clean()
 
 
+PHONE_QUESTIONS = {
+    "questions": [
+        {
+            "question": "Which store?",
+            "header": "Store",
+            "options": [
+                {"label": "PostgreSQL", "description": "A server, with pgvector for the search"},
+                {"label": "Qdrant", "description": "A vector database beside the relational one"},
+                {"label": "Long", "description": "word " * 5000},
+            ],
+            "multiSelect": False,
+        }
+    ]
+}
+
+
+def test_the_agent_s_question_reads_on_a_phone(pages: Pages, relay: LiveRelay) -> None:
+    # A hostile review: on a phone the descriptions squeezed the labels to a few letters a
+    # line ("Q/dr/an/t"), and a long option made the form 66,668 px tall.
+    use_script(relay, asking(("q1", "AskUserQuestion", PHONE_QUESTIONS)))
+    page, cid = open_new(pages, relay, **PHONE)
+    send_text(page, "ask me")
+    labels = page.locator(".question-label")
+    expect(labels).to_have_count(3)
+    for label in labels.all():
+        box = label.bounding_box()
+        assert box is not None and box["height"] < 30, box  # one line: "Qdrant" unbroken
+    longest = page.locator(".question-option-text").nth(2).bounding_box()
+    assert longest is not None and longest["height"] < 300, longest
+    page.get_by_label("Qdrant").check()
+    by_id(page, "question-submit").click()
+    expect(by_id(page, "permission-answer")).to_have_text("Answered")
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 BACKGROUND = {
     "command": "./serve.sh",
     "description": "Start the server",
