@@ -23,6 +23,7 @@ from app.agents.claude_code import RESUME_FAILED
 from app.agents.common import DENIED
 from app.compaction import finished_text
 from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
+from app.supervisor.pool import ARCHIVED_WORK_LINE, SHUTDOWN_WORK_LINE
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 
@@ -423,7 +424,27 @@ def test_archiving_or_deleting_stops_the_agent_with_its_background_work(
     assert len(fake.message_bodies()) == asked  # no turn of its own
     assert not (work / "after.txt").exists()
     if action == "archive":
-        assert live.get(cid)["agent"] == "asleep"
+        view = live.get(cid)
+        assert view["agent"] == "asleep"
+        (line,) = of_kind(view, "line")  # (said: the shell ended with it)
+        assert (line["text"], line["data"]["level"]) == (ARCHIVED_WORK_LINE, "warning")
+
+
+def test_a_relay_stop_says_the_agent_s_background_work_ended(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a hostile review: a restart killed a running background shell without a word;
+    # the user, waiting for its end, learnt of it only from the CLI after another message.
+    live = start()
+    cid = create_claude(live)
+    background = {"command": "sleep 30", "description": "Serve", "run_in_background": True}
+    fake.tool_calls.append(("Bash", background))
+    turn(live, cid, "start it in the background")
+    assert live.supervisor.runners[cid].agent.background_work()
+    live.stop()
+    live = start()
+    (line,) = of_kind(live.get(cid), "line")
+    assert (line["text"], line["data"]["level"]) == (SHUTDOWN_WORK_LINE, "warning")
 
 
 def test_a_project_mcp_server_named_like_the_relay_s_is_asked_about(

@@ -18,7 +18,7 @@ from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
 from app.questions import checked_answers, decision_of
 from app.supervisor.base import SupervisorState
-from app.supervisor.pool import NoRoom
+from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
 from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
 from app.titles import compacted_title
 from app.tools import ToolResult
@@ -263,7 +263,7 @@ class Commands(SupervisorState):
         if runner is None or runner.agent is None or (runner.task and not runner.task.done()):
             return  # _deliver_queue closes it once the running turn has ended
         runner.task = asyncio.create_task(
-            self._close_agent(runner), name=f"retire-{conversation_id}"
+            self._stop_with_work(runner, ARCHIVED_WORK_LINE), name=f"retire-{conversation_id}"
         )
 
     def _refuse_while_busy(

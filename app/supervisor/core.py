@@ -31,7 +31,7 @@ from app.storage import Storage
 from app.supervisor.backup_hooks import BackupHooks
 from app.supervisor.commands import Commands
 from app.supervisor.events import Events
-from app.supervisor.pool import Pool
+from app.supervisor.pool import SHUTDOWN_WORK_LINE, Pool
 from app.supervisor.recovery import Recovery
 from app.supervisor.runner import Runner, TurnState
 from app.supervisor.timeline import Timeline
@@ -105,7 +105,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
             if pending:
                 await asyncio.wait(pending, timeout=2)
         for runner in self.live_runners():
-            await self._close_agent(runner)
+            await self._stop_with_work(runner, SHUTDOWN_WORK_LINE)
         await self._settle_shutdown_cuts()  # (each agent's record is whole now)
         await self.backups.drain()
         await self.lifetime.stop()  # and what they left running (tool commands)

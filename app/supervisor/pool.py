@@ -33,6 +33,9 @@ from app.workspace import usable_cwd
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_WORK_LINE = "The relay stopped; the agent's background work ended with it."
+ARCHIVED_WORK_LINE = "The conversation was archived; the agent's background work ended with it."
+
 
 REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
 
@@ -251,6 +254,17 @@ class Pool(SupervisorState):
                 )
             if publish:  # not for a deleted conversation: its event would make its stream again
                 self.publish_agent(runner.conversation_id)
+
+    async def _stop_with_work(self, runner: Runner, text: str) -> None:
+        """Stop the agent now, background work and all; when it had some, a line says so."""
+        agent = runner.agent
+        working = agent is not None and agent.background_work()
+        await self._close_agent(runner)
+        if working:
+            try:
+                await self.storage.write(self._write_error, runner, text, "warning")
+            except Exception:  # the agent is stopped all the same
+                log.exception("conversation %s: could not store %r", runner.conversation_id, text)
 
     def _stoppable(self, runner: Runner) -> bool:
         """An idle agent: no turn, no start, no open question, no background work."""

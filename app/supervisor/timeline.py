@@ -248,13 +248,13 @@ class Timeline(SupervisorState):
             )
             runner.failure = text
 
-    def _write_error(self, runner: Runner, text: str) -> None:
+    def _write_error(self, runner: Runner, text: str, level: str = "error") -> None:
         with self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
             )
             if conversation is not None:
-                self._line(session, conversation, text, level="error")
+                self._line(session, conversation, text, level=level)
 
 
 def _page_without(page: list[Entry], queued: list[Entry]) -> list[Entry]:
