@@ -33,6 +33,7 @@ from app.config import Settings
 from app.db import get_session
 from app.hub import Event, Hub, Subscriber
 from app.models import LoginSession, PushSubscription
+from app.questions import QUESTION_TOOL
 from app.sessions import Sessions
 
 if TYPE_CHECKING:
@@ -40,18 +41,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BODIES = {"turn": "Turn finished", "permission": "Permission asked"}
+BODIES = {"turn": "Turn finished", "permission": "Permission asked", "question": "Question asked"}
 TITLE_CHARS = 80  # a notification shows a line, not a paragraph
 MAX_SUBSCRIPTIONS = 200  # rows the table may hold: each is one browser
 
 
-def is_permission_question(event: Event) -> bool:
-    """True for the event that puts a new permission question in a timeline."""
+def question_kind(event: Event) -> str | None:
+    """For the event that puts a new question in a timeline: "permission" (may a tool run?)
+    or "question" (the agent's own, AskUserQuestion); else None."""
     entry = event.get("entry")
     if event.get("type") != "entry" or not isinstance(entry, dict):
-        return False
+        return None
     data = entry.get("data") or {}
-    return entry.get("state") == "pending" and data.get("type") == "permission"
+    if entry.get("state") != "pending" or data.get("type") != "permission":
+        return None
+    return "question" if data.get("tool") == QUESTION_TOOL else "permission"
 
 
 def payload(kind: str, conversation_id: int, title: str) -> dict[str, Any]:
@@ -159,8 +163,8 @@ class Notifier:
                 self.notify("turn", cid, str(view.get("title") or ""))
         elif kind == "conversation_removed":
             self._running.discard(event.get("conversation_id"))
-        elif conversation_id is not None and is_permission_question(event):
-            self._start(self._notify_permission(conversation_id))
+        elif conversation_id is not None and (asked := question_kind(event)) is not None:
+            self._start(self._notify_question(asked, conversation_id))
 
     def _title(self, conversation_id: int) -> str:
         """A conversation's title (in a thread: it reads the database)."""
@@ -168,10 +172,8 @@ class Notifier:
             conversation = store.get_conversation(session=session, conversation_id=conversation_id)
         return conversation.title if conversation else ""
 
-    async def _notify_permission(self, conversation_id: int) -> None:
-        self.notify(
-            "permission", conversation_id, await asyncio.to_thread(self._title, conversation_id)
-        )
+    async def _notify_question(self, kind: str, conversation_id: int) -> None:
+        self.notify(kind, conversation_id, await asyncio.to_thread(self._title, conversation_id))
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         try:

@@ -17,6 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.db import get_session
 from app.models import PushSubscription
+from app.notify import payload, question_kind
 from app.push import (
     PUSH_SERVICES,
     application_server_key,
@@ -493,3 +494,15 @@ def test_shutdown_cutting_a_turn_pushes_nothing(
     finally:
         relay.stop()  # interrupts the turn, and waits for the pushes under way
     assert log.to("/push/a") == []
+
+
+def test_the_agent_s_own_question_is_told_as_a_question() -> None:
+    def pending(tool: str, state: str = "pending") -> dict[str, Any]:
+        data = {"type": "permission", "tool": tool}
+        return {"type": "entry", "entry": {"state": state, "data": data}}
+
+    assert question_kind(pending("Bash")) == "permission"
+    assert question_kind(pending("AskUserQuestion")) == "question"
+    assert question_kind(pending("Bash", "allowed")) is None
+    assert question_kind({"type": "turn"}) is None
+    assert payload("question", 3, "Plan")["body"] == "Question asked"
