@@ -159,10 +159,10 @@ class FailureLimiter:
         """A token a client tried (ok: it is right): "ok", "wrong", or "refused" (past the
         limit, answered after the pause).
 
-        A right token gets in at once unless the client is past the limit; then it waits its
-        turn behind the client's wrong ones, so a right guess in a flood is not known sooner.
+        A right token gets in at once unless the client's wrong ones wait to be judged; then
+        it waits its turn behind them, so a right guess in a flood is not known sooner.
         """
-        if ok and not await self.is_blocked(client):
+        if ok and client not in self._turns:
             return "ok"
         lock, users = self._turns.setdefault(client, (asyncio.Lock(), [0]))
         users[0] += 1
@@ -175,10 +175,6 @@ class FailureLimiter:
             users[0] -= 1
             if not users[0]:
                 del self._turns[client]
-
-    async def is_blocked(self, client: str) -> bool:
-        """True when this client failed too often lately (blocked, for every node's count)."""
-        return self.blocked(client)
 
     def blocked(self, client: str) -> bool:
         """True when this client failed too often lately."""

@@ -31,15 +31,6 @@ class SharedFailureLimiter(FailureLimiter):
         super().__init__()
         self.redis = client
 
-    async def is_blocked(self, client: str) -> bool:
-        """True when this client failed too often lately, on any node."""
-        try:
-            earlier = await self.redis.zcount(KEY + client, time.time() - self.window, "+inf")
-        except (redis.RedisError, OSError) as error:
-            log.warning("cannot read failed tokens in Redis (%s): counted here", error)
-            return self.blocked(client)
-        return int(earlier) >= self.limit
-
     async def failed(self, client: str) -> bool:
         """Record a failure; past the limit, wait before answering. True when past it."""
         key = KEY + client
