@@ -318,7 +318,7 @@ def test_a_message_the_cli_had_not_recorded_at_shutdown_is_delivered_after_the_r
     marker = tmp_path / "in-hook"
     hold_once(tmp_path / "data" / "work", "hold me", marker)
     relay = relays(claude_env)
-    cid = relay.conversation(provider="claude")
+    cid = relay.conversation(provider="claude", trust_project=True)  # the user's own hook
     relay.send(cid, "hold me")
     wait_until(marker.exists, "the hook never ran")
     relays.spawned += descendants(relay.process.pid)
