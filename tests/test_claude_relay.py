@@ -229,6 +229,18 @@ def wait_question(live: LiveRelay, cid: int) -> dict[str, Any]:
     return question
 
 
+def backgrounded(
+    live: LiveRelay, fake: FakeAnthropic, command: str, *then: tuple[str, Any], **body: Any
+) -> int:
+    """A Claude conversation whose first turn started command as a background shell (then:
+    the fake model's next tool calls, for the turn the CLI runs when it ends); its id."""
+    cid = create_claude(live, **body)
+    shell = {"command": command, "description": "Nap", "run_in_background": True}
+    fake.tool_calls.extend([("Bash", shell), *then])
+    turn(live, cid, "start it in the background")
+    return cid
+
+
 def test_permission_allow_then_deny(start: StartRelay, fake: FakeAnthropic) -> None:
     live = start()
     cid = create_claude(live)
@@ -374,11 +386,8 @@ def test_the_agent_s_own_turn_asks_queues_a_message_and_stops_on_stop(
     # The own turn runs as any turn does: its permission question shows at once, a message
     # sent meanwhile waits for it, Stop stops it.
     live = start()
-    cid = create_claude(live)
+    cid = backgrounded(live, fake, "sleep 1", ("Bash", {"command": "touch own.txt"}))
     work = Path(live.get(cid)["cwd"])
-    background = {"command": "sleep 1", "description": "Nap", "run_in_background": True}
-    fake.tool_calls.extend([("Bash", background), ("Bash", {"command": "touch own.txt"})])
-    turn(live, cid, "start it in the background")
     question = wait_question(live, cid)  # asked by the own turn
     assert question["data"]["input"]["command"] == "touch own.txt"
     assert live.get(cid)["turn"] == {"state": "running", "queued": 0}
@@ -402,13 +411,10 @@ def test_archiving_or_deleting_stops_the_agent_with_its_background_work(
     # conversation's agent lived on; when the shell ended it ran a turn of its own, unshown,
     # and wrote a file (a delete waited 4 s for it).
     live = start()
-    cid = create_claude(live, permission_mode="acceptEdits")
-    work = Path(live.get(cid)["cwd"])
-    background = {"command": "sleep 3", "description": "Nap", "run_in_background": True}
-    fake.tool_calls.extend(
-        [("Bash", background), ("Write", {"file_path": str(work / "after.txt"), "content": "x"})]
-    )
-    turn(live, cid, "start it in the background")
+    work = Path(live.settings.default_cwd)
+    write = ("Write", {"file_path": str(work / "after.txt"), "content": "x"})
+    cid = backgrounded(live, fake, "sleep 3", write, permission_mode="acceptEdits")
+    assert live.get(cid)["cwd"] == str(work)
     agent = live.supervisor.runners[cid].agent
     assert agent is not None and agent.background_work()
     asked = len(fake.message_bodies())
@@ -436,10 +442,7 @@ def test_a_relay_stop_says_the_agent_s_background_work_ended(
     # Found by a hostile review: a restart killed a running background shell without a word;
     # the user, waiting for its end, learnt of it only from the CLI after another message.
     live = start()
-    cid = create_claude(live)
-    background = {"command": "sleep 30", "description": "Serve", "run_in_background": True}
-    fake.tool_calls.append(("Bash", background))
-    turn(live, cid, "start it in the background")
+    cid = backgrounded(live, fake, "sleep 30")
     assert live.supervisor.runners[cid].agent.background_work()
     live.stop()
     live = start()
