@@ -83,7 +83,8 @@ def test_override_in_agent_text_does_not_reverse_what_follows(
     page = pages.open(relay, f"/c/{cid}")
     send_text(page, "please ask permission")
     card = by_id(page, "entry-activity").filter(has=by_id(page, "permission-allow"))
-    expect(card).to_contain_text(f"Bash{RLO} wants to run:")
+    # (The override itself is shown as its code in a permission card, since 69518aa.)
+    expect(card).to_contain_text("Bash⟨U+202E⟩ wants to run:")
     # The relay's own words after the agent's tool name read left to right.
     lefts = char_lefts(card.locator(".perm-title"), "wants")
     assert lefts == sorted(lefts), lefts
