@@ -166,7 +166,7 @@ class AgentSpec:
     context_tokens: int | None = None  # what the relay last knew (lets the demo resume)
     tools: tuple[RelayTool, ...] = ()  # the relay's own tools (save_handoff...), never asked about
     # Called (on the loop) when the agent begins a turn of its own between the relay's
-    # turns (OwnTurns): a background task ended, a scheduled prompt came due.
+    # turns (OwnTurns): a background task or subagent ended.
     on_own_turn: Callable[[], None] | None = None
 
 

@@ -816,7 +816,7 @@ class ClaudeCodeAgent(TurnFlags):
 
     async def own_turn(self) -> AsyncIterator[AgentEvent]:
         """The turn the CLI began by itself between the relay's turns (a background task
-        ended, a scheduled prompt came due): the events read so far, then the rest until its
+        or subagent ended): the events read so far, then the rest until its
         result. Without one waiting, only TurnDone."""
         await self._quiet()
         ended = next((i for i, e in enumerate(self._backlog) if isinstance(e, TurnDone)), None)
