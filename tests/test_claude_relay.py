@@ -572,6 +572,8 @@ def test_the_agent_s_questions_are_answered_with_a_form_s_answers(
     ):
         refused = live.http.post(url, json={"allow": True, "answers": wrong})
         assert refused.status_code == 400 and error in refused.json()["detail"], refused.text
+    too_long = {first: "x" * 5001, "Which tests should I write?": "Unit"}
+    assert live.http.post(url, json={"allow": True, "answers": too_long}).status_code == 422
     answers = {first: "SQLite", "Which tests should I write?": "Unit, Browser, and a load test"}
     answered = live.http.post(url, json={"allow": True, "answers": answers})
     assert answered.status_code == 200, answered.text

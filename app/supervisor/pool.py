@@ -262,7 +262,7 @@ class Pool(SupervisorState):
         await self._close_agent(runner)
         if working:
             try:
-                await self.storage.write(self._write_error, runner, text, "warning")
+                await self.storage.write(self._write_line, runner, text, "warning")
             except Exception:  # the agent is stopped all the same
                 log.exception("conversation %s: could not store %r", runner.conversation_id, text)
 
@@ -314,7 +314,10 @@ class Pool(SupervisorState):
                 )
                 if runner.agent is not None and expired and stoppable:
                     log.info("stopping idle agent of conversation %s", runner.conversation_id)
-                    await self._close_agent(runner)
+                    if runner.archived:  # (its background work, if any, ends: said so)
+                        await self._stop_with_work(runner, ARCHIVED_WORK_LINE)
+                    else:
+                        await self._close_agent(runner)
                 elif runner.agent is not None and idle and not runner.starting and gone(runner):
                     # Killed or crashed between turns: asleep, as the header then says (it
                     # said ready, and a keystroke warmed nothing); the next message resumes.

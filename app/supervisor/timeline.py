@@ -241,14 +241,15 @@ class Timeline(SupervisorState):
     def _error_line(self, runner: Runner, text: str) -> None:
         """Show an error line; one the database refuses is logged, then written later."""
         try:
-            self._write_error(runner, text)
+            self._write_line(runner, text)
         except Exception:  # kept in runner.failure, retried by _next_turn
             log.exception(
                 "conversation %s: could not store the line %r", runner.conversation_id, text
             )
             runner.failure = text
 
-    def _write_error(self, runner: Runner, text: str, level: str = "error") -> None:
+    def _write_line(self, runner: Runner, text: str, level: str = "error") -> None:
+        """A line in the runner's conversation (an error unless told), in one transaction."""
         with self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id

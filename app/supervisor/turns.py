@@ -30,6 +30,7 @@ from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff
 from app.models import Conversation, Entry
 from app.questions import QUESTION_TOOL, asked
 from app.supervisor.base import SupervisorState
+from app.supervisor.pool import ARCHIVED_WORK_LINE
 from app.supervisor.runner import (
     Locked,
     NotBegun,
@@ -127,7 +128,7 @@ class Turns(SupervisorState):
                     runner.idle_shown = False
                     continue
                 if runner.archived:  # /compact came during its last turn (SPEC §2)
-                    await self._close_agent(runner)
+                    await self._stop_with_work(runner, ARCHIVED_WORK_LINE)
                     return
                 own, runner.own_turn = runner.own_turn, False
                 agent = runner.agent
@@ -190,7 +191,7 @@ class Turns(SupervisorState):
             self._end_turn(runner, given)
             runner.ending = False
         if runner.failure is not None:
-            self._write_error(runner, runner.failure)
+            self._write_line(runner, runner.failure)
             runner.failure = None
         with contextlib.nullcontext(given) if given is not None else self.session() as session:
             conversation = read
