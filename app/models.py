@@ -104,6 +104,9 @@ class Conversation(SQLModel, table=True):
     # User and agent messages that reached the agent (not queued): the /compact preview's
     # "older ones" without counting a long conversation (kept by app/store.py, migration 0006).
     message_count: int = Field(default=0, sa_type=BigInt)
+    # Permission and AskUserQuestion questions waiting for the user's answer (pending entries,
+    # kept by app/store.py, migration 0011): the sidebar shows who waits for an answer.
+    questions: int = Field(default=0, sa_type=BigInt)
     # What the /compact, /clear or fresh start that made this conversation carried and left
     # out (app/steer.py); None for a conversation that was not compacted from another.
     carry: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
@@ -317,5 +320,6 @@ class ConversationPublic(SQLModel):
     pending_summary: str | None
     compacted_from_id: int | None
     compacted_into_id: int | None
+    questions: int  # questions waiting for the user's answer (the sidebar's "waiting for you")
     created_at: datetime
     updated_at: datetime

@@ -31,6 +31,7 @@ from app.models import Conversation, Entry, Handoff, Pin, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
+PENDING = "pending"  # a question's state until it is answered or expires
 # Half an emoji (a lone surrogate), and the noncharacters U+FDD0-U+FDEF: Unicode keeps them for
 # a program's own use, and the relay marks search matches with two of them (app/search.py).
 _UNSTORABLE = re.compile("[\ud800-\udfff\ufdd0-\ufdef]")
@@ -41,6 +42,11 @@ MAX_PINS = 50  # per conversation: 3,500 characters hold about 13 whole pins any
 def is_message(kind: str, state: str) -> bool:
     """True for what conversation.message_count counts: a message that reached the agent."""
     return kind in MESSAGE_KINDS and state != "queued"
+
+
+def _counts(kind: str, state: str) -> tuple[int, int]:
+    """What an entry adds to its conversation's message_count and questions (0 or 1 each)."""
+    return int(is_message(kind, state)), int(state == PENDING)
 
 
 # Statements on every turn's path, built once: building one costs several times what
@@ -61,10 +67,10 @@ def _update_entry() -> Update:
 
 
 @cache
-def _update_conversation(raise_seq: bool, count: bool) -> Update:
+def _update_conversation(raise_seq: bool, count: bool, asked: bool = False) -> Update:
     """UPDATE of one conversation (_conversation_id); raise_seq: last_seq raised to _seq, never
-    lowered (a portable max: PostgreSQL has no 2-arg max); count: message_count + _count, in
-    SQL (no stale copy can undo another)."""
+    lowered (a portable max: PostgreSQL has no 2-arg max); count: message_count + _count,
+    asked: questions + _asked, in SQL (no stale copy can undo another)."""
     values: dict[str, Any] = {}
     if raise_seq:
         last = col(Conversation.last_seq)
@@ -72,6 +78,8 @@ def _update_conversation(raise_seq: bool, count: bool) -> Update:
         values["last_seq"] = case((last < seq, seq), else_=last)
     if count:
         values["message_count"] = col(Conversation.message_count) + bindparam("_count")
+    if asked:
+        values["questions"] = col(Conversation.questions) + bindparam("_asked")
     query = update(Conversation).where(col(Conversation.id) == bindparam("_conversation_id"))
     return query.values(values) if values else query
 
@@ -98,13 +106,20 @@ def _entries_in_state() -> Select[Any]:
     )
 
 
-def _count_messages(session: Session, conversation_id: int, delta: int) -> None:
-    """Add delta to a conversation's message count, in SQL (no stale copy can undo another)."""
-    if delta:
+def _add_counts(session: Session, conversation_id: int, messages: int, questions: int) -> None:
+    """Add to a conversation's message and question counts, in SQL (no stale copy can undo
+    another)."""
+    if messages or questions:
         session.connection().execute(
-            _update_conversation(False, True),
-            {"_conversation_id": conversation_id, "_count": delta},
+            _update_conversation(False, bool(messages), bool(questions)),
+            {"_conversation_id": conversation_id, **_deltas(messages, questions)},
         )
+
+
+def _deltas(messages: int, questions: int) -> dict[str, int]:
+    """The parameters of _update_conversation's counts (only those it sets: an UPDATE refuses
+    a parameter it does not use)."""
+    return {name: delta for name, delta in (("_count", messages), ("_asked", questions)) if delta}
 
 
 class AlreadyArchived(Exception):
@@ -288,12 +303,12 @@ def add_entry(
     }
     connection = session.connection()
     entry_id = connection.execute(_insert_entry(), values).scalar_one()
+    counted, asked = _counts(kind, state)
     changes: dict[str, Any] = {"_conversation_id": cid, "_seq": seq}
-    if counted := is_message(kind, state):
-        changes["_count"] = 1
+    changes.update(_deltas(counted, asked))
     if touch:
         changes["updated_at"] = values["created_at"]
-    connection.execute(_update_conversation(True, counted), changes)
+    connection.execute(_update_conversation(True, bool(counted), bool(asked)), changes)
     session.commit()
     entry = Entry(id=entry_id, **values)
     make_transient_to_detached(entry)  # a stored row, as if loaded: later changes update it
@@ -327,9 +342,9 @@ def save_entry(
         elif name == "text":
             value = storable(value)
         values[name] = value
-    before = (entry.conversation_id, is_message(entry.kind, entry.state))
+    before = (entry.conversation_id, _counts(entry.kind, entry.state))
     kind, state = entry.kind, values.get("state", entry.state)
-    after = (values.get("conversation_id", entry.conversation_id), is_message(kind, state))
+    after = (values.get("conversation_id", entry.conversation_id), _counts(kind, state))
     # Core statements (on every turn's path): the ORM's flush costs more than the writes.
     connection = session.connection()
     if values:
@@ -338,17 +353,20 @@ def save_entry(
         if found != 1:  # as the ORM's flush says it
             session.rollback()
             raise StaleDataError(f"entry {entry_id} is not stored any more")
-    counts: dict[int, int] = {}  # message count changes by conversation (in SQL, not a copy)
+    # count changes by conversation, messages and questions (in SQL, not a copy)
+    counts: dict[int, tuple[int, int]] = {}
     if before != after:
-        counts[before[0]] = counts.get(before[0], 0) - int(before[1])  # no booleans in PostgreSQL
-        counts[after[0]] = counts.get(after[0], 0) + int(after[1])
-    for conversation_id, delta in counts.items():
+        (old, (m0, q0)), (new, (m1, q1)) = before, after
+        counts[old] = (-m0, -q0)
+        m, q = counts.get(new, (0, 0))
+        counts[new] = (m + m1, q + q1)
+    for conversation_id, (messages, questions) in counts.items():
         if conversation_id != conversation.id:
-            _count_messages(session, conversation_id, delta)
+            _add_counts(session, conversation_id, messages, questions)
     own: dict[str, Any] = {**(row or {}), "_conversation_id": conversation.id, "_seq": event_seq}
-    if count := counts.get(conversation.id or 0, 0):  # one UPDATE of its row, not three
-        own["_count"] = count
-    connection.execute(_update_conversation(True, bool(count)), own)
+    count, asked = counts.get(conversation.id or 0, (0, 0))  # one UPDATE of its row, not three
+    own.update(_deltas(count, asked))
+    connection.execute(_update_conversation(True, bool(count), bool(asked)), own)
     session.commit()
     _committed(entry, values)
     _committed(conversation, {**(row or {}), "last_seq": max(conversation.last_seq, event_seq)})
@@ -358,8 +376,8 @@ def save_entry(
 def delete_entry(*, session: Session, entry: Entry) -> None:
     """Remove an entry from the timeline."""
     session.add(entry)  # as in save_entry: an expired entry reloads in the session
-    if is_message(entry.kind, entry.state):
-        _count_messages(session, entry.conversation_id, -1)
+    messages, questions = _counts(entry.kind, entry.state)
+    _add_counts(session, entry.conversation_id, -messages, -questions)
     session.delete(entry)
     session.commit()
 

@@ -18,7 +18,8 @@ export function relativeTime(iso, now = Date.now()) {
   return new Date(then).toLocaleDateString();
 }
 
-/** The line under a sidebar title: last active (exact time as its title) and the running dot. */
+/** The line under a sidebar title: last active (exact time as its title) and the running dot,
+ * or "waiting for you" while a question waits for the user's answer (it says more). */
 export function convMeta(conv) {
   const when = h('time', {
     class: 'conv-when',
@@ -27,9 +28,12 @@ export function convMeta(conv) {
     title: conv.updated_at ? new Date(conv.updated_at).toLocaleString() : null,
     text: relativeTime(conv.updated_at),
   });
-  const running = conv.running
-    ? h('span', { class: 'conv-running', testid: 'conv-running', title: 'A turn is running', text: 'running' })
+  const waiting = conv.questions > 0
+    ? h('span', { class: 'conv-waiting', testid: 'conv-waiting', title: 'The agent waits for your answer', text: 'waiting for you' })
     : null;
+  const running = conv.running && !waiting
+    ? h('span', { class: 'conv-running', testid: 'conv-running', title: 'A turn is running', text: 'running' })
+    : waiting;
   return h('span', { class: 'conv-meta' }, running, when);
 }
 

@@ -6,7 +6,7 @@ import re
 import time
 from pathlib import Path
 
-from playwright.sync_api import expect
+from playwright.sync_api import Locator, expect
 
 from app import store
 from app.db import get_session
@@ -229,7 +229,7 @@ def test_delete_refused_while_a_turn_runs_says_why(pages: Pages, relay: LiveRela
     assert relay.send(cid, "ask permission").status_code == 202
     expect(by_id(page, "permission-deny")).to_be_visible()
     item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
-    expect(item.get_by_test_id("conv-running")).to_be_visible()
+    expect(item.get_by_test_id("conv-waiting")).to_be_visible()  # (running, and asking)
     item_menu(page, "Busy")
     by_id(page, "conv-delete").click()
     by_id(page, "confirm-ok").click()
@@ -239,6 +239,7 @@ def test_delete_refused_while_a_turn_runs_says_why(pages: Pages, relay: LiveRela
     by_id(page, "confirm-cancel").click()
     by_id(page, "permission-deny").click()
     expect(item.get_by_test_id("conv-running")).to_have_count(0)
+    expect(item.get_by_test_id("conv-waiting")).to_have_count(0)
     expect(item.get_by_test_id("conv-when")).to_have_text("just now")
     expect(item.get_by_test_id("conv-when")).to_have_attribute("title", re.compile(r"\d"))
     pages.assert_clean("409")  # the refusal, as intended
@@ -273,4 +274,29 @@ def test_export_downloads(pages: Pages, relay: LiveRelay, tmp_path: Path) -> Non
     )
     assert saved.read_bytes() == expected.content
     assert "export this line" in saved.read_text()  # the earlier conversation is in it
+    pages.assert_clean()
+
+
+def test_the_sidebar_says_which_conversation_waits_for_an_answer(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    here, there = (relay.create(title=title)["id"] for title in ("Here", "There"))
+    page = pages.open(relay, f"/c/{here}")
+    other = pages.open(relay, f"/c/{there}")
+
+    def row(title: str) -> Locator:
+        return page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
+
+    assert relay.send(there, "ask permission").status_code == 202
+    waiting = row("There").get_by_test_id("conv-waiting")
+    expect(waiting).to_have_text("waiting for you")  # not "running": the question says more
+    expect(waiting).to_have_attribute("title", "The agent waits for your answer")
+    expect(row("There").get_by_test_id("conv-running")).to_have_count(0)
+    expect(row("Here").get_by_test_id("conv-waiting")).to_have_count(0)
+    page.reload()  # the list says it too, not only the event
+    expect(row("There").get_by_test_id("conv-waiting")).to_be_visible()
+    by_id(other, "permission-allow").click()  # answered in another tab
+    expect(row("There").get_by_test_id("conv-waiting")).to_have_count(0)
+    relay.wait_idle(there)
+    expect(row("There").get_by_test_id("conv-running")).to_have_count(0)
     pages.assert_clean()

@@ -29,6 +29,7 @@ from tests.test_browser_races import pending_question
 from tests.test_claude_relay import QUESTIONS
 from tests.test_cluster_control import until
 from tests.test_cluster_races import Pause, started_nodes, two_nodes  # noqa: F401 - fixture
+from tests.test_waiting import announced, listed
 
 QUICK_LEASE = 3.0  # seconds: a heartbeat every second
 
@@ -184,3 +185,20 @@ def test_an_answer_taken_elsewhere_before_stop_is_what_the_agent_gets(
     ]
     view = y.wait_idle(cid, timeout=TIMEOUT)
     assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["allowed"]
+
+
+def test_a_question_waits_in_every_node_s_list_until_answered_on_another(
+    quick_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """y runs the agent and asks; a tab on x hears it wait, and stop waiting once x answers."""
+    x, y = quick_nodes
+    cid = y.create(title="Asked on y")["id"]
+    with x.socket() as ws:
+        assert y.send(cid, "ask permission").status_code == 202
+        question = pending_question(y, cid)
+        assert announced(ws, cid, 1)["running"] is True
+        assert (listed(x)[cid], listed(y)[cid]) == (1, 1)
+        assert answer(x, cid, question, allow=True).status_code == 200
+        announced(ws, cid, 0)
+    y.wait_idle(cid, timeout=TIMEOUT)
+    assert (listed(x)[cid], listed(y)[cid]) == (0, 0)

@@ -4,7 +4,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import BigInteger, Integer, inspect
+from sqlalchemy import BigInteger, Connection, Integer, inspect, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
@@ -15,7 +15,7 @@ from app import (
 )
 from app.db import get_session, make_engine
 from app.migrate import alembic_config, upgrade
-from app.models import Conversation
+from app.models import Conversation, utcnow
 from app.search import include_object, is_search_table
 from tests import postgres
 
@@ -38,7 +38,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0010", "0010")
+    assert (current, head) == ("0011", "0011")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -61,7 +61,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0010"
+        assert MigrationContext.configure(connection).get_current_revision() == "0011"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:
@@ -179,12 +179,10 @@ def test_the_copy_to_never_reused_ids_keeps_rows_and_search(tmp_path: Path) -> N
     command.upgrade(alembic_config(url), "0009")
     engine = make_engine(url)
     try:
-        with get_session(engine) as session:
-            _new(session, "a", "kestrel")
-            _new(session, "b", "heron", kind="agent")
-            second = store.get_conversation(session=session, conversation_id=2)
-            assert second is not None
-            store.update_conversation(session=session, conversation=second, compacted_from_id=1)
+        with engine.begin() as connection:  # in SQL: the models are the newest schema's
+            _old(connection, "a", "kestrel")
+            _old(connection, "b", "heron", kind="agent")
+            connection.execute(text("UPDATE conversation SET compacted_from_id = 1 WHERE id = 2"))
         upgrade(url)
         with engine.connect() as connection:
             assert connection.exec_driver_sql("PRAGMA foreign_key_check").all() == []
@@ -201,6 +199,45 @@ def test_the_copy_to_never_reused_ids_keeps_rows_and_search(tmp_path: Path) -> N
         assert third == (3, 3)  # not 2 again
         assert search_hits(engine, "osprey") == [3]  # the new table's trigger indexed it
         assert search_hits(engine, "heron") == []  # and its delete trigger took 2 out
+    finally:
+        engine.dispose()
+
+
+def _old(
+    connection: Connection, title: str, said: str, kind: str = "user", state: str = "done"
+) -> None:
+    """A conversation with one entry, in SQL as an older schema (0006 on) takes them."""
+    at = {"at": utcnow()}
+    made = connection.execute(
+        text(
+            "INSERT INTO conversation (title, provider, status, cwd, permission_mode,"
+            " turn_active, last_seq, created_at, updated_at)"
+            " VALUES (:title, 'demo', 'active', '/w', 'default', false, 1, :at, :at) RETURNING id"
+        ),
+        {"title": title, **at},
+    ).scalar_one()
+    connection.execute(
+        text(
+            "INSERT INTO entry (conversation_id, seq, kind, text, state, data, created_at)"
+            " VALUES (:cid, 1, :kind, :said, :state, '{}', :at)"
+        ),
+        {"cid": made, "kind": kind, "said": said, "state": state, **at},
+    )
+
+
+def test_the_questions_waiting_are_counted_from_the_pending_entries(url: str) -> None:
+    """0011 counts each conversation's pending entries (its questions waiting for an answer)."""
+    command.upgrade(alembic_config(url), "0010")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            _old(connection, "asking", "Bash wants permission", kind="activity", state="pending")
+            _old(connection, "answered", "Bash wants permission", kind="activity", state="allowed")
+        upgrade(url)
+        with get_session(engine) as session:
+            found = store.list_conversations(session=session, status="active")
+            counts = [(conversation.title, conversation.questions) for conversation in found]
+        assert sorted(counts) == [("answered", 0), ("asking", 1)]
     finally:
         engine.dispose()
 

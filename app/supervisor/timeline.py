@@ -145,6 +145,8 @@ class Timeline(SupervisorState):
             self.hub.rewind(cid, seq)  # no gap in what tabs see
             raise
         self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
+        if state == store.PENDING:
+            self._questions_changed(session, cid)
         return entry
 
     def _save(
@@ -162,6 +164,7 @@ class Timeline(SupervisorState):
         seq = self.hub.next_seq(cid)
         if move:  # to the end of the timeline
             changes["seq"] = seq
+        asked = entry.state == store.PENDING
         try:
             store.save_entry(
                 session=session,
@@ -176,7 +179,17 @@ class Timeline(SupervisorState):
             self.hub.rewind(cid, seq)
             raise
         self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
+        if asked != (entry.state == store.PENDING):
+            self._questions_changed(session, cid)
         return entry
+
+    def _questions_changed(self, session: Session, conversation_id: int) -> None:
+        """Tell every tab how many questions a conversation now waits on (the sidebar's
+        "waiting for you"), read again: the count changed in SQL, and the caller's copy of
+        the conversation may be older than this job (an answer's)."""
+        fresh = session.get(Conversation, conversation_id, populate_existing=True)
+        if fresh is not None:
+            self.publish_conversation(fresh)
 
     def _line(
         self,

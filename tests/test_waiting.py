@@ -1,0 +1,65 @@
+"""Which conversations wait for the user's answer: conversation.questions (the sidebar's
+"waiting for you"), with the demo agent, which asks permission when told to.
+
+The count is the questions still pending; every tab hears it change (a `conversation` event
+to the whole app), and the conversation list carries it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.relay import LiveRelay, make_settings, receive_until
+from tests.test_api import answer, ask, first, has_pending_question, is_permission
+
+
+def listed(relay: LiveRelay) -> dict[int, int]:
+    """Each listed conversation's count of questions waiting for an answer."""
+    found = relay.http.get("/api/conversations").json()["conversations"]
+    return {view["id"]: view["questions"] for view in found}
+
+
+def announced(ws: Any, cid: int, questions: int) -> dict[str, Any]:
+    """The conversation event that tells every tab cid now waits on this many questions."""
+    return receive_until(
+        ws,
+        lambda m: (
+            m["type"] == "conversation"
+            and m["conversation"]["id"] == cid
+            and m["conversation"]["questions"] == questions
+        ),
+    )[-1]["conversation"]
+
+
+def test_a_question_is_counted_until_it_is_answered(relay: LiveRelay) -> None:
+    other = relay.create()["id"]
+    with relay.socket() as ws:
+        cid, question = ask(relay)
+        asking = announced(ws, cid, 1)
+        assert (asking["running"], listed(relay)) == (True, {cid: 1, other: 0})
+        assert answer(relay, cid, question["id"], allow=True).status_code == 200
+        assert announced(ws, cid, 0)["id"] == cid
+    relay.wait_idle(cid)
+    assert listed(relay) == {cid: 0, other: 0}
+    assert relay.get(cid)["questions"] == 0
+
+
+def test_a_question_stopped_is_no_longer_counted(relay: LiveRelay) -> None:
+    cid, _question = ask(relay)
+    assert listed(relay)[cid] == 1
+    relay.http.post(f"/api/conversations/{cid}/interrupt")
+    assert first(relay.wait_idle(cid), is_permission)["state"] == "expired"
+    assert listed(relay)[cid] == 0
+
+
+def test_a_restart_expires_the_question_and_its_count(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "relay")
+    with LiveRelay(settings) as live:
+        cid = live.create()["id"]
+        live.send(cid, "ask permission")
+        live.wait_for(cid, has_pending_question)
+        assert listed(live) == {cid: 1}
+    with LiveRelay(settings) as live:
+        assert first(live.get(cid), is_permission)["state"] == "expired"
+        assert listed(live) == {cid: 0}
