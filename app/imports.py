@@ -410,6 +410,17 @@ class HistoryBuilder:
                     if isinstance(model, str) and model:
                         self.model = storable(model)
 
+    def drop_oldest(self, keep: int) -> int:
+        """Forget all but the latest `keep` entries, or fewer: never one at or after the place
+        where a message still open goes (its text is put in there later). How many went."""
+        gone = min(len(self.entries) - keep, min(self.starts.values(), default=len(self.entries)))
+        if gone <= 0:
+            return 0
+        del self.entries[:gone]
+        for message_id, start in self.starts.items():
+            self.starts[message_id] = start - gone
+        return gone
+
     def _shift_after(self, message_id: str, at: int) -> None:
         """The messages that began after this one begin one entry later: their start was
         taken before its text went in at `at` (their order came out wrong)."""
@@ -437,11 +448,11 @@ def read_history(
     max_entries: int = MAX_ENTRIES,
 ) -> History:
     """A transcript's timeline, from at most its last max_bytes and as its last max_entries."""
-    size = path.stat().st_size
+    size = path.stat().st_size  # what a file still being written adds meanwhile is not read
     start = max(0, size - max_bytes)
     builder = HistoryBuilder()
-    skipped = 0
-    for line in bounded_lines(path, start=start, limit=line_limit):
+    skipped = dropped = 0
+    for line in bounded_lines(path, start=start, stop=size - start, limit=line_limit):
         record = _parse(line)
         if record is None:
             skipped += line is None or bool(line.strip())
@@ -450,6 +461,8 @@ def read_history(
             builder.feed(record)
         except Exception:  # noqa: BLE001 - one malformed record never stops an import
             skipped += 1
+        if len(builder.entries) > 2 * max_entries:  # memory: only the latest are kept
+            dropped += builder.drop_oldest(keep=max_entries)
     entries = builder.finish()
     left_out = max(0, len(entries) - max_entries)
     return History(
@@ -458,7 +471,7 @@ def read_history(
         model=builder.model,
         skipped_lines=skipped,
         bytes_left_out=start,
-        entries_left_out=left_out,
+        entries_left_out=dropped + left_out,
     )
 
 

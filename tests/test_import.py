@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -326,6 +327,57 @@ def test_a_long_transcript_is_read_in_one_pass(real_transcript: Path) -> None:
     assert [(d.kind, d.text) for d in entries[:4]] == EXPECTED
     assert len(entries) == 200 * len(EXPECTED)
     assert builder.starts == {}  # every message placed, none kept
+
+
+def test_only_the_latest_entries_are_held_while_reading(real_transcript: Path) -> None:
+    # Found by a hostile review: 32 MiB of tiny records made ~727,000 entries, all but 2,000
+    # then thrown away (200 MiB more, 5 s). Older ones are dropped as it reads; the result and
+    # what it says was left out are the same.
+    lines = real_transcript.read_text().splitlines()
+    exchanges = [
+        line.replace("msg_", f"msg{n}_").replace("toolu_", f"t{n}_").replace("Bob", f"Bob {n}")
+        for n in range(60)
+        for line in lines
+    ]
+    real_transcript.write_text("\n".join(exchanges) + "\n")
+    history = read_history(real_transcript, max_entries=10)
+    shown = [(d.kind, d.text) for d in history.entries]
+    assert shown == [(d.kind, d.text) for d in read_history(real_transcript).entries][-10:]
+    assert shown[-4:] == [(kind, text.replace("Bob", "Bob 59")) for kind, text in EXPECTED]
+    assert history.entries_left_out == 60 * len(EXPECTED) - 10
+    # The last message is not placed until the next record: what is dropped comes before it.
+    whole, dropping = HistoryBuilder(), HistoryBuilder()
+    for line in exchanges[: len(lines) * 7]:
+        whole.feed(json.loads(line))
+        dropping.feed(json.loads(line))
+    assert dropping.drop_oldest(keep=10) == 7 * len(EXPECTED) - 1 - 10
+    assert dropping.finish() == whole.finish()[-11:]
+
+
+def test_a_transcript_written_meanwhile_is_read_as_it_was(real_transcript: Path) -> None:
+    # Found by a hostile review: the import read to the end of a file that kept growing (the
+    # relay reached 24 GB and the kernel killed it). It reads what the file held when it began.
+    first = real_transcript.read_bytes()
+    stop = threading.Event()
+
+    def grow() -> None:
+        with real_transcript.open("ab") as file:
+            while not stop.is_set() and file.tell() < 2 << 30:
+                file.write(first)
+                file.flush()
+
+    writer = threading.Thread(target=grow, daemon=True)
+    writer.start()
+    try:
+        while real_transcript.stat().st_size < 4 * len(first):
+            time.sleep(0.001)
+        history = read_history(real_transcript)
+        growing = writer.is_alive()  # it never stopped by itself: the import did not wait
+    finally:
+        stop.set()
+        writer.join()
+    assert growing
+    assert 4 <= len([d for d in history.entries if d.kind == "user"]) < 1 << 20
 
 
 def test_a_tool_call_without_its_result_is_shown_ended(real_transcript: Path) -> None:

@@ -135,30 +135,35 @@ def bounded_lines(
 ) -> Iterator[bytes | None]:
     """Each line of a file from byte `start` (a partial first line dropped) until `stop` bytes.
 
-    A line longer than `limit` bytes yields None and is never held in memory whole.
+    A line longer than `limit` bytes yields None and is never held in memory whole. With
+    `stop`, at most the line it falls in is read past it, even of a file that grows meanwhile
+    (a longer one is skipped only up to `stop`).
     """
     with path.open("rb") as file:
+        read = 0
         if start > 0:
             file.seek(start - 1)
             if file.read(1) != b"\n":
-                _skip_line(file)
-        read = 0
+                read = _skip_line(file, stop)
         while stop is None or read < stop:
             line = file.readline(limit + 1)
             if not line:
                 return
             read += len(line)
             if len(line) > limit and not line.endswith(b"\n"):
-                read += _skip_line(file)
+                read += _skip_line(file, None if stop is None else stop - read)
                 yield None
                 continue
             yield line
 
 
-def _skip_line(file: BinaryIO) -> int:
-    """Read to the end of the current line; the bytes read."""
+def _skip_line(file: BinaryIO, most: int | None = None) -> int:
+    """Read to the end of the current line, or `most` bytes; the bytes read."""
     skipped = 0
-    while chunk := file.readline(1 << 20):
+    while most is None or skipped < most:
+        chunk = file.readline(1 << 20 if most is None else min(1 << 20, most - skipped))
+        if not chunk:
+            break
         skipped += len(chunk)
         if chunk.endswith(b"\n"):
             break
