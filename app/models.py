@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, StrictBool, field_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -51,7 +51,10 @@ def without_blank_edges(value: str) -> str:
 
 # Every string a client sends: valid Unicode, checked before any other rule.
 Text = Annotated[str, BeforeValidator(_unicode_only)]
-Answer = Annotated[Text, Field(max_length=5000)]  # one answer to one of the agent's questions
+# What the user says to the agent, as a message's text is: no NUL (an agent reading it, and
+# PostgreSQL storing it, would each see another text).
+Said = Annotated[Text, AfterValidator(_no_nul)]
+Answer = Annotated[Said, Field(max_length=5000)]  # one answer to one of the agent's questions
 
 
 # Every integer column holds 64 bits, as SQLite's INTEGER does (ids up to 2**63 - 1 reach the
@@ -285,9 +288,9 @@ class PermissionAnswer(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     allow: StrictBool  # true or false: "yes", 1 or "false" would be read as a choice not made
-    message: Text = Field(default="", max_length=2000)
+    message: Said = Field(default="", max_length=2000)
     # The answers to an AskUserQuestion: question → answer (app/questions.py checks them).
-    answers: dict[Text, Answer] | None = Field(default=None, max_length=20)
+    answers: dict[Said, Answer] | None = Field(default=None, max_length=20)
 
 
 class EntryPublic(SQLModel):

@@ -1082,6 +1082,17 @@ def test_permission_answer_without_allow_422(relay: LiveRelay) -> None:
     answer(relay, cid, question["id"], allow=True)
 
 
+def test_a_deny_message_with_a_nul_is_refused(relay: LiveRelay) -> None:
+    # Found by a hostile review: it reached the agent (a message's text refuses a NUL).
+    cid, question = ask(relay)
+    response = answer(relay, cid, question["id"], allow=False, message="not\x00now")
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["msg"] == "The text cannot contain a NUL character."
+    assert relay.get(cid)["turn"] == {"state": "running", "queued": 0}  # still asking
+    answer(relay, cid, question["id"], allow=False, message="not now")
+    assert relay.wait_idle(cid)["timeline"][2]["data"]["output"] == "not now"
+
+
 # -- queueing ----------------------------------------------------------------------------
 
 

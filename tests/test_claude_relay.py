@@ -574,15 +574,22 @@ def test_the_agent_s_questions_are_answered_with_a_form_s_answers(
         assert refused.status_code == 400 and error in refused.json()["detail"], refused.text
     too_long = {first: "x" * 5001, "Which tests should I write?": "Unit"}
     assert live.http.post(url, json={"allow": True, "answers": too_long}).status_code == 422
+    # Found by a hostile review: a NUL reached the agent (a message's text refuses one).
+    second = "Which tests should I write?"
+    for nul in ({first: "SQL\x00ite", second: "Unit"}, {first + "\x00": "x"}):
+        refused = live.http.post(url, json={"allow": True, "answers": nul})
+        assert refused.status_code == 422 and "NUL" in refused.text, refused.text
     answers = {first: "SQLite", "Which tests should I write?": "Unit, Browser, and a load test"}
-    answered = live.http.post(url, json={"allow": True, "answers": answers})
+    # Found by the same review: the agent got the answers as typed, the tabs them trimmed.
+    padded = {question: f"  {answer}\n" for question, answer in answers.items()}
+    answered = live.http.post(url, json={"allow": True, "answers": padded})
     assert answered.status_code == 200, answered.text
     assert (answered.json()["state"], answered.json()["data"]["answers"]) == ("allowed", answers)
     view = live.wait_idle(cid, timeout=TIMEOUT)
     reply = of_kind(view, "agent")[-1]["text"]  # the fake quotes the tool's result
     assert reply.startswith("The tool returned:")
     for question_text, answer in answers.items():
-        assert f'"{question_text}"="{answer}"' in reply, reply
+        assert f'"{question_text}"="{answer}"' in reply, reply  # as shown, trimmed
     again = live.http.post(url, json={"allow": False})
     assert again.status_code == 409
 

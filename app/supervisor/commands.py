@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -529,8 +530,8 @@ class Commands(SupervisorState):
             if answers is not None:  # (and shown with the question)
                 data = {**data, "answers": answers}
             self._save(session, conversation, entry, state=state, data=data)
-        if future is not None:
-            self.storage.soon(_settle, future, decision)
+        if future is not None:  # the agent gets the answers as stored and shown (trimmed)
+            self.storage.soon(_settle, future, replace(decision, answers=answers))
         elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):
             fields = {"entry_id": entry_id, "allow": decision.allow, "message": decision.message}
             if answers is not None:
