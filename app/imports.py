@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,9 @@ LIST_LINE_LIMIT = 256 << 10  # longer lines (system prompt snapshots) are skippe
 HISTORY_BYTES = 32 << 20  # an import reads at most the transcript's last 32 MiB
 HISTORY_LINE_LIMIT = 4 << 20  # a longer line is skipped unread
 MAX_ENTRIES = 2000  # timeline entries kept (the latest) from one transcript
+# Lines read between two moments the reading thread lets the event loop's have the GIL:
+# without them the loop waited up to 0.3-0.5 s for it (session 32, bench/README.md).
+GIL_EVERY = 500
 TITLE_CHARS = 80
 LINE_CHARS = 2000  # a command's output shown as a line
 NO_RESULT = "No result was recorded in the transcript."
@@ -312,6 +316,7 @@ class HistoryBuilder:
         self.mapper = EventMapper()
         self.entries: list[Draft] = []
         self.tools: dict[str, Draft] = {}
+        self.dropped_calls: set[str] = set()  # calls drop_oldest forgot, their results unshown
         # Where each assistant message not yet placed began in entries (a placed one leaves:
         # every message's placing walked every message before, quadratic in the transcript).
         self.starts: dict[str, int] = {}
@@ -398,6 +403,8 @@ class HistoryBuilder:
                     state = "error" if event.is_error else "done"
                     if (draft := self.tools.pop(event.tool_id, None)) is not None:
                         draft.state, draft.data = state, {**draft.data, **result}
+                    elif event.tool_id in self.dropped_calls:
+                        self.dropped_calls.discard(event.tool_id)
                     else:
                         data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
                         self.entries.append(Draft("activity", "", state, data | result))
@@ -416,9 +423,14 @@ class HistoryBuilder:
         gone = min(len(self.entries) - keep, min(self.starts.values(), default=len(self.entries)))
         if gone <= 0:
             return 0
+        kept = {id(draft) for draft in self.entries[gone:]}
         del self.entries[:gone]
         for message_id, start in self.starts.items():
             self.starts[message_id] = start - gone
+        for tool_id, draft in list(self.tools.items()):  # a call dropped: its result too
+            if id(draft) not in kept:
+                del self.tools[tool_id]
+                self.dropped_calls.add(tool_id)
         return gone
 
     def _shift_after(self, message_id: str, at: int) -> None:
@@ -452,7 +464,10 @@ def read_history(
     start = max(0, size - max_bytes)
     builder = HistoryBuilder()
     skipped = dropped = 0
-    for line in bounded_lines(path, start=start, stop=size - start, limit=line_limit):
+    lines = bounded_lines(path, start=start, stop=size - start, limit=line_limit)
+    for number, line in enumerate(lines, start=1):
+        if number % GIL_EVERY == 0:
+            time.sleep(0)  # the GIL to the loop's thread (a switch interval does not do it)
         record = _parse(line)
         if record is None:
             skipped += line is None or bool(line.strip())

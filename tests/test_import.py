@@ -352,6 +352,23 @@ def test_only_the_latest_entries_are_held_while_reading(real_transcript: Path) -
         dropping.feed(json.loads(line))
     assert dropping.drop_oldest(keep=10) == 7 * len(EXPECTED) - 1 - 10
     assert dropping.finish() == whole.finish()[-11:]
+    # A call dropped before its result came: the result is not shown alone either.
+    (result,) = [line for line in exchanges[: len(lines)] if '"tool_result"' in line]
+    builder = HistoryBuilder()
+    for line in exchanges[: len(lines)]:
+        if line is not result:
+            builder.feed(json.loads(line))
+    assert "t0_" in str(list(builder.tools))  # the call waits for its result
+    for line in exchanges[len(lines) : len(lines) * 7]:
+        builder.feed(json.loads(line))
+    builder.drop_oldest(keep=10)
+    assert builder.tools == {}  # the dropped call's draft is not held (memory)
+    assert [tool_id[:3] for tool_id in builder.dropped_calls] == ["t0_"]
+    builder.feed(json.loads(result))
+    assert [(d.kind, d.text) for d in builder.finish()][-4:] == [
+        (kind, text.replace("Bob", "Bob 6")) for kind, text in EXPECTED
+    ]
+    assert builder.tools == {} and builder.dropped_calls == set()
 
 
 def test_a_transcript_written_meanwhile_is_read_as_it_was(real_transcript: Path) -> None:
