@@ -118,6 +118,8 @@ def endpoint_problem(url: str, *, services: tuple[str, ...], loopback_http: bool
     host = (parts.hostname or "").lower()
     if parts.username is not None or parts.password is not None or not host:
         return "The push endpoint is not a valid URL."
+    if ":" in host:  # a VAPID token's audience cannot name one (py_vapid refuses to sign)
+        return "The push endpoint must name its host, or an IPv4 address."
     if parts.scheme == "http" and loopback_http and is_loopback(host):
         return None
     known = any(host == name or host.endswith("." + name) for name in services)
@@ -165,10 +167,18 @@ def encrypt(payload: bytes, target: Target) -> bytes:
     )
 
 
+def audience(endpoint: str) -> str:
+    """The push service's origin, as a VAPID token names it (RFC 8292): scheme and host in
+    lower case, a port only if it is not the scheme's own (as a browser writes an origin)."""
+    parts = urlsplit(endpoint)
+    port = parts.port
+    own = {"https": 443, "http": 80}.get(parts.scheme)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{port}" if port not in (None, own) else "")
+
+
 def vapid_headers(vapid: Vapid02, endpoint: str, contact: str) -> dict[str, str]:
     """The Authorization header proving the push comes from this relay (RFC 8292)."""
-    parts = urlsplit(endpoint)
-    claims = {"aud": f"{parts.scheme}://{parts.netloc}", "sub": contact}
+    claims = {"aud": audience(endpoint), "sub": contact}
     claims["exp"] = int(time.time()) + 12 * 3600
     return {k: str(v) for k, v in vapid.sign(claims).items()}
 

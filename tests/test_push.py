@@ -21,6 +21,7 @@ from app.notify import payload, question_kind
 from app.push import (
     PUSH_SERVICES,
     application_server_key,
+    audience,
     endpoint_problem,
     key_problem,
     load_or_create_vapid,
@@ -73,9 +74,18 @@ def test_endpoint_rule_refuses_other_urls(url: str) -> None:
 def test_endpoint_rule_loopback_http_only_when_allowed_and_only_loopback() -> None:
     assert allowed("http://127.0.0.1:8123/push/a", loopback=True)
     assert allowed("http://localhost:8123/push/a", loopback=True)
-    assert allowed("http://[::1]:8123/push/a", loopback=True)
+    # Found by a hostile review: accepted, then never sent (a VAPID audience names no IPv6).
+    assert not allowed("http://[::1]:8123/push/a", loopback=True)
     assert not allowed("http://192.168.1.2:8123/push/a", loopback=True)
     assert not allowed("http://example.com/push/a", loopback=True)
+
+
+def test_the_audience_is_the_endpoint_s_origin_as_a_browser_writes_it() -> None:
+    # Found by a hostile review: the endpoint's host and port went in as written.
+    assert audience(FCM) == "https://fcm.googleapis.com"
+    assert audience("HTTPS://FCM.GoogleAPIs.com:0443/x") == "https://fcm.googleapis.com"
+    assert audience("http://127.0.0.1:8123/push/a") == "http://127.0.0.1:8123"
+    assert audience("http://localhost:80/push/a") == "http://localhost"
 
 
 def test_endpoint_rule_takes_extra_services() -> None:
