@@ -26,6 +26,7 @@ from app.summary import HEADER, SummaryMessage, build_summary, compose_first_mes
 from app.supervisor.pool import ARCHIVED_WORK_LINE, SHUTDOWN_WORK_LINE
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
 from tests.relay import LiveRelay, make_settings, receive, receive_until
+from tests.test_cluster_races import started_nodes
 
 TIMEOUT = 60  # the longest any wait may take
 STDIO_MCP = Path(__file__).parent / "stdio_mcp.py"  # a project's MCP server
@@ -401,6 +402,28 @@ def test_the_agent_s_own_turn_asks_queues_a_message_and_stops_on_stop(
     stopped = texts.index("Interrupted by the user.")
     assert texts.index("touch own.txt") < stopped < texts.index("APPLE")
     assert texts[-1] == "You said: APPLE"
+
+
+def test_the_agent_s_own_turn_stops_on_a_stop_taken_by_another_node(
+    tmp_path: Path, home: Path, fake: FakeAnthropic
+) -> None:
+    # Several nodes: y runs the agent and its own turn; the Stop is pressed in a tab on x,
+    # which knows the turn only from the database (the last message's turn id).
+    (tmp_path / "x" / "work").mkdir(parents=True)
+    with started_nodes(tmp_path, 10.0) as (x, y):
+        cid = backgrounded(y, fake, "sleep 1", ("Bash", {"command": "touch own.txt"}))
+        assert cid in y.supervisor.cluster.held
+        question = wait_question(y, cid)  # asked by the own turn, on y
+        assert question["data"]["input"]["command"] == "touch own.txt"
+        assert x.get(cid)["turn"]["state"] == "running"
+        response = x.http.post(f"/api/conversations/{cid}/interrupt")
+        assert (response.status_code, response.json()) == (202, {"interrupted": True})
+        view = y.wait_idle(cid, timeout=TIMEOUT)
+        assert not (tmp_path / "x" / "work" / "own.txt").exists()
+        texts = [e["text"] for e in view["timeline"]]
+        assert texts.index("touch own.txt") < texts.index("Interrupted by the user.")
+        assert [e["state"] for e in view["timeline"] if e["id"] == question["id"]] == ["expired"]
+        assert x.get(cid)["turn"] == {"state": "idle", "queued": 0}
 
 
 @pytest.mark.parametrize("action", ["archive", "delete"])
