@@ -164,8 +164,9 @@ class Timeline(SupervisorState):
         seq = self.hub.next_seq(cid)
         if move:  # to the end of the timeline
             changes["seq"] = seq
-        asked = entry.state == store.PENDING
         try:
+            session.add(entry)  # (as save_entry does first: an expired entry reloads here)
+            asked = entry.state == store.PENDING
             store.save_entry(
                 session=session,
                 entry=entry,
