@@ -188,7 +188,12 @@ class Timeline(SupervisorState):
         """Tell every tab how many questions a conversation now waits on (the sidebar's
         "waiting for you"), read again: the count changed in SQL, and the caller's copy of
         the conversation may be older than this job (an answer's)."""
-        fresh = session.get(Conversation, conversation_id, populate_existing=True)
+        try:  # the write is committed: a failed read must not undo it for its caller
+            fresh = session.get(Conversation, conversation_id, populate_existing=True)
+        except Exception:  # the tabs learn the count on their next load
+            log.exception("conversation %s: could not read its questions", conversation_id)
+            rolled_back(session)
+            return
         if fresh is not None:
             self.publish_conversation(fresh)
 
@@ -288,3 +293,11 @@ def _page_without(page: list[Entry], queued: list[Entry]) -> list[Entry]:
         if entry.id not in ids
         and not (entry.state == "queued" and last is not None and entry.seq > last)
     ]
+
+
+def rolled_back(session: Session) -> None:
+    """Make a session that a failed write left usable again (its next write retries)."""
+    try:
+        session.rollback()
+    except Exception:  # the connection itself is gone: the next statement says so
+        log.exception("could not roll back a failed transaction")

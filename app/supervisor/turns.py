@@ -39,6 +39,7 @@ from app.supervisor.runner import (
     _settle,
     failure_reason,
 )
+from app.supervisor.timeline import rolled_back
 
 log = logging.getLogger(__name__)
 
@@ -512,7 +513,7 @@ class Turns(SupervisorState):
             self._end_turn(runner, session)
         except Exception:  # retried by _next_turn once the database works
             log.exception("conversation %s: could not close the turn", runner.conversation_id)
-            _rolled_back(session)
+            rolled_back(session)
             runner.ending = True
         runner.ended = True
         if self._closing:  # no new turn begins once the relay is stopping
@@ -522,7 +523,7 @@ class Turns(SupervisorState):
             runner.upcoming = self._next_turn(runner, session, read)
         except Exception:  # the runner's loop looks again, and retries
             log.exception("conversation %s: could not look at the queue", runner.conversation_id)
-            _rolled_back(session)
+            rolled_back(session)
             return
         runner.looked = True
         if runner.upcoming is None and not runner.archived:
@@ -611,14 +612,6 @@ def _turn_begins(runner: Runner) -> None:
     runner.last_agent_entry = None
     runner.lines_shown.clear()
     runner.retry_line = None
-
-
-def _rolled_back(session: Session) -> None:
-    """Make a session that a failed write left usable again (its next write retries)."""
-    try:
-        session.rollback()
-    except Exception:  # the connection itself is gone: the next statement says so
-        log.exception("could not roll back a failed transaction")
 
 
 class Unhandled(Exception):
