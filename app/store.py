@@ -216,12 +216,23 @@ def update_conversation(
     if unknown := values.keys() - Conversation.__table__.c.keys():  # (SQL would ignore them)
         raise ValueError(f"not columns of a conversation: {sorted(unknown)}")
     session.flush()  # what the caller changed first, then these (they win, as setattr did)
-    session.connection().execute(
-        _update_conversation(False, False), {**values, "_conversation_id": conversation.id}
+    counts = (
+        session.connection()
+        .execute(_update_returning_counts(), {**values, "_conversation_id": conversation.id})
+        .one_or_none()
     )
     session.commit()  # (and whatever else the caller changed in the session)
-    _committed(conversation, values)
+    # The counts kept in SQL as they are now: the caller's copy may be older than them (its
+    # tabs would be told no question waits while one does).
+    _committed(conversation, {**values, **(counts._asdict() if counts else {})})
     return conversation
+
+
+@cache
+def _update_returning_counts() -> Update:
+    return _update_conversation(False, False).returning(
+        col(Conversation.message_count), col(Conversation.questions)
+    )
 
 
 class ConversationGone(LookupError):

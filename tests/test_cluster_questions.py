@@ -7,6 +7,7 @@ answers taken on two nodes at once come one after the other (the first wins, the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -201,4 +202,42 @@ def test_a_question_waits_in_every_node_s_list_until_answered_on_another(
         assert answer(x, cid, question, allow=True).status_code == 200
         announced(ws, cid, 0)
     y.wait_idle(cid, timeout=TIMEOUT)
+    assert (listed(x)[cid], listed(y)[cid]) == (0, 0)
+
+
+class AsksThenEnds(StandIn):
+    """Asks permission, then ends its turn when the test says, the question unanswered."""
+
+    end = threading.Event()
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """The question asked, not waited for; the end, once the test lets it come."""
+        asking = asyncio.ensure_future(self.spec.ask_permission(PermissionRequest("Bash", {}, "t")))
+        await asyncio.to_thread(AsksThenEnds.end.wait, 30)
+        yield TurnDone()
+        await asking  # denied by the turn's end
+
+
+def test_an_answer_on_another_node_as_the_turn_ends_stands_and_is_counted_once(
+    two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
+) -> None:
+    """Found by a hostile review: y's turn end read the pending question, x's answer was
+    stored, then y marked it expired over the answer and counted it off again (-1: the
+    sidebar never said "waiting for you" for that conversation's next question)."""
+    x, y = two_nodes
+    y.supervisor.agent_factory = lambda _p, spec, _s: AsksThenEnds(spec)
+    AsksThenEnds.end.clear()
+    cid = y.create(title="Ends while answered")["id"]
+    assert y.send(cid, "go").status_code == 202
+    question = pending_question(y, cid)
+    pause = Pause(y, lambda _statement, params: "pending" in str(params), after=True)
+    pause.armed = True
+    AsksThenEnds.end.set()  # y's turn ends: its writer reads the pending question, and waits
+    assert pause.reached.wait(TIMEOUT)
+    try:
+        assert answer(x, cid, question, allow=True).status_code == 200
+    finally:
+        pause.release.set()
+    view = y.wait_idle(cid, timeout=TIMEOUT)
+    assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["allowed"]
     assert (listed(x)[cid], listed(y)[cid]) == (0, 0)

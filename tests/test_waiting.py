@@ -7,11 +7,13 @@ to the whole app), and the conversation list carries it.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tests.relay import LiveRelay, make_settings, receive_until
 from tests.test_api import answer, ask, first, has_pending_question, is_permission
+from tests.test_cluster_races import Pause
 
 
 def listed(relay: LiveRelay) -> dict[int, int]:
@@ -63,3 +65,30 @@ def test_a_restart_expires_the_question_and_its_count(tmp_path: Path) -> None:
     with LiveRelay(settings) as live:
         assert first(live.get(cid), is_permission)["state"] == "expired"
         assert listed(live) == {cid: 0}
+
+
+def test_a_rename_read_before_a_question_still_says_it_waits(relay: LiveRelay) -> None:
+    # Found by a hostile review: a PATCH whose read came before the question published its
+    # older copy (0 questions) after it: every tab stopped saying "waiting for you".
+    cid = relay.create(title="Before")["id"]
+
+    def read(statement: str, _params: object) -> bool:
+        return "FROM conversation" in statement
+
+    pause = Pause(relay, read, "oarlock-db-read", after=True)
+    with relay.socket() as ws, ThreadPoolExecutor(1) as pool:
+        pause.armed = True
+        url = f"/api/conversations/{cid}"
+        renamed = pool.submit(relay.http.patch, url, json={"title": "After"})
+        assert pause.reached.wait(10)  # the PATCH read the conversation: no question yet
+        try:
+            relay.send(cid, "ask permission")
+            relay.wait_for(cid, has_pending_question)
+        finally:
+            pause.release.set()
+        assert renamed.result().json()["questions"] == 1
+        last = receive_until(
+            ws, lambda m: m["type"] == "conversation" and m["conversation"]["title"] == "After"
+        )[-1]
+    assert last["conversation"]["questions"] == 1
+    assert listed(relay)[cid] == 1

@@ -47,10 +47,7 @@ class Recovery(SupervisorState):
             session=session, conversation_id=conversation_id, state="streaming"
         ):
             self._save(session, conversation, entry, state="interrupted")
-        for entry in store.entries_in_state(
-            session=session, conversation_id=conversation_id, state="pending"
-        ):
-            self._save(session, conversation, entry, state="expired", data=entry.data)
+        self._expire_pending(session, conversation)
         running = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="running"
         )

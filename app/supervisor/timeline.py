@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import Any
 
 from sqlmodel import Session
 
 from app import store
 from app.models import Conversation, Entry
+from app.store import PENDING
 from app.supervisor.base import SupervisorState
 from app.supervisor.runner import Runner
 from app.views import conversation_view, entry_view
@@ -145,7 +147,7 @@ class Timeline(SupervisorState):
             self.hub.rewind(cid, seq)  # no gap in what tabs see
             raise
         self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
-        if state == store.PENDING:
+        if state == PENDING:
             self._questions_changed(session, cid)
         return entry
 
@@ -166,7 +168,7 @@ class Timeline(SupervisorState):
             changes["seq"] = seq
         try:
             session.add(entry)  # (as save_entry does first: an expired entry reloads here)
-            asked = entry.state == store.PENDING
+            asked = entry.state == PENDING
             store.save_entry(
                 session=session,
                 entry=entry,
@@ -180,9 +182,23 @@ class Timeline(SupervisorState):
             self.hub.rewind(cid, seq)
             raise
         self.hub.publish(cid, {"type": "entry", "seq": seq, "entry": entry_view(entry)})
-        if asked != (entry.state == store.PENDING):
+        if asked != (entry.state == PENDING):
             self._questions_changed(session, cid)
         return entry
+
+    def _expire_pending(
+        self, session: Session, conversation: Conversation, keep: Container[int] = ()
+    ) -> None:
+        """Expire the conversation's questions still pending, but those in keep: each locked
+        and read again first, so that an answer another node stored meanwhile stands (and is
+        not counted off twice)."""
+        cid = conversation.id or 0
+        for found in store.entries_in_state(session=session, conversation_id=cid, state=PENDING):
+            if found.id in keep:
+                continue
+            entry = store.get_entry(session=session, entry_id=found.id or 0, lock=True)
+            if entry is not None and entry.state == PENDING:
+                self._save(session, conversation, entry, state="expired", data=entry.data)
 
     def _questions_changed(self, session: Session, conversation_id: int) -> None:
         """Tell every tab how many questions a conversation now waits on (the sidebar's

@@ -478,11 +478,7 @@ class Turns(SupervisorState):
                     session, conversation, streaming.entry, text=streaming.text, state="interrupted"
                 )
             runner.streaming.clear()
-            for entry in store.entries_in_state(
-                session=session, conversation_id=runner.conversation_id, state="pending"
-            ):
-                if entry.id not in runner.lasting:
-                    self._save(session, conversation, entry, state="expired", data=entry.data)
+            self._expire_pending(session, conversation, keep=runner.lasting)
             for entry_id in [i for i in runner.questions if i not in runner.lasting]:
                 runner.questions.pop(entry_id, None)
             if runner.compaction is not None:
