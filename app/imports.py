@@ -337,9 +337,15 @@ class HistoryBuilder:
                 return
             message_id = (record.get("message") or {}).get("id") or record.get("uuid")
             # Its text goes before its tool calls, as the live timeline shows it streamed.
-            if message_id not in self.placed:  # (a record of one placed: the mapper skips it)
-                self.starts.setdefault(message_id, len(self.entries))
-            self._events(self.mapper.feed_json(record))
+            # (A record of one placed: the mapper skips it.)
+            new = message_id not in self.placed and message_id not in self.starts
+            if new:
+                self.starts[message_id] = len(self.entries)
+            try:
+                self._events(self.mapper.feed_json(record))
+            finally:  # one the mapper did not open (malformed, a subagent's) is never placed
+                if new and message_id in self.starts and not self.mapper.is_open(message_id):
+                    del self.starts[message_id]
         elif kind == "user":
             self._user(record)
         elif kind == "system" and record.get("subtype") == "compact_boundary":

@@ -371,6 +371,32 @@ def test_only_the_latest_entries_are_held_while_reading(real_transcript: Path) -
     assert builder.tools == {} and builder.dropped_calls == set()
 
 
+def test_a_message_the_mapper_never_opens_holds_no_place(real_transcript: Path) -> None:
+    # Found by a hostile review: its place stayed taken, so nothing could be dropped past it
+    # (one bad line first, and a 32 MiB import peaked at 290 MB again).
+    builder = HistoryBuilder()
+    malformed = {"type": "assistant", "message": {"id": "bad", "content": 7}}
+    with pytest.raises(Exception):  # noqa: B017 - whatever the mapper raises: read_history skips it
+        builder.feed(malformed)
+    subagents = {
+        "type": "assistant",
+        "parent_tool_use_id": "toolu_x",
+        "message": {
+            "id": "sub",
+            "role": "assistant",
+            "model": "m",
+            "content": [{"type": "text", "text": "hi"}],
+        },
+    }
+    builder.feed(subagents)
+    assert builder.starts == {}
+    lines = real_transcript.read_text().splitlines()
+    for n in range(5):
+        for line in lines:
+            builder.feed(json.loads(line.replace("msg_", f"msg{n}_").replace("toolu_", f"t{n}_")))
+    assert builder.drop_oldest(keep=4) == 5 * len(EXPECTED) - 1 - 4  # (the last is not placed)
+
+
 def test_a_transcript_written_meanwhile_is_read_as_it_was(real_transcript: Path) -> None:
     # Found by a hostile review: the import read to the end of a file that kept growing (the
     # relay reached 24 GB and the kernel killed it). It reads what the file held when it began.

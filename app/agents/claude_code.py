@@ -246,6 +246,10 @@ class EventMapper:
         message = parse_message(data)
         return self.feed(message) if message is not None else []
 
+    def is_open(self, message_id: str) -> bool:
+        """Whether a message was begun and is not done yet."""
+        return message_id in self._open
+
     def finish(self) -> list[AgentEvent]:
         """The process ended without a result: what its open messages become.
 
