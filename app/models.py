@@ -323,6 +323,6 @@ class ConversationPublic(SQLModel):
     pending_summary: str | None
     compacted_from_id: int | None
     compacted_into_id: int | None
-    questions: int  # questions waiting for the user's answer (the sidebar's "waiting for you")
+    questions: int  # questions waiting for the user's answer (the sidebar's "needs you")
     created_at: datetime
     updated_at: datetime

@@ -19,7 +19,7 @@ export function relativeTime(iso, now = Date.now()) {
 }
 
 /** The line under a sidebar title: last active (exact time as its title) and the running dot,
- * or "waiting for you" while a question waits for the user's answer (it says more). */
+ * or "needs you" while a question waits for the user's answer (it says more). */
 export function convMeta(conv) {
   const when = h('time', {
     class: 'conv-when',
@@ -29,7 +29,7 @@ export function convMeta(conv) {
     text: relativeTime(conv.updated_at),
   });
   const waiting = conv.questions > 0
-    ? h('span', { class: 'conv-waiting', testid: 'conv-waiting', title: 'The agent waits for your answer', text: 'waiting for you' })
+    ? h('span', { class: 'conv-waiting', testid: 'conv-waiting', title: 'The agent waits for your answer', text: 'needs you' })
     : null;
   const running = conv.running && !waiting
     ? h('span', { class: 'conv-running', testid: 'conv-running', title: 'A turn is running', text: 'running' })

@@ -289,7 +289,7 @@ def test_the_sidebar_says_which_conversation_waits_for_an_answer(
 
     assert relay.send(there, "ask permission").status_code == 202
     waiting = row("There").get_by_test_id("conv-waiting")
-    expect(waiting).to_have_text("waiting for you")  # not "running": the question says more
+    expect(waiting).to_have_text("needs you")  # not "running": the question says more
     expect(waiting).to_have_attribute("title", "The agent waits for your answer")
     expect(row("There").get_by_test_id("conv-running")).to_have_count(0)
     expect(row("Here").get_by_test_id("conv-waiting")).to_have_count(0)

@@ -223,7 +223,7 @@ def test_an_answer_on_another_node_as_the_turn_ends_stands_and_is_counted_once(
 ) -> None:
     """Found by a hostile review: y's turn end read the pending question, x's answer was
     stored, then y marked it expired over the answer and counted it off again (-1: the
-    sidebar never said "waiting for you" for that conversation's next question)."""
+    sidebar never said "needs you" for that conversation's next question)."""
     x, y = two_nodes
     y.supervisor.agent_factory = lambda _p, spec, _s: AsksThenEnds(spec)
     AsksThenEnds.end.clear()

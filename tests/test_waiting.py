@@ -1,5 +1,5 @@
 """Which conversations wait for the user's answer: conversation.questions (the sidebar's
-"waiting for you"), with the demo agent, which asks permission when told to.
+"needs you"), with the demo agent, which asks permission when told to.
 
 The count is the questions still pending; every tab hears it change (a `conversation` event
 to the whole app), and the conversation list carries it.
@@ -69,7 +69,7 @@ def test_a_restart_expires_the_question_and_its_count(tmp_path: Path) -> None:
 
 def test_a_rename_read_before_a_question_still_says_it_waits(relay: LiveRelay) -> None:
     # Found by a hostile review: a PATCH whose read came before the question published its
-    # older copy (0 questions) after it: every tab stopped saying "waiting for you".
+    # older copy (0 questions) after it: every tab stopped saying "needs you".
     cid = relay.create(title="Before")["id"]
 
     def read(statement: str, _params: object) -> bool:

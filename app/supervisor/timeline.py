@@ -202,7 +202,7 @@ class Timeline(SupervisorState):
 
     def _questions_changed(self, session: Session, conversation_id: int) -> None:
         """Tell every tab how many questions a conversation now waits on (the sidebar's
-        "waiting for you"), read again: the count changed in SQL, and the caller's copy of
+        "needs you"), read again: the count changed in SQL, and the caller's copy of
         the conversation may be older than this job (an answer's)."""
         try:  # the write is committed: a failed read must not undo it for its caller
             fresh = session.get(Conversation, conversation_id, populate_existing=True)
