@@ -84,8 +84,10 @@ def after_next_draw(page: Page) -> None:
 
 
 def sidebar_running(page: Page, title: str) -> Any:
+    """The item's busy marker: "running", or "needs you" while its turn asks (these races hold
+    a turn with a question)."""
     item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))
-    return item.get_by_test_id("conv-running")
+    return item.locator('[data-testid="conv-running"], [data-testid="conv-waiting"]')
 
 
 def pending_question(relay: LiveRelay, cid: int) -> int:
