@@ -548,6 +548,26 @@ def test_a_subagent_s_question_outlives_the_turn_that_started_it(
         time.sleep(0.1)
 
 
+def test_a_subagent_s_question_ends_with_its_agent(start: StartRelay, fake: FakeAnthropic) -> None:
+    # Found by a hostile review: archived while a background subagent's question waited, the
+    # conversation said "needs you" until the relay restarted (its agent was gone).
+    live = start()
+    cid = create_claude(live)
+    task = {"description": "sub task", "prompt": "[[BASH:touch sub.txt]]"}
+    fake.tool_calls.append(("Agent", task | {"subagent_type": "general-purpose"}))
+    assert live.send(cid, "have a subagent do it").status_code == 202
+    question = wait_question(live, cid)
+    live.wait_idle(cid, timeout=TIMEOUT)  # the main turn is over; the question waits
+    assert live.get(cid)["questions"] == 1
+    assert live.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    view = live.wait_for(cid, lambda v: v["questions"] == 0, timeout=TIMEOUT)  # (stopped soon)
+    assert {e["id"]: e["state"] for e in view["timeline"]}[question["id"]] == "expired"
+    late = live.http.post(
+        f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
+    )
+    assert late.status_code == 409
+
+
 QUESTIONS = {
     "questions": [
         {

@@ -254,6 +254,22 @@ class Pool(SupervisorState):
                 )
             if publish:  # not for a deleted conversation: its event would make its stream again
                 self.publish_agent(runner.conversation_id)
+        if runner.questions and publish:
+            await self._drop_questions(runner)
+
+    async def _drop_questions(self, runner: Runner) -> None:
+        """The questions nobody can act on once the agent is gone (a background subagent's,
+        which its turn's end left open): denied, and expired for every tab."""
+        asked = [*runner.questions]
+        for entry_id in asked:
+            future = runner.questions.pop(entry_id)
+            if not future.done():
+                future.set_result(PermissionDecision(False, "The agent was stopped."))
+        runner.lasting.clear()
+        try:
+            await self.storage.write(self._expire_questions, runner.conversation_id, asked)
+        except Exception:  # a restart expires them
+            log.exception("conversation %s: could not expire its questions", runner.conversation_id)
 
     async def _stop_with_work(self, runner: Runner, text: str) -> None:
         """Stop the agent now, background work and all; when it had some, a line says so."""
