@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.agents.base import PermissionDecision
+from app.store import storable
 
 QUESTION_TOOL = "AskUserQuestion"
 NOT_A_QUESTION = "Only a question of the agent's (AskUserQuestion) takes answers."
@@ -42,7 +43,7 @@ def checked_answers(
             raise ValueError("A skipped question takes no answers.")
         return None
     questions = asked(entry_data.get("input"))
-    given = {q: a.strip() for q, a in (answers or {}).items()}
+    given = {q: storable(a.strip()) for q, a in (answers or {}).items()}  # as stored and shown
     unknown = [q for q in given if q not in questions]
     if unknown:
         raise ValueError(f"The agent did not ask: {unknown[0][:200]}")

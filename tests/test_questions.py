@@ -29,6 +29,9 @@ def test_every_question_needs_an_answer_and_only_those() -> None:
     # In the order asked, trimmed.
     assert list(checked_answers(ASKED, True, answers) or {}) == ["Which database?", "Which tests?"]
     assert (checked_answers(ASKED, True, answers) or {})["Which tests?"] == "Unit, Browser"
+    # As stored and shown (found by a hostile review: the agent got the noncharacter itself).
+    marked = answers | {"Which database?": "SQL\ufdd0ite"}
+    assert (checked_answers(ASKED, True, marked) or {})["Which database?"] == "SQL\ufffdite"
     for wrong, error in (
         (None, ANSWER_ALL),
         ({"Which database?": "SQLite"}, ANSWER_ALL),
