@@ -6,7 +6,7 @@ import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handof
 import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
 import { Search } from './search.js';
-import { ConvActions, convMeta } from './keep.js';
+import { ConvActions, convDescription, convMeta, setPageTitle, showNeeds } from './keep.js';
 import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
@@ -547,6 +547,7 @@ function drawLists() {
   const part = item && ['conv-link', 'conv-menu-btn'].find((name) => focused.classList.contains(name));
   byId('conversation-list').replaceChildren(...activeItems);
   byId('archive-list').replaceChildren(...archivedItems);
+  showNeeds(all);
   if (part && !focused.isConnected) {
     const again = document.querySelector(`.conv-item[data-id="${item.dataset.id}"] .${part}`);
     if (again) again.focus({ preventScroll: true });
@@ -566,7 +567,7 @@ function convItem(conv, testid) {
     'data-id': conv.id,
     'data-provider': conv.provider,
     'aria-current': open ? 'page' : null,
-    title: `${isolate(conv.title || 'Untitled')} · ${providerName(conv.provider)}`,
+    title: [isolate(conv.title || 'Untitled'), providerName(conv.provider), convDescription(conv)].filter(Boolean).join(' · '),
   }, h('span', { class: 'conv-title', dir: 'auto', text: conv.title || 'Untitled' }));
   link.addEventListener('click', (e) => {
     if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey) return;
@@ -616,7 +617,7 @@ function showView(name) {
   for (const view of ['empty', 'missing', 'loading', 'chat']) byId(`${view}-state`).hidden = view !== name;
   byId('chat-head').hidden = name !== 'chat';
   byId('head-actions').hidden = name !== 'chat';
-  if (name !== 'chat') document.title = 'oarlock';
+  if (name !== 'chat') setPageTitle('oarlock');
 }
 
 function leaveConversation() {
@@ -731,7 +732,7 @@ function renderChrome() {
   const conv = cur && cur.conv;
   if (!conv) return;
   const archived = isArchived(conv);
-  document.title = `${isolate(conv.title || 'Untitled')} · oarlock`;
+  setPageTitle(`${isolate(conv.title || 'Untitled')} · oarlock`);
 
   const title = byId('title');
   // "(compacted)" or "(compacted ×2)" kept whole at the end: the ellipsis cuts the title before it.

@@ -18,23 +18,57 @@ export function relativeTime(iso, now = Date.now()) {
   return new Date(then).toLocaleDateString();
 }
 
-/** The line under a sidebar title: last active (exact time as its title) and the running dot,
- * or "needs you" while a question waits for the user's answer (it says more). */
+const STATES = {
+  waiting: { text: 'needs you', says: 'The agent waits for your answer' },
+  running: { text: 'running', says: 'A turn is running' },
+};
+
+/** What a conversation is doing that the sidebar says: "waiting" (a question waits for the
+ * user's answer: it says more than running), "running", or null. */
+export const convState = (conv) => (conv.questions > 0 ? 'waiting' : conv.running ? 'running' : null);
+
+/** A sidebar item's words for the hover and screen readers: its state and when it was last
+ * active, exactly (the row shows one of them, the title keeps the room). */
+export function convDescription(conv) {
+  const busy = convState(conv);
+  const when = conv.updated_at ? `last active ${new Date(conv.updated_at).toLocaleString()}` : '';
+  return [busy && STATES[busy].says, when].filter(Boolean).join(' · ');
+}
+
+/** Beside a sidebar title, one short thing: its state while it has one ("needs you" before
+ * "running"), else when it was last active (the exact time as its title). */
 export function convMeta(conv) {
-  const when = h('time', {
-    class: 'conv-when',
-    testid: 'conv-when',
-    datetime: conv.updated_at || null,
-    title: conv.updated_at ? new Date(conv.updated_at).toLocaleString() : null,
-    text: relativeTime(conv.updated_at),
-  });
-  const waiting = conv.questions > 0
-    ? h('span', { class: 'conv-waiting', testid: 'conv-waiting', title: 'The agent waits for your answer', text: 'needs you' })
-    : null;
-  const running = conv.running && !waiting
-    ? h('span', { class: 'conv-running', testid: 'conv-running', title: 'A turn is running', text: 'running' })
-    : waiting;
-  return h('span', { class: 'conv-meta' }, running, when);
+  const busy = convState(conv);
+  const mark = busy
+    ? h('span', { class: `conv-${busy}`, testid: `conv-${busy}`, title: STATES[busy].says, text: STATES[busy].text })
+    : h('time', {
+      class: 'conv-when',
+      testid: 'conv-when',
+      datetime: conv.updated_at || null,
+      title: conv.updated_at ? new Date(conv.updated_at).toLocaleString() : null,
+      text: relativeTime(conv.updated_at),
+    });
+  return h('span', { class: 'conv-meta' }, mark);
+}
+
+/** Outside the list, how many conversations need the user: "(2) " before the page's title and
+ * a mark on ☰ (a phone's closed drawer hides the list). */
+export function showNeeds(convs) {
+  const count = convs.filter((conv) => convState(conv) === 'waiting').length;
+  const menu = byId('menu-button');
+  menu.classList.toggle('needs-you', count > 0);
+  menu.setAttribute('aria-label', count ? `Conversations (${count} ${count === 1 ? 'needs' : 'need'} you)` : 'Conversations');
+  needs = count;
+  setPageTitle(pageTitle);
+}
+
+let needs = 0;
+let pageTitle = 'oarlock';
+
+/** The page's title: base, after the count of conversations that need the user. */
+export function setPageTitle(base) {
+  pageTitle = base;
+  document.title = needs ? `(${needs}) ${base}` : base;
 }
 
 const exportUrl = (id, format, ancestors) =>

@@ -684,9 +684,12 @@ export class Timeline {
     this.queuedMore.hidden = more <= 0;
     const moreText = more > 0 ? `…and ${more} more queued (each shows here as its turn comes)` : '';
     if (this.queuedMore.textContent !== moreText) this.queuedMore.textContent = moreText;
-    const label = compacting ? 'Compacting the conversation…' : 'Working…';
+    // A question of the agent's waits: the turn is held by the user, not working.
+    const asking = !compacting && this.list.querySelector('[data-state="pending"]') !== null;
+    const label = compacting ? 'Compacting the conversation…' : asking ? 'Waiting for your answer…' : 'Working…';
     const labelEl = this.indicator.querySelector('.thinking-label');
     if (labelEl.textContent !== label) labelEl.textContent = label;
+    this.indicator.classList.toggle('asking', asking);
     this.schedule(fresh);
   }
 

@@ -292,11 +292,27 @@ def test_the_sidebar_says_which_conversation_waits_for_an_answer(
     expect(waiting).to_have_text("needs you")  # not "running": the question says more
     expect(waiting).to_have_attribute("title", "The agent waits for your answer")
     expect(row("There").get_by_test_id("conv-running")).to_have_count(0)
+    expect(row("There").get_by_test_id("conv-when")).to_have_count(0)  # the title keeps its room
+    link = row("There").get_by_test_id("conversation-item")
+    expect(link).to_have_attribute(
+        "title", re.compile(r"There · .* · The agent waits for your answer · last active \S")
+    )
     expect(row("Here").get_by_test_id("conv-waiting")).to_have_count(0)
+    # Outside the list too: the page's title, and ☰ (a phone's closed drawer hides the list).
+    expect(page).to_have_title("(1) Here · oarlock")
+    expect(by_id(page, "menu-button")).to_have_attribute(
+        "aria-label", "Conversations (1 needs you)"
+    )
+    # The open conversation waits on the user, it is not working.
+    expect(by_id(other, "turn-indicator")).to_have_text("Waiting for your answer…")
     page.reload()  # the list says it too, not only the event
     expect(row("There").get_by_test_id("conv-waiting")).to_be_visible()
+    expect(page).to_have_title("(1) Here · oarlock")
     by_id(other, "permission-allow").click()  # answered in another tab
     expect(row("There").get_by_test_id("conv-waiting")).to_have_count(0)
+    expect(page).to_have_title("Here · oarlock")
+    expect(by_id(page, "menu-button")).to_have_attribute("aria-label", "Conversations")
     relay.wait_idle(there)
     expect(row("There").get_by_test_id("conv-running")).to_have_count(0)
+    expect(row("There").get_by_test_id("conv-when")).to_have_text("just now")
     pages.assert_clean()
