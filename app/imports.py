@@ -39,8 +39,8 @@ LIST_LINE_LIMIT = 256 << 10  # longer lines (system prompt snapshots) are skippe
 HISTORY_BYTES = 32 << 20  # an import reads at most the transcript's last 32 MiB
 HISTORY_LINE_LIMIT = 4 << 20  # a longer line is skipped unread
 MAX_ENTRIES = 2000  # timeline entries kept (the latest) from one transcript
-# Lines read between two moments the reading thread lets the event loop's have the GIL:
-# without them the loop waited up to 0.3-0.5 s for it (session 32, bench/README.md).
+# Lines read between two moments the reading thread hands the GIL to the event loop's
+# thread: without them the loop waited up to 0.3-0.5 s for it (session 32, bench/README.md).
 GIL_EVERY = 500
 TITLE_CHARS = 80
 LINE_CHARS = 2000  # a command's output shown as a line
