@@ -476,12 +476,8 @@ class Commands(SupervisorState):
             if conversation is None:
                 return answered
             for entry_id in entry_ids:
-                entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
-                if entry is None:
-                    continue
-                if entry.state == "pending":
-                    self._save(session, conversation, entry, state="expired", data=entry.data)
-                elif entry.state in ("allowed", "denied"):
+                entry = self._expire_if_pending(session, conversation, entry_id)
+                if entry is not None and entry.state in ("allowed", "denied"):
                     answered[entry_id] = decision_of(entry.state, entry.data)
         return answered
 

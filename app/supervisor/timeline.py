@@ -194,11 +194,18 @@ class Timeline(SupervisorState):
         not counted off twice)."""
         cid = conversation.id or 0
         for found in store.entries_in_state(session=session, conversation_id=cid, state=PENDING):
-            if found.id in keep:
-                continue
-            entry = store.get_entry(session=session, entry_id=found.id or 0, lock=True)
-            if entry is not None and entry.state == PENDING:
-                self._save(session, conversation, entry, state="expired", data=entry.data)
+            if found.id not in keep:
+                self._expire_if_pending(session, conversation, found.id or 0)
+
+    def _expire_if_pending(
+        self, session: Session, conversation: Conversation, entry_id: int
+    ) -> Entry | None:
+        """Lock a question's row and read it again; expire it if it is still pending (an
+        answer stored meanwhile, on any node, stands). The entry as it is now (None: gone)."""
+        entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
+        if entry is not None and entry.state == PENDING:
+            self._save(session, conversation, entry, state="expired", data=entry.data)
+        return entry
 
     def _questions_changed(self, session: Session, conversation_id: int) -> None:
         """Tell every tab how many questions a conversation now waits on (the sidebar's
