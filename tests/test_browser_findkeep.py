@@ -303,6 +303,7 @@ def test_the_sidebar_says_which_conversation_waits_for_an_answer(
     expect(by_id(page, "menu-button")).to_have_attribute(
         "aria-label", "Conversations (1 needs you)"
     )
+    expect(by_id(page, "menu-button")).to_have_class(re.compile(r"\bneeds-you\b"))  # its dot
     # The open conversation waits on the user, it is not working.
     expect(by_id(other, "turn-indicator")).to_have_text("Waiting for your answer…")
     page.reload()  # the list says it too, not only the event
@@ -312,6 +313,7 @@ def test_the_sidebar_says_which_conversation_waits_for_an_answer(
     expect(row("There").get_by_test_id("conv-waiting")).to_have_count(0)
     expect(page).to_have_title("Here · oarlock")
     expect(by_id(page, "menu-button")).to_have_attribute("aria-label", "Conversations")
+    expect(by_id(page, "menu-button")).not_to_have_class(re.compile(r"\bneeds-you\b"))
     relay.wait_idle(there)
     expect(row("There").get_by_test_id("conv-running")).to_have_count(0)
     expect(row("There").get_by_test_id("conv-when")).to_have_text("just now")

@@ -522,6 +522,19 @@ def test_a_folder_s_own_settings_act_only_once_the_user_trusts_them(
     assert ran.exists()  # trusted: its hook runs, as in Claude Code
 
 
+def subagent_asking(live: LiveRelay, fake: FakeAnthropic) -> tuple[int, dict[str, Any]]:
+    """A Claude conversation whose background subagent asks to run `touch sub.txt`, its main
+    turn over: its id and the question."""
+    cid = create_claude(live)
+    task = {"description": "sub task", "prompt": "[[BASH:touch sub.txt]]"}
+    fake.tool_calls.append(("Agent", task | {"subagent_type": "general-purpose"}))
+    assert live.send(cid, "have a subagent do it").status_code == 202
+    question = wait_question(live, cid)
+    assert question["data"]["input"]["command"] == "touch sub.txt"
+    live.wait_idle(cid, timeout=TIMEOUT)  # the main turn is over; the question waits
+    return cid, question
+
+
 def test_a_subagent_s_question_outlives_the_turn_that_started_it(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:
@@ -529,14 +542,9 @@ def test_a_subagent_s_question_outlives_the_turn_that_started_it(
     # before the main turn ended had its question denied by that end ("The turn ended."):
     # whether it could work was a race against the main agent's last reply.
     live = start()
-    cid = create_claude(live)
+    cid, question = subagent_asking(live, fake)
     work = Path(live.get(cid)["cwd"])
-    task = {"description": "sub task", "prompt": "[[BASH:touch sub.txt]]"}
-    fake.tool_calls.append(("Agent", task | {"subagent_type": "general-purpose"}))
-    assert live.send(cid, "have a subagent do it").status_code == 202
-    question = wait_question(live, cid)
-    assert question["data"]["input"]["command"] == "touch sub.txt"
-    view = live.wait_idle(cid, timeout=TIMEOUT)  # the main turn is over
+    view = live.get(cid)
     assert {e["id"]: e["state"] for e in view["timeline"]}[question["id"]] == "pending"
     answer = live.http.post(
         f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
@@ -552,12 +560,7 @@ def test_a_subagent_s_question_ends_with_its_agent(start: StartRelay, fake: Fake
     # Found by a hostile review: archived while a background subagent's question waited, the
     # conversation said "needs you" until the relay restarted (its agent was gone).
     live = start()
-    cid = create_claude(live)
-    task = {"description": "sub task", "prompt": "[[BASH:touch sub.txt]]"}
-    fake.tool_calls.append(("Agent", task | {"subagent_type": "general-purpose"}))
-    assert live.send(cid, "have a subagent do it").status_code == 202
-    question = wait_question(live, cid)
-    live.wait_idle(cid, timeout=TIMEOUT)  # the main turn is over; the question waits
+    cid, question = subagent_asking(live, fake)
     assert live.get(cid)["questions"] == 1
     assert live.http.post(f"/api/conversations/{cid}/archive").status_code == 200
     view = live.wait_for(cid, lambda v: v["questions"] == 0, timeout=TIMEOUT)  # (stopped soon)
