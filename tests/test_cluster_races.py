@@ -28,6 +28,7 @@ from sqlalchemy import text as sql
 from app import db
 from app.cluster import leases
 from app.migrate import upgrade
+from app.supervisor.events import CHECKPOINT_SECONDS
 from tests import postgres
 from tests.crash import TIMEOUT
 from tests.redis import RedisServer
@@ -425,3 +426,67 @@ def test_a_lease_a_message_needs_is_not_given_back_as_idle(
     assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent"]
     taken = f"node y runs conversation {cid}"
     assert caplog.text.count(taken) == 1  # taken once, never given back and taken again
+
+
+def test_a_checkpoint_due_during_a_burst_that_writes_nothing_waits_for_the_next_burst(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of more text, found to write nothing (its message's checkpoint not due), takes
+    no database connection before it begins; a checkpoint falling due while it runs is the
+    next burst's, which checks its connection first and waits through an outage (NotBegun).
+
+    Before, the checkpoint opened a connection of its own in the middle of the burst: with the
+    database cut off at that moment the turn was stopped ("The relay could not store this
+    turn"). The CI's `test_a_turn_streaming_through_a_database_cut_ends_whole_on_its_owner`
+    failed so once in a while; here the burst is held at its first step (its numbers from
+    Redis) while the database is cut and the checkpoint falls due.
+    """
+    with started_nodes(tmp_path, LEASE_SECONDS, demo_delay=0.05) as (x, _y):
+        node = x.supervisor.cluster
+        assert node is not None
+        held, go = threading.Event(), threading.Event()
+        armed = False
+        numbers = node.numbers
+
+        def held_numbers(conversation_id: int, count: int) -> Any:
+            nonlocal armed
+            if armed and threading.current_thread().name.startswith("oarlock-db-writer"):
+                armed = False
+                held.set()
+                go.wait(TIMEOUT)
+            return numbers(conversation_id, count)
+
+        monkeypatch.setattr(node, "numbers", held_numbers)
+        checkpoint = Pause(
+            x, lambda statement, _params: statement.startswith("UPDATE entry SET text=")
+        )
+        checkpoint.release.set()  # not held: only seen
+        cid = x.create(title="Checkpoint")["id"]
+        checkpoint.armed = True
+        assert x.send(cid, "slow story please").status_code == 202
+        assert checkpoint.reached.wait(TIMEOUT), "the streaming reply was never checkpointed"
+        armed = True  # the next burst: more text, its checkpoint written a moment ago
+        assert held.wait(TIMEOUT)
+        admin = postgres.start().admin
+        assert admin is not None
+        name = x.settings.db_url.rsplit("/", 1)[1]
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            time.sleep(CHECKPOINT_SECONDS + 0.2)  # the held burst's checkpoint falls due
+            go.set()
+            time.sleep(1.0)  # the next bursts wait for the database
+        finally:
+            go.set()
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        view = x.wait_for(
+            cid, lambda v: v["turn"]["state"] == "idle" and v["timeline"][-1]["kind"] != "user"
+        )
+        lines = [e["text"] for e in view["timeline"] if e["kind"] == "line"]
+        assert lines == [], lines
+        agent = [e for e in view["timeline"] if e["kind"] == "agent"]
+        assert [e["state"] for e in agent] == ["done"], agent
+        assert agent[0]["text"].endswith("word199 word200"), agent[0]["text"][-80:]

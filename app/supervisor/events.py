@@ -55,16 +55,23 @@ SHUTDOWN_LINE = "Interrupted: the relay was shut down."
 SUMMARY_WAIT = 30.0  # seconds a compaction's summary is looked for in the agent's own files
 
 
+def _checkpoint_due(streaming: Streaming, now: float | None = None) -> bool:
+    """Whether a streaming message's partial text is due to be written (at `now`)."""
+    now = time.monotonic() if now is None else now
+    return now - streaming.checkpoint_at >= CHECKPOINT_SECONDS
+
+
 class Events(SupervisorState):
     """The recording of agent events (mixed into Supervisor)."""
 
     @staticmethod
-    def _stores(runner: Runner, event: AgentEvent) -> bool:
-        """True for an event that writes: all but more text of a message (or its checkpoint)."""
+    def _stores(runner: Runner, event: AgentEvent, now: float | None = None) -> bool:
+        """True for an event that writes: all but more text of a message (or its checkpoint,
+        due at `now`)."""
         if not isinstance(event, TextDelta):
             return True
         streaming = runner.streaming.get(event.message_id)
-        return streaming is None or time.monotonic() - streaming.checkpoint_at >= CHECKPOINT_SECONDS
+        return streaming is None or _checkpoint_due(streaming, now)
 
     def _handle_all(self, runner: Runner, events: list[AgentEvent]) -> None:
         """Record a burst of agent events in one storage job: one session, one read of the row."""
@@ -78,11 +85,14 @@ class Events(SupervisorState):
         }
         whole = set(first)
         deltas = sum(isinstance(e, TextDelta) and e.message_id not in whole for e in events)
+        # One reading of the clock for the burst: the checkpoints it writes are the ones found
+        # due before it began (a cluster node's burst that writes nothing touches no database).
+        now = time.monotonic()
         with contextlib.ExitStack() as stack:
             if self.cluster is None:
                 session = stack.enter_context(self.session())
             else:
-                writes = any(self._stores(runner, event) for event in events)
+                writes = any(self._stores(runner, event, now) for event in events)
                 session = self._begin_cluster_burst(stack, runner, deltas, writes)
             conversation: Conversation | None = None
             for event in events:
@@ -99,7 +109,7 @@ class Events(SupervisorState):
                     continue  # stored at its first delta
                 if conversation is None and not isinstance(event, TextDelta):
                     conversation = self._load(session, runner.conversation_id)
-                self._handle(runner, event, session, conversation)
+                self._handle(runner, event, session, conversation, now)
                 if isinstance(event, TurnDone):
                     # Its last event stored: end it here, in this session (the conversation
                     # is read already), and look at the queue.
@@ -137,12 +147,17 @@ class Events(SupervisorState):
         event: AgentEvent,
         given: Session | None = None,
         loaded: Conversation | None = None,
+        now: float | None = None,
     ) -> None:
-        """Record one agent event: store what lasts, publish everything."""
+        """Record one agent event: store what lasts, publish everything.
+
+        given: the burst's session (a cluster node's, checked out before it began); now: the
+        burst's clock, which says whether a delta's checkpoint is due.
+        """
         runner.last_used = time.monotonic()
         cid = runner.conversation_id
         if isinstance(event, TextDelta):
-            self._on_delta(runner, event)
+            self._on_delta(runner, event, given, now)
             return
         with contextlib.nullcontext(given) if given else self.session() as session:
             conversation = loaded or self._load(session, cid)
@@ -272,28 +287,33 @@ class Events(SupervisorState):
         if streaming is None:
             return False
         now = time.monotonic()
-        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
-            return False  # its checkpoint is due: a write
+        if _checkpoint_due(streaming, now):
+            return False  # a write
         runner.last_used = now
         self._publish_text(runner, event, streaming, on_loop=True)
         return True
 
-    def _on_delta(self, runner: Runner, event: TextDelta) -> None:
+    def _on_delta(
+        self,
+        runner: Runner,
+        event: TextDelta,
+        given: Session | None = None,
+        now: float | None = None,
+    ) -> None:
         streaming = runner.streaming.get(event.message_id)
         if streaming is None:
-            with self.session() as session:
+            with contextlib.nullcontext(given) if given else self.session() as session:
                 conversation = self._load(session, runner.conversation_id)
                 entry = self._add(session, conversation, "agent", "", state="streaming")
             streaming = runner.streaming[event.message_id] = Streaming(entry)
         self._publish_text(runner, event, streaming)
-        now = time.monotonic()
-        if now - streaming.checkpoint_at >= CHECKPOINT_SECONDS:
+        if _checkpoint_due(streaming, now):
             # A crash-safe checkpoint of the partial text, not a write per delta.
-            streaming.checkpoint_at = now
+            streaming.checkpoint_at = time.monotonic() if now is None else now
             if self.storage.on_loop():
                 self.storage.submit(self._checkpoint, streaming).add_done_callback(_logged)
             else:
-                self._checkpoint(streaming)
+                self._checkpoint(streaming, given)
 
     def _publish_text(
         self, runner: Runner, event: TextDelta, streaming: Streaming, on_loop: bool = False
@@ -324,12 +344,12 @@ class Events(SupervisorState):
             else:
                 self.storage.soon(live.poke)  # (its timer is the loop's)
 
-    def _checkpoint(self, streaming: Streaming) -> None:
+    def _checkpoint(self, streaming: Streaming, given: Session | None = None) -> None:
         """Write the partial text; skipped while another program holds the write lock."""
         if not write_lock_free(self.engine):
             return  # the next delta tries again
         streaming.entry.text = store.storable(streaming.text)  # as every stored text
-        with self.session() as session:
+        with contextlib.nullcontext(given) if given else self.session() as session:
             session.add(streaming.entry)
             session.commit()
 
