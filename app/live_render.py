@@ -4,7 +4,9 @@ Rendering (markdown-it, Pygments, nh3) costs about 3 ms per KiB of text, and a s
 message is rendered whole each time: on the event loop a long reply would stall every
 other conversation for tens of milliseconds. In a worker thread the loop keeps running
 (the GIL is handed over every few milliseconds), and the pause between two renderings
-grows with the text and with what the last one took, so rendering stays a small share.
+grows with the text it would render and with what the last one took, so rendering (and
+sending its HTML to every tab) stays a small share: a text growing faster than
+RENDER_CHARS_PER_SECOND, which no one reads as it comes, is shown plain until it is done.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LiveRender:
         self.text = text  # the text so far
         self.emit = emit  # (html, how much of the text it renders, in UTF-16 units)
         self.due = 0.0  # monotonic time from which the next rendering may start
+        self.since = time.monotonic()  # when the last rendering was sent (or the message began)
         self.busy = False
         self.dirty = False  # text arrived while a rendering ran
         self.closed = False
@@ -75,6 +78,10 @@ class LiveRender:
 
     def _start(self) -> None:
         text = self.text()
+        wait = self.since + len(text) / RENDER_CHARS_PER_SECOND - time.monotonic()
+        if wait > 0:  # the text grew faster than it may be rendered: later, if still streaming
+            self.timer = asyncio.get_running_loop().call_later(wait, self._fire)
+            return
         self.busy, self.dirty = True, False
         started = time.monotonic()
         future = asyncio.get_running_loop().run_in_executor(None, render_partial, text)
@@ -88,10 +95,9 @@ class LiveRender:
             log.warning("rendering a streaming message failed: %r", error)
             return
         now = time.monotonic()
-        pause = max(
-            RENDER_SECONDS, RENDER_SHARE * (now - started), len(text) / RENDER_CHARS_PER_SECOND
-        )
-        self.due = now + pause
+        # (_start waits longer when the text it finds is long)
+        self.due = now + max(RENDER_SECONDS, RENDER_SHARE * (now - started))
+        self.since = now
         self.emit(future.result(), utf16_length(text))
         if self.dirty:
             self.poke()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nh3
 
 from app.edits import MAX_LINES, edit_change
-from app.live_render import RENDER_SECONDS, LiveRender
+from app.live_render import RENDER_CHARS_PER_SECOND, RENDER_SECONDS, LiveRender
 from app.render import HIGHLIGHT_CLASSES, render_markdown, render_partial
 from app.window import apply_note
 
@@ -112,3 +113,29 @@ async def test_live_render_renders_off_the_loop_throttled_and_catches_up() -> No
     assert live.timer is None
     await asyncio.sleep(RENDER_SECONDS * 3)
     assert len(sent) == 2
+
+
+async def test_live_render_waits_as_long_as_the_text_it_would_render_needs() -> None:
+    """A text that grew fast after a short rendering is not rendered at the shortest pause:
+    its HTML would go to every tab as often as a short one's (RENDER_CHARS_PER_SECOND)."""
+    parts = ["a"]
+    sent: list[tuple[float, int]] = []
+    arrived = asyncio.Event()
+
+    def emit(_html: str, upto: int) -> None:
+        sent.append((time.monotonic(), upto))
+        arrived.set()
+
+    live = LiveRender(lambda: "".join(parts), emit)
+    live.poke()
+    await asyncio.wait_for(arrived.wait(), 10)
+    arrived.clear()
+    first = sent[0][0]
+    parts.append("b" * 30_000)  # 0.3 s of rendering's pace, 0.1 s after the first
+    live.poke()
+    await asyncio.sleep(RENDER_SECONDS * 2)
+    assert len(sent) == 1  # not due yet: before, rendered after RENDER_SECONDS
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert sent[1][1] == 30_001
+    assert sent[1][0] - first >= 30_001 / RENDER_CHARS_PER_SECOND
+    live.close()
