@@ -238,15 +238,22 @@ export class ConvActions {
     const conv = this.hooks.get(id);
     if (!conv) return;
     const title = isolate(conv.title || 'Untitled'); // a right-to-left override in it reverses nothing after it
-    byId('confirm-question').textContent = action === 'delete'
-      ? `Delete “${title}”? Its messages and backups are deleted too. This cannot be undone.`
-      : `Archive “${title}”? It becomes read-only; it is not compacted.`;
+    // A turn running (as the sidebar knows it): said at once, nothing to confirm; the relay
+    // refuses the same way if one began since (the 409's message, shown under the question).
+    const busy = convState(conv) !== null;
+    byId('confirm-question').textContent = busy
+      ? `A turn is running in “${title}”; stop it before you ${action} it.`
+      : action === 'delete'
+        ? `Delete “${title}”? Its messages and backups are deleted too. This cannot be undone.`
+        : `Archive “${title}”? It becomes read-only; it is not compacted.`;
     const ok = byId('confirm-ok');
     ok.textContent = action === 'delete' ? 'Delete' : 'Archive';
     ok.classList.toggle('btn-danger', action === 'delete');
     ok.disabled = false;
+    ok.hidden = busy;
+    byId('confirm-cancel').textContent = busy ? 'Close' : 'Cancel';
     byId('confirm-error').hidden = true;
-    this.confirmAction = { id, action };
+    this.confirmAction = busy ? null : { id, action };
     this.hooks.dialogs.open(this.confirmDialog, byId('confirm-cancel'));
     this.returnTo(this.confirmDialog, id);
   }

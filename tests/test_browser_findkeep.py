@@ -223,23 +223,44 @@ def test_delete_is_confirmed_and_every_tab_follows(pages: Pages, relay: LiveRela
     pages.assert_clean("404")  # that answer, as intended
 
 
-def test_delete_refused_while_a_turn_runs_says_why(pages: Pages, relay: LiveRelay) -> None:
+def test_delete_or_archive_while_a_turn_runs_says_why(pages: Pages, relay: LiveRelay) -> None:
     cid = relay.create(title="Busy")["id"]
     page = pages.open(relay, f"/c/{cid}")
+    # Asked while idle, a turn begun before the answer: the relay refuses, the dialog says why.
+    item_menu(page, "Busy")
+    by_id(page, "conv-archive").click()
+    expect(by_id(page, "confirm-ok")).to_have_text("Archive")
     assert relay.send(cid, "ask permission").status_code == 202
     expect(by_id(page, "permission-deny")).to_be_visible()
-    item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
-    expect(item.get_by_test_id("conv-waiting")).to_be_visible()  # (running, and asking)
-    item_menu(page, "Busy")
-    by_id(page, "conv-delete").click()
     by_id(page, "confirm-ok").click()
     expect(by_id(page, "confirm-error")).to_have_text(
-        "A turn is running in this conversation; stop it before you delete it."
+        "A turn is running in this conversation; stop it before you archive it."
     )
     by_id(page, "confirm-cancel").click()
-    by_id(page, "permission-deny").click()
-    expect(item.get_by_test_id("conv-running")).to_have_count(0)
+    item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
+    expect(item.get_by_test_id("conv-waiting")).to_be_visible()  # (running, and asking)
+    # Asked while the sidebar shows the turn: said at once, nothing to confirm (before: asked
+    # "Delete …? This cannot be undone.", then refused).
+    for action in ("delete", "archive"):
+        item_menu(page, "Busy")
+        by_id(page, f"conv-{action}").click()
+        expect(page.locator("#confirm-question")).to_have_text(
+            f"A turn is running in “Busy”; stop it before you {action} it."
+        )
+        expect(by_id(page, "confirm-ok")).to_be_hidden()
+        expect(by_id(page, "confirm-cancel")).to_have_text("Close")
+        expect(by_id(page, "confirm-cancel")).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(by_id(page, "confirm-dialog")).to_be_hidden()
+    by_id(page, "permission-deny").click()  # and once the turn ended, a question again
     expect(item.get_by_test_id("conv-waiting")).to_have_count(0)
+    expect(item.get_by_test_id("conv-running")).to_have_count(0)
+    item_menu(page, "Busy")
+    by_id(page, "conv-delete").click()
+    expect(page.locator("#confirm-question")).to_contain_text("Delete “Busy”?")
+    expect(by_id(page, "confirm-ok")).to_be_visible()
+    expect(by_id(page, "confirm-cancel")).to_have_text("Cancel")
+    by_id(page, "confirm-cancel").click()
     expect(item.get_by_test_id("conv-when")).to_have_text("just now")
     expect(item.get_by_test_id("conv-when")).to_have_attribute("title", re.compile(r"\d"))
     pages.assert_clean("409")  # the refusal, as intended
