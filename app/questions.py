@@ -15,6 +15,12 @@ from app.store import storable
 QUESTION_TOOL = "AskUserQuestion"
 NOT_A_QUESTION = "Only a question of the agent's (AskUserQuestion) takes answers."
 ANSWER_ALL = "Answer every question (or skip them all)."
+# Why a question expired unanswered (its entry's data "expired"; the UI shows "Expired: …").
+EXPIRED_STOPPED = "the turn was stopped"
+EXPIRED_ENDED = "the turn ended"
+EXPIRED_AGENT = "the agent was stopped"
+EXPIRED_SHUTDOWN = "the relay was shut down"
+EXPIRED_RESTART = "the relay restarted"  # after a crash
 
 
 def asked(tool_input: Any) -> list[str]:

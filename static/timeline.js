@@ -174,6 +174,14 @@ function otherFields(input, main, hasDiff) {
 
 const ANSWERS = { allowed: 'Allowed', denied: 'Denied', expired: 'Expired' };
 const QUESTION_ANSWERS = { allowed: 'Answered', denied: 'Skipped', expired: 'Expired' };
+
+/** A question's outcome as its card says it: "Expired: the turn was stopped" (why, when the
+ * relay said: app/questions.py's EXPIRED_*), "Allowed", "Skipped"… */
+function outcome(entry, labels) {
+  const label = labels[entry.state] || entry.state;
+  const why = entry.state === 'expired' && entry.data && entry.data.expired;
+  return typeof why === 'string' && why ? `${label}: ${why}` : label;
+}
 const MAX_ANSWER = 5000; // characters per answer (PermissionAnswer in app/models.py)
 
 /** The questions an AskUserQuestion call asks (each with its text), as the agent sent them. */
@@ -229,7 +237,7 @@ function questionEntry(entry, timeline) {
         h('div', { class: 'question-text', dir: 'auto', text: visible(q.question).shown }),
         answer != null ? h('div', { class: 'question-answer', dir: 'auto', text: visible(answer).shown }) : null));
     }
-    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: QUESTION_ANSWERS[entry.state] || entry.state }));
+    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: outcome(entry, QUESTION_ANSWERS) }));
     return card;
   }
   const groups = questions.map((q, i) => questionGroup(entry.id, q, i));
@@ -289,7 +297,7 @@ function permissionEntry(entry, timeline) {
     otherFields(data.input, mainField(data.input), Boolean(edit)),
     edit ? diffBlock(edit) : null);
   if (entry.state !== 'pending') {
-    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: ANSWERS[entry.state] || entry.state }));
+    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text: outcome(entry, ANSWERS) }));
     return card;
   }
   const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });

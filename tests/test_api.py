@@ -991,6 +991,36 @@ def test_permission_interrupt_expires_question(relay: LiveRelay) -> None:
 STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or has ended."
 
 
+class AskerThatMovesOn(StandIn):
+    """Asks permission and ends its turn without waiting for the answer, once let go."""
+
+    go_on = threading.Event()
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        """A question left open, then the end."""
+        request = PermissionRequest("Bash", {}, "t1")
+        self.asking = asyncio.ensure_future(self.spec.ask_permission(request))  # kept: not awaited
+        await asyncio.to_thread(AskerThatMovesOn.go_on.wait, 30)
+        yield TurnDone()
+
+
+def test_a_question_its_turn_left_open_expires_saying_why(relay: LiveRelay) -> None:
+    relay.supervisor.agent_factory = lambda _p, spec, _s: AskerThatMovesOn(spec)
+    AskerThatMovesOn.go_on.clear()
+    cid = relay.create()["id"]
+    relay.send(cid, "go")
+    question = first(relay.wait_for(cid, has_pending_question), is_permission)
+    AskerThatMovesOn.go_on.set()
+    asked = first(relay.wait_idle(cid), is_permission)
+    assert (asked["id"], asked["state"], asked["data"]["expired"]) == (
+        question["id"],
+        "expired",
+        "the turn ended",
+    )
+    late = answer(relay, cid, question["id"], allow=True)
+    assert (late.status_code, late.json()) == (409, {"detail": STOPPED_QUESTION})
+
+
 class LingeringAsker(StandIn):
     """Asks permission; once answered (or stopped), lingers until the test lets it end."""
 

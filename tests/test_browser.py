@@ -238,6 +238,17 @@ def test_permission_question_in_two_browsers(pages: Pages, relay: LiveRelay) -> 
     expect(by_id(p2, "permission-answer")).to_have_text(["Allowed", "Denied", "Allowed"])
     expect(agent_reply(p2, "ask permission a third time")).to_have_count(1)
     relay.wait_idle(cid)
+
+    # Stopped while it asks: the card says why it is no longer asked (before: "Expired").
+    send_text(p1, "ask permission once more")
+    expect(by_id(p2, "permission-allow")).to_be_visible()
+    by_id(p2, "stop-button").click()
+    for page in (p1, p2):
+        expect(by_id(page, "permission-answer")).to_have_text(
+            ["Allowed", "Denied", "Allowed", "Expired: the turn was stopped"]
+        )
+        expect(by_id(page, "permission-allow")).to_have_count(0)
+    relay.wait_idle(cid)
     pages.assert_clean()
 
 

@@ -422,7 +422,10 @@ def test_the_agent_s_own_turn_stops_on_a_stop_taken_by_another_node(
         assert not (tmp_path / "x" / "work" / "own.txt").exists()
         texts = [e["text"] for e in view["timeline"]]
         assert texts.index("touch own.txt") < texts.index("Interrupted by the user.")
-        assert [e["state"] for e in view["timeline"] if e["id"] == question["id"]] == ["expired"]
+        expired = [e for e in view["timeline"] if e["id"] == question["id"]]
+        assert [(e["state"], e["data"]["expired"]) for e in expired] == [
+            ("expired", "the turn was stopped")
+        ]
         assert x.get(cid)["turn"] == {"state": "idle", "queued": 0}
 
 
@@ -564,7 +567,8 @@ def test_a_subagent_s_question_ends_with_its_agent(start: StartRelay, fake: Fake
     assert live.get(cid)["questions"] == 1
     assert live.http.post(f"/api/conversations/{cid}/archive").status_code == 200
     view = live.wait_for(cid, lambda v: v["questions"] == 0, timeout=TIMEOUT)  # (stopped soon)
-    assert {e["id"]: e["state"] for e in view["timeline"]}[question["id"]] == "expired"
+    expired = {e["id"]: e for e in view["timeline"]}[question["id"]]
+    assert (expired["state"], expired["data"]["expired"]) == ("expired", "the agent was stopped")
     late = live.http.post(
         f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
     )

@@ -162,7 +162,8 @@ def test_an_answer_on_another_node_after_stop_is_refused(
     finally:
         LingeringAsker.go_on.set()
     view = y.wait_idle(cid, timeout=TIMEOUT)
-    assert [e["state"] for e in view["timeline"] if e["id"] == question] == ["expired"]
+    expired = [(e["state"], e["data"]["expired"]) for e in view["timeline"] if e["id"] == question]
+    assert expired == [("expired", "the turn was stopped")]
 
 
 def test_an_answer_taken_elsewhere_before_stop_is_what_the_agent_gets(

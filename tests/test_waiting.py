@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tests.crash import RelayProcess
 from tests.relay import LiveRelay, make_settings, receive_until
 from tests.test_api import answer, ask, first, has_pending_question, is_permission
 from tests.test_cluster_races import Pause
@@ -51,7 +52,8 @@ def test_a_question_stopped_is_no_longer_counted(relay: LiveRelay) -> None:
     cid, _question = ask(relay)
     assert listed(relay)[cid] == 1
     relay.http.post(f"/api/conversations/{cid}/interrupt")
-    assert first(relay.wait_idle(cid), is_permission)["state"] == "expired"
+    asked = first(relay.wait_idle(cid), is_permission)
+    assert (asked["state"], asked["data"]["expired"]) == ("expired", "the turn was stopped")
     assert listed(relay)[cid] == 0
 
 
@@ -63,8 +65,26 @@ def test_a_restart_expires_the_question_and_its_count(tmp_path: Path) -> None:
         live.wait_for(cid, has_pending_question)
         assert listed(live) == {cid: 1}
     with LiveRelay(settings) as live:
-        assert first(live.get(cid), is_permission)["state"] == "expired"
+        asked = first(live.get(cid), is_permission)
+        assert (asked["state"], asked["data"]["expired"]) == ("expired", "the relay was shut down")
         assert listed(live) == {cid: 0}
+
+
+def test_a_crash_expires_the_question_when_the_relay_starts_again(tmp_path: Path) -> None:
+    relay = RelayProcess(tmp_path / "data")
+    try:
+        relay.start()
+        cid = relay.create(provider="demo", title="Asked")
+        relay.send(cid, "ask permission")
+        relay.wait_for(cid, has_pending_question)
+        relay.kill()
+        relay.start()
+        view = relay.wait_idle(cid)
+    finally:
+        relay.close()
+    asked = first(view, is_permission)
+    assert (asked["state"], asked["data"]["expired"]) == ("expired", "the relay restarted")
+    assert view["questions"] == 0
 
 
 def test_a_rename_read_before_a_question_still_says_it_waits(relay: LiveRelay) -> None:

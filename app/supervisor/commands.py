@@ -17,7 +17,7 @@ from app.agents.base import PermissionDecision, WarmsUp
 from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
-from app.questions import checked_answers, decision_of
+from app.questions import EXPIRED_STOPPED, checked_answers, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
 from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
@@ -454,7 +454,7 @@ class Commands(SupervisorState):
             # node from now on is refused; one taken before stands, and is what the agent gets.
             try:
                 answered = await self.storage.write(
-                    self._expire_questions, conversation_id, [*runner.questions]
+                    self._expire_questions, conversation_id, [*runner.questions], EXPIRED_STOPPED
                 )
             except Exception as error:  # noqa: BLE001 - the turn's end expires them too
                 log.warning("conversation %s: questions not expired: %s", conversation_id, error)
@@ -465,7 +465,7 @@ class Commands(SupervisorState):
         return True
 
     def _expire_questions(
-        self, conversation_id: int, entry_ids: list[int]
+        self, conversation_id: int, entry_ids: list[int], why: str
     ) -> dict[int, PermissionDecision]:
         """Mark the questions Stop is about to deny expired, those still pending; the stored
         answers of the others (taken on another node, their notice still on its way). In the
@@ -476,7 +476,7 @@ class Commands(SupervisorState):
             if conversation is None:
                 return answered
             for entry_id in entry_ids:
-                entry = self._expire_if_pending(session, conversation, entry_id)
+                entry = self._expire_if_pending(session, conversation, entry_id, why)
                 if entry is not None and entry.state in ("allowed", "denied"):
                     answered[entry_id] = decision_of(entry.state, entry.data)
         return answered

@@ -13,6 +13,7 @@ from sqlmodel import Session
 from app import store
 from app.agents.base import Agent, Receipts, received
 from app.models import Conversation, Entry
+from app.questions import EXPIRED_RESTART
 from app.supervisor.base import SupervisorState
 from app.supervisor.events import SHUTDOWN_LINE
 from app.supervisor.runner import Runner, TurnState
@@ -47,7 +48,7 @@ class Recovery(SupervisorState):
             session=session, conversation_id=conversation_id, state="streaming"
         ):
             self._save(session, conversation, entry, state="interrupted")
-        self._expire_pending(session, conversation)
+        self._expire_pending(session, conversation, EXPIRED_RESTART)
         running = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="running"
         )

@@ -187,7 +187,7 @@ class Timeline(SupervisorState):
         return entry
 
     def _expire_pending(
-        self, session: Session, conversation: Conversation, keep: Container[int] = ()
+        self, session: Session, conversation: Conversation, why: str, keep: Container[int] = ()
     ) -> None:
         """Expire the conversation's questions still pending, but those in keep: each locked
         and read again first, so that an answer another node stored meanwhile stands (and is
@@ -195,16 +195,18 @@ class Timeline(SupervisorState):
         cid = conversation.id or 0
         for found in store.entries_in_state(session=session, conversation_id=cid, state=PENDING):
             if found.id not in keep:
-                self._expire_if_pending(session, conversation, found.id or 0)
+                self._expire_if_pending(session, conversation, found.id or 0, why)
 
     def _expire_if_pending(
-        self, session: Session, conversation: Conversation, entry_id: int
+        self, session: Session, conversation: Conversation, entry_id: int, why: str
     ) -> Entry | None:
         """Lock a question's row and read it again; expire it if it is still pending (an
-        answer stored meanwhile, on any node, stands). The entry as it is now (None: gone)."""
+        answer stored meanwhile, on any node, stands), saying why (app/questions.py's
+        EXPIRED_*). The entry as it is now (None: gone)."""
         entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
         if entry is not None and entry.state == PENDING:
-            self._save(session, conversation, entry, state="expired", data=entry.data)
+            data = {**entry.data, "expired": why}
+            self._save(session, conversation, entry, state="expired", data=data)
         return entry
 
     def _questions_changed(self, session: Session, conversation_id: int) -> None:

@@ -28,7 +28,7 @@ from app.db import WRITE_PATIENCE, write_lock_free
 from app.edits import edit_change
 from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
 from app.models import Conversation, Entry
-from app.questions import QUESTION_TOOL, asked
+from app.questions import EXPIRED_ENDED, EXPIRED_SHUTDOWN, QUESTION_TOOL, asked
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE
 from app.supervisor.runner import (
@@ -478,7 +478,8 @@ class Turns(SupervisorState):
                     session, conversation, streaming.entry, text=streaming.text, state="interrupted"
                 )
             runner.streaming.clear()
-            self._expire_pending(session, conversation, keep=runner.lasting)
+            why = EXPIRED_SHUTDOWN if self._closing else EXPIRED_ENDED
+            self._expire_pending(session, conversation, why, keep=runner.lasting)
             for entry_id in [i for i in runner.questions if i not in runner.lasting]:
                 runner.questions.pop(entry_id, None)
             if runner.compaction is not None:
