@@ -991,19 +991,6 @@ def test_permission_interrupt_expires_question(relay: LiveRelay) -> None:
 STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or has ended."
 
 
-class AskerThatMovesOn(StandIn):
-    """Asks permission and ends its turn without waiting for the answer, once let go."""
-
-    go_on = threading.Event()
-
-    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
-        """A question left open, then the end."""
-        request = PermissionRequest("Bash", {}, "t1")
-        self.asking = asyncio.ensure_future(self.spec.ask_permission(request))  # kept: not awaited
-        await asyncio.to_thread(AskerThatMovesOn.go_on.wait, 30)
-        yield TurnDone()
-
-
 def test_a_question_its_turn_left_open_expires_saying_why(relay: LiveRelay) -> None:
     relay.supervisor.agent_factory = lambda _p, spec, _s: AskerThatMovesOn(spec)
     AskerThatMovesOn.go_on.clear()
@@ -1025,13 +1012,25 @@ class LingeringAsker(StandIn):
     """Asks permission; once answered (or stopped), lingers until the test lets it end."""
 
     go_on = threading.Event()
+    waits = True  # for the answer (else the question is left open: the turn ends anyway)
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """A question, then a wait the test ends, then the end."""
-        decision = await self.spec.ask_permission(PermissionRequest("Bash", {}, "t1"))
-        yield MessageDone("m1", f"allowed: {decision.allow}")
-        await asyncio.to_thread(LingeringAsker.go_on.wait, 30)
+        asking = self.spec.ask_permission(PermissionRequest("Bash", {}, "t1"))
+        if self.waits:
+            decision = await asking
+            yield MessageDone("m1", f"allowed: {decision.allow}")
+        else:
+            self.asking = asyncio.ensure_future(asking)  # kept: never awaited
+        await asyncio.to_thread(type(self).go_on.wait, 30)
         yield TurnDone()
+
+
+class AskerThatMovesOn(LingeringAsker):
+    """Asks permission and ends its turn without waiting for the answer, once let go."""
+
+    go_on = threading.Event()
+    waits = False
 
 
 def test_permission_answer_after_stop_409(relay: LiveRelay) -> None:
