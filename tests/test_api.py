@@ -992,11 +992,7 @@ STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or ha
 
 
 def test_a_question_its_turn_left_open_expires_saying_why(relay: LiveRelay) -> None:
-    relay.supervisor.agent_factory = lambda _p, spec, _s: AskerThatMovesOn(spec)
-    AskerThatMovesOn.go_on.clear()
-    cid = relay.create()["id"]
-    relay.send(cid, "go")
-    question = first(relay.wait_for(cid, has_pending_question), is_permission)
+    cid, question = lingering(relay, AskerThatMovesOn)
     AskerThatMovesOn.go_on.set()
     asked = first(relay.wait_idle(cid), is_permission)
     assert (asked["id"], asked["state"], asked["data"]["expired"]) == (
@@ -1033,14 +1029,21 @@ class AskerThatMovesOn(LingeringAsker):
     waits = False
 
 
+def lingering(
+    relay: LiveRelay, asker: type[LingeringAsker] = LingeringAsker, title: str = "Lingering"
+) -> tuple[int, dict[str, Any]]:
+    """A conversation whose turn asks, then lingers until asker.go_on: its id, its question."""
+    relay.supervisor.agent_factory = lambda _p, spec, _s: asker(spec)
+    asker.go_on.clear()
+    cid = relay.create(title=title)["id"]
+    assert relay.send(cid, "go").status_code == 202
+    return cid, first(relay.wait_for(cid, has_pending_question), is_permission)
+
+
 def test_permission_answer_after_stop_409(relay: LiveRelay) -> None:
     # Found by a hostile review: between Stop (which denies the question at once) and the
     # turn's end (which marks it expired), an answer was stored as "allowed" for every tab.
-    relay.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
-    LingeringAsker.go_on.clear()
-    cid = relay.create()["id"]
-    relay.send(cid, "go")
-    question = first(relay.wait_for(cid, has_pending_question), is_permission)
+    cid, question = lingering(relay)
     assert relay.http.post(f"/api/conversations/{cid}/interrupt").json() == {"interrupted": True}
     relay.wait_for(cid, lambda v: any(e["text"] == "allowed: False" for e in v["timeline"]))
     late = answer(relay, cid, question["id"], allow=True)

@@ -25,7 +25,7 @@ from tests.crash import TIMEOUT
 from tests.redis import control_forbidden
 from tests.relay import LiveRelay
 from tests.stand_in import StandIn
-from tests.test_api import STOPPED_QUESTION, LingeringAsker
+from tests.test_api import STOPPED_QUESTION, LingeringAsker, lingering
 from tests.test_browser_races import pending_question
 from tests.test_claude_relay import QUESTIONS
 from tests.test_cluster_control import until
@@ -138,11 +138,8 @@ def test_the_agent_s_questions_answered_on_another_node_get_their_answers(
 def lingering_question(y: LiveRelay, title: str) -> tuple[int, int]:
     """A conversation on y whose turn asks, then lingers until LingeringAsker.go_on; its id and
     the question's."""
-    y.supervisor.agent_factory = lambda _p, spec, _s: LingeringAsker(spec)
-    LingeringAsker.go_on.clear()
-    cid = y.create(title=title)["id"]
-    assert y.send(cid, "go").status_code == 202
-    return cid, pending_question(y, cid)
+    cid, question = lingering(y, title=title)
+    return cid, question["id"]
 
 
 def test_an_answer_on_another_node_after_stop_is_refused(
