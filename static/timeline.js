@@ -182,6 +182,7 @@ function outcome(entry, labels) {
   const why = entry.state === 'expired' && entry.data && entry.data.expired;
   return typeof why === 'string' && why ? `${label}: ${why}` : label;
 }
+
 const MAX_ANSWER = 5000; // characters per answer (PermissionAnswer in app/models.py)
 
 /** The questions an AskUserQuestion call asks (each with its text), as the agent sent them. */
