@@ -240,7 +240,9 @@ export class ConvActions {
     const title = isolate(conv.title || 'Untitled'); // a right-to-left override in it reverses nothing after it
     // A turn running (as the sidebar knows it): said at once, nothing to confirm; the relay
     // refuses the same way if one began since (the 409's message, shown under the question).
-    const busy = convState(conv) !== null;
+    // Not a question alone: a background subagent's outlives its turn, and archiving is the
+    // way to end it.
+    const busy = Boolean(conv.running);
     byId('confirm-question').textContent = busy
       ? `A turn is running in “${title}”; stop it before you ${action} it.`
       : action === 'delete'

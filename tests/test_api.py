@@ -1009,10 +1009,12 @@ class LingeringAsker(StandIn):
 
     go_on = threading.Event()
     waits = True  # for the answer (else the question is left open: the turn ends anyway)
+    lasting = False  # asked as a background subagent asks: its turn's end does not expire it
 
     async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
         """A question, then a wait the test ends, then the end."""
-        asking = self.spec.ask_permission(PermissionRequest("Bash", {}, "t1"))
+        request = PermissionRequest("Bash", {}, "t1", lasting=self.lasting)
+        asking = self.spec.ask_permission(request)
         if self.waits:
             decision = await asking
             yield MessageDone("m1", f"allowed: {decision.allow}")
@@ -1027,6 +1029,13 @@ class AskerThatMovesOn(LingeringAsker):
 
     go_on = threading.Event()
     waits = False
+
+
+class SubagentAsker(AskerThatMovesOn):
+    """As a background subagent asks: the question outlives the turn, once let go."""
+
+    go_on = threading.Event()
+    lasting = True
 
 
 def lingering(

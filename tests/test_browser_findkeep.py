@@ -12,6 +12,7 @@ from app import store
 from app.db import get_session
 from tests.browser import Pages, by_id, conv_id, item_menu
 from tests.relay import LiveRelay
+from tests.test_api import SubagentAsker, lingering
 
 FILLER = 260  # more than one timeline page (200): the hit is only reached by loading earlier
 
@@ -264,6 +265,30 @@ def test_delete_or_archive_while_a_turn_runs_says_why(pages: Pages, relay: LiveR
     expect(item.get_by_test_id("conv-when")).to_have_text("just now")
     expect(item.get_by_test_id("conv-when")).to_have_attribute("title", re.compile(r"\d"))
     pages.assert_clean("409")  # the refusal, as intended
+
+
+def test_archive_ends_a_subagent_s_question_its_turn_left_open(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a hostile review: the sidebar's "needs you" made ⋯ say "A turn is running" and
+    # refuse, though no turn ran and archiving is the way to end such a question.
+    cid, _question = lingering(relay, SubagentAsker, title="Asked later")
+    SubagentAsker.go_on.set()
+    relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}")
+    item = page.locator(".conv-item").filter(has=page.get_by_text("Asked later", exact=True))
+    expect(item.get_by_test_id("conv-waiting")).to_be_visible()
+    expect(by_id(page, "permission-allow")).to_be_visible()
+    item_menu(page, "Asked later")
+    by_id(page, "conv-archive").click()
+    expect(page.locator("#confirm-question")).to_have_text(
+        "Archive “Asked later”? It becomes read-only; it is not compacted."
+    )
+    by_id(page, "confirm-ok").click()
+    expect(by_id(page, "archive-item")).to_have_text("Asked later")
+    expect(by_id(page, "permission-answer")).to_have_text("Expired: the agent was stopped")
+    expect(by_id(page, "permission-allow")).to_have_count(0)
+    pages.assert_clean()
 
 
 def test_export_downloads(pages: Pages, relay: LiveRelay, tmp_path: Path) -> None:
