@@ -13,7 +13,15 @@ from typing import Any
 
 from tests.crash import RelayProcess
 from tests.relay import LiveRelay, make_settings, receive_until
-from tests.test_api import answer, ask, first, has_pending_question, is_permission
+from tests.test_api import (
+    SubagentAsker,
+    answer,
+    ask,
+    first,
+    has_pending_question,
+    is_permission,
+    lingering,
+)
 from tests.test_cluster_races import Pause
 
 
@@ -68,6 +76,19 @@ def test_a_restart_expires_the_question_and_its_count(tmp_path: Path) -> None:
         asked = first(live.get(cid), is_permission)
         assert (asked["state"], asked["data"]["expired"]) == ("expired", "the relay was shut down")
         assert listed(live) == {cid: 0}
+
+
+def test_a_shutdown_expires_a_subagent_s_question_saying_so(tmp_path: Path) -> None:
+    # Found by a hostile review: asked by a background subagent, its turn over, the question
+    # expired as "the agent was stopped" when the relay was shut down.
+    with LiveRelay(make_settings(tmp_path / "relay")) as live:
+        cid, question = lingering(live, SubagentAsker)
+        SubagentAsker.go_on.set()
+        assert first(live.wait_idle(cid), is_permission)["state"] == "pending"  # (lasting)
+    with LiveRelay(make_settings(tmp_path / "relay")) as live:
+        asked = first(live.get(cid), is_permission)
+    assert (asked["id"], asked["state"]) == (question["id"], "expired")
+    assert asked["data"]["expired"] == "the relay was shut down"
 
 
 def test_a_crash_expires_the_question_when_the_relay_starts_again(tmp_path: Path) -> None:

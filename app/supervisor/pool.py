@@ -24,7 +24,7 @@ from app.agents.base import (
 from app.limits import give_back_memory
 from app.models import Conversation
 from app.providers import agent_env
-from app.questions import EXPIRED_AGENT
+from app.questions import EXPIRED_AGENT, EXPIRED_SHUTDOWN
 from app.supervisor.base import SupervisorState
 from app.supervisor.runner import Runner, TurnState
 from app.tools import relay_tools
@@ -268,9 +268,8 @@ class Pool(SupervisorState):
                 future.set_result(PermissionDecision(False, "The agent was stopped."))
         runner.lasting.clear()
         try:
-            await self.storage.write(
-                self._expire_questions, runner.conversation_id, asked, EXPIRED_AGENT
-            )
+            why = EXPIRED_SHUTDOWN if self._closing else EXPIRED_AGENT
+            await self.storage.write(self._expire_questions, runner.conversation_id, asked, why)
         except Exception:  # a restart expires them
             log.exception("conversation %s: could not expire its questions", runner.conversation_id)
 
