@@ -51,10 +51,11 @@ class LiveRender:
         if self.busy:
             self.dirty = True
             return
+        if self.timer is not None:  # a rendering is due: it reads the text when it fires
+            return
         wait = self.due - time.monotonic()
         if wait > 0:
-            if self.timer is None:
-                self.timer = asyncio.get_running_loop().call_later(wait, self._fire)
+            self.timer = asyncio.get_running_loop().call_later(wait, self._fire)
             return
         self._start()
 

@@ -115,6 +115,31 @@ async def test_live_render_renders_off_the_loop_throttled_and_catches_up() -> No
     assert len(sent) == 2
 
 
+async def test_live_render_keeps_one_timer_however_many_pokes_come() -> None:
+    # Found by a hostile review: pokes queued while a long text waited its turn each set a
+    # timer; close() cancelled the last one only, and the others fired after it.
+    parts = ["a"]
+    arrived = asyncio.Event()
+    fired: list[float] = []
+
+    class Counted(LiveRender):
+        def _fire(self) -> None:
+            fired.append(time.monotonic())
+            super()._fire()
+
+    live = Counted(lambda: "".join(parts), lambda _html, _upto: arrived.set())
+    live.poke()
+    await asyncio.wait_for(arrived.wait(), 10)
+    await asyncio.sleep(RENDER_SECONDS * 1.5)  # the pause over: a poke renders or waits
+    parts.append("b" * 30_000)  # too long for now: a timer
+    fired.clear()
+    for _ in range(3):
+        live.poke()
+    live.close()
+    await asyncio.sleep(30_001 / RENDER_CHARS_PER_SECOND + RENDER_SECONDS)
+    assert fired == []
+
+
 async def test_live_render_waits_as_long_as_the_text_it_would_render_needs() -> None:
     """A text that grew fast after a short rendering is not rendered at the shortest pause:
     its HTML would go to every tab as often as a short one's (RENDER_CHARS_PER_SECOND)."""
