@@ -25,8 +25,25 @@ export const byId = (id) => document.getElementById(id);
 // Right-to-left letters and bidi controls (U+202A–U+202E, U+2066–U+2069, marks).
 const BIDI = /[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc\u061c\u200f\u202a-\u202e\u2066-\u2069\u{10800}-\u{10fff}\u{1e800}-\u{1efff}]/u;
 
-/** Text for a plain-text place (a tooltip, the tab title): isolated (FSI…PDI) when it holds bidi text. */
-export const isolate = (text) => (BIDI.test(text) ? `\u2068${text}\u2069` : text);
+/** Text for a plain-text place (a tooltip, the tab title): isolated (FSI…PDI) when it holds bidi
+ * text. An isolate the text opens and never closes is closed before ours (else our PDI closes
+ * it, ours stays open and an override in the text reverses what follows); a PDI it holds that
+ * closes nothing is dropped (else it would close ours). A PDI also ends every embedding and
+ * override begun inside its isolate. */
+export const isolate = (text) => {
+  if (!BIDI.test(text)) return text;
+  let open = 0;
+  let kept = '';
+  for (const c of text) {
+    if (c === '\u2066' || c === '\u2067' || c === '\u2068') open += 1;
+    else if (c === '\u2069') {
+      if (open === 0) continue;
+      open -= 1;
+    }
+    kept += c;
+  }
+  return `\u2068${kept}${'\u2069'.repeat(open)}\u2069`;
+};
 
 // ---- API ---------------------------------------------------------------------------------------
 

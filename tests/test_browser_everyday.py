@@ -398,4 +398,35 @@ def test_a_right_to_left_override_in_a_title_reverses_nothing_around_it(
     expect(page).to_have_url(f"{relay.base}/c/{new}")
     expect(by_id(page, "title")).to_have_text(f"{isolated} (compacted)")
     expect(page.locator("#compacted-from-link")).to_have_text(f"Compacted from “{isolated}”")
+    # An isolate the title opens and never closes (found by a hostile review: our PDI closed
+    # it, ours stayed open, the override reversed the rest of the question).
+    unclosed = "evil\u202e\u2067 x"
+    relay.create(title=unclosed)
+    item_menu(page, unclosed)
+    by_id(page, "conv-delete").click()
+    question = page.locator("#confirm-question")
+    expect(question).to_have_text(
+        f"Delete “\u2068{unclosed}\u2069\u2069”? Its messages and backups are deleted too."
+        " This cannot be undone."
+    )
+    assert left_to_right(question, "backups")
+    by_id(page, "confirm-cancel").click()
     pages.assert_clean()
+
+
+def left_to_right(element: Locator, word: str) -> bool:
+    """Whether each letter of word (in element's one text node) is drawn right of the last."""
+    return element.evaluate(
+        """(el, word) => {
+          const node = el.firstChild;
+          const at = node.data.indexOf(word);
+          const xs = [...word].map((_, i) => {
+            const range = document.createRange();
+            range.setStart(node, at + i);
+            range.setEnd(node, at + i + 1);
+            return range.getBoundingClientRect().left;
+          });
+          return at >= 0 && xs.every((x, i) => i === 0 || x > xs[i - 1]);
+        }""",
+        word,
+    )
