@@ -814,6 +814,53 @@ def test_phone_layout_drawer_and_chat(pages: Pages, relay: LiveRelay) -> None:
     pages.assert_clean()
 
 
+def box(locator: Locator) -> dict[str, float]:
+    """The element's box in CSS pixels (it must be shown)."""
+    found = locator.bounding_box()
+    assert found is not None, locator
+    return found
+
+
+def test_phones_keep_the_header_readable_and_the_important_taps_large(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a UX review on phones: at 360 px "(compacted)" and the agent's state ran under
+    # the 🧠 button; sideways (844 x 390) the sidebar was a fixed column and the title was
+    # gone; Allow and Deny were 27 px tall; a desktop's "Enter to send" hint showed.
+    old = relay.create(title="Renamed on the phone")["id"]
+    compacted = relay.send(old, "/compact")
+    assert compacted.status_code == 201, compacted.text
+    cid = compacted.json()["compacted_into"]["id"]
+    relay.send(cid, "please ask permission")
+    relay.wait_for(cid, lambda v: v["questions"] == 1)
+    touch = {"is_mobile": True, "has_touch": True}
+    narrow = pages.open(relay, f"/c/{cid}", viewport={"width": 360, "height": 640}, **touch)
+    expect(by_id(narrow, "stop-button")).to_be_visible()
+    head, actions = box(narrow.locator(".chat-head")), box(by_id(narrow, "stop-button"))
+    context = box(by_id(narrow, "context-button"))
+    assert head["x"] + head["width"] <= context["x"] <= actions["x"]  # side by side, not over
+    for part in ("agent-state", "provider-badge"):
+        shown = box(by_id(narrow, part))
+        assert shown["x"] + shown["width"] <= context["x"], part
+    # The name gives way last: " (compacted)" is cut before it.
+    name, suffix = box(narrow.locator(".title-main")), box(narrow.locator(".title-suffix"))
+    assert name["width"] >= 100 > suffix["width"], (name, suffix)
+    for answer in ("permission-allow", "permission-deny"):
+        assert box(by_id(narrow, answer))["height"] >= 44, answer
+    expect(narrow.locator(".composer-keys")).to_be_hidden()
+    assert box(narrow.locator("#sidebar"))["x"] + box(narrow.locator("#sidebar"))["width"] <= -24
+
+    sideways = pages.open(relay, f"/c/{cid}", viewport={"width": 844, "height": 390}, **touch)
+    expect(by_id(sideways, "menu-button")).to_be_visible()  # a drawer, as on a phone held up
+    items = by_id(sideways, "conversation-list").get_by_test_id("conversation-item")
+    expect(items.first).not_to_be_in_viewport()
+    expect(sideways.locator(".title-main")).to_have_text("Renamed on the phone")
+    assert box(sideways.locator(".title-main"))["width"] >= 150
+    by_id(sideways, "menu-button").click()
+    expect(items.first).to_be_in_viewport()
+    pages.assert_clean()
+
+
 def test_load_earlier_pages_back_through_a_long_timeline(pages: Pages, relay: LiveRelay) -> None:
     cid = relay.create(title="Long")["id"]
     for n in range(110):  # 220 entries: more than the first page of 200
