@@ -115,6 +115,10 @@ export class ConvActions {
       button.setAttribute('aria-expanded', 'true');
       this.anchor = button;
     }
+    const pending = this.confirmAction;
+    if (pending?.stopping && pending.id === conv.id && !conv.running && this.confirmDialog.open) {
+      this.ask(conv.id, pending.action); // the turn it stopped has ended: now the question
+    }
     button.addEventListener('click', (e) => {
       e.preventDefault();
       e.stopPropagation();
@@ -249,13 +253,12 @@ export class ConvActions {
         ? `Delete “${title}”? Its messages and backups are deleted too. This cannot be undone.`
         : `Archive “${title}”? It becomes read-only; it is not compacted.`;
     const ok = byId('confirm-ok');
-    ok.textContent = action === 'delete' ? 'Delete' : 'Archive';
-    ok.classList.toggle('btn-danger', action === 'delete');
+    ok.textContent = busy ? 'Stop the turn' : action === 'delete' ? 'Delete' : 'Archive';
+    ok.classList.toggle('btn-danger', action === 'delete' && !busy);
     ok.disabled = false;
-    ok.hidden = busy;
     byId('confirm-cancel').textContent = busy ? 'Close' : 'Cancel';
     byId('confirm-error').hidden = true;
-    this.confirmAction = busy ? null : { id, action };
+    this.confirmAction = { id, action, stop: busy };
     this.hooks.dialogs.open(this.confirmDialog, byId('confirm-cancel'));
     this.returnTo(this.confirmDialog, id);
   }
@@ -276,6 +279,14 @@ export class ConvActions {
     const ok = byId('confirm-ok');
     ok.disabled = true;
     try {
+      if (pending.stop) { // then, once the turn has ended (button()), the question itself
+        ok.textContent = 'Stopping…';
+        pending.stopping = true;
+        await api(`/api/conversations/${pending.id}/interrupt`, { method: 'POST', body: {} });
+        const conv = this.hooks.get(pending.id);
+        if (this.confirmAction === pending && conv && !conv.running) this.ask(pending.id, pending.action);
+        return;
+      }
       if (pending.action === 'delete') {
         // Its ⋯ button goes with it: focus goes to a neighbour's, or New. The neighbour is
         // found before the request (the socket's removal may redraw the list before its answer)
@@ -298,6 +309,10 @@ export class ConvActions {
       error.textContent = err.message;
       error.hidden = false;
       ok.disabled = false;
+      if (pending.stop) {
+        pending.stopping = false;
+        ok.textContent = 'Stop the turn';
+      }
     }
   }
 }

@@ -240,27 +240,32 @@ def test_delete_or_archive_while_a_turn_runs_says_why(pages: Pages, relay: LiveR
     by_id(page, "confirm-cancel").click()
     item = page.locator(".conv-item").filter(has=page.get_by_text("Busy", exact=True))
     expect(item.get_by_test_id("conv-waiting")).to_be_visible()  # (running, and asking)
-    # Asked while the sidebar shows the turn: said at once, nothing to confirm (before: asked
-    # "Delete …? This cannot be undone.", then refused).
-    for action in ("delete", "archive"):
-        item_menu(page, "Busy")
-        by_id(page, f"conv-{action}").click()
-        expect(page.locator("#confirm-question")).to_have_text(
-            f"A turn is running in “Busy”; stop it before you {action} it."
-        )
-        expect(by_id(page, "confirm-ok")).to_be_hidden()
-        expect(by_id(page, "confirm-cancel")).to_have_text("Close")
-        expect(by_id(page, "confirm-cancel")).to_be_focused()
-        page.keyboard.press("Enter")
-        expect(by_id(page, "confirm-dialog")).to_be_hidden()
-    by_id(page, "permission-deny").click()  # and once the turn ended, a question again
-    expect(item.get_by_test_id("conv-waiting")).to_have_count(0)
-    expect(item.get_by_test_id("conv-running")).to_have_count(0)
+    # Asked while the sidebar shows the turn: said at once, with Stop the turn (before: asked
+    # "Delete …? This cannot be undone.", then refused; then a dead end, found by a UX review).
     item_menu(page, "Busy")
     by_id(page, "conv-delete").click()
-    expect(page.locator("#confirm-question")).to_contain_text("Delete “Busy”?")
-    expect(by_id(page, "confirm-ok")).to_be_visible()
+    expect(page.locator("#confirm-question")).to_have_text(
+        "A turn is running in “Busy”; stop it before you delete it."
+    )
+    expect(by_id(page, "confirm-cancel")).to_have_text("Close")
+    expect(by_id(page, "confirm-cancel")).to_be_focused()
+    page.keyboard.press("Enter")  # Close
+    expect(by_id(page, "confirm-dialog")).to_be_hidden()
+    assert relay.get(cid)["turn"]["state"] == "running"
+    item_menu(page, "Busy")
+    by_id(page, "conv-archive").click()
+    expect(page.locator("#confirm-question")).to_have_text(
+        "A turn is running in “Busy”; stop it before you archive it."
+    )
+    expect(by_id(page, "confirm-ok")).to_have_text("Stop the turn")
+    by_id(page, "confirm-ok").click()  # the turn stops; the dialog then asks the question
+    expect(page.locator("#confirm-question")).to_have_text(
+        "Archive “Busy”? It becomes read-only; it is not compacted."
+    )
+    expect(by_id(page, "confirm-ok")).to_have_text("Archive")
     expect(by_id(page, "confirm-cancel")).to_have_text("Cancel")
+    expect(item.get_by_test_id("conv-waiting")).to_have_count(0)
+    expect(by_id(page, "permission-answer")).to_have_text("Expired: the turn was stopped")
     by_id(page, "confirm-cancel").click()
     expect(item.get_by_test_id("conv-when")).to_have_text("just now")
     expect(item.get_by_test_id("conv-when")).to_have_attribute("title", re.compile(r"\d"))
