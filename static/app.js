@@ -586,7 +586,10 @@ function pathId() {
 
 function navigate(id, { replace = false, focus = false } = {}) {
   const path = `/c/${id}`;
-  if (location.pathname !== path) history[replace ? 'replaceState' : 'pushState'](null, '', path);
+  // Chosen in the drawer: in the drawer's place in the history (Back then goes to where it
+  // was opened, not to the drawer again).
+  const instead = replace || Boolean(history.state?.drawer);
+  if (location.pathname !== path) history[instead ? 'replaceState' : 'pushState'](null, '', path);
   setDrawer(false);
   if (state.current && state.current.id === id) {
     // Still loading (a socket event opened it first): the composer takes focus once shown.
@@ -1325,10 +1328,15 @@ const imports = new Imports({
 
 // ---- the sidebar drawer (phones) ---------------------------------------------------------------
 
-function setDrawer(open) {
+/** Open or close the drawer. Back closes an open one (a phone's way): opening it adds a step
+ *  to the history, which closing it otherwise takes back (fromHistory: Back did). */
+function setDrawer(open, { fromHistory = false } = {}) {
+  const was = document.body.classList.contains('drawer-open');
   document.body.classList.toggle('drawer-open', open);
   byId('scrim').hidden = !open;
   byId('menu-button').setAttribute('aria-expanded', String(open));
+  if (open && !was) history.pushState({ drawer: true }, '', location.href);
+  else if (!open && was && !fromHistory && history.state?.drawer) history.back();
 }
 
 // ---- wiring and start --------------------------------------------------------------------------
@@ -1401,7 +1409,12 @@ function wire() {
     e.currentTarget.setAttribute('aria-expanded', String(!text.hidden));
   });
   setInterval(renderLists, 60 * 1000); // "5 min ago" moves on
-  window.addEventListener('popstate', route);
+  window.addEventListener('popstate', () => {
+    if (document.body.classList.contains('drawer-open') && !history.state?.drawer) {
+      setDrawer(false, { fromHistory: true });
+    }
+    route();
+  });
   window.addEventListener('online', () => { if (!socket.ws) connect(); });
 }
 

@@ -814,6 +814,33 @@ def test_phone_layout_drawer_and_chat(pages: Pages, relay: LiveRelay) -> None:
     pages.assert_clean()
 
 
+def test_back_closes_the_drawer_on_a_phone(pages: Pages, relay: LiveRelay) -> None:
+    # Found by a UX review on a phone: Back went to the conversation before and left the
+    # drawer open over it.
+    first = relay.create(title="First")["id"]
+    second = relay.create(title="Second")["id"]
+    page = pages.open(relay, f"/c/{first}", viewport={"width": 390, "height": 800})
+    items = by_id(page, "conversation-list").get_by_test_id("conversation-item")
+    by_id(page, "menu-button").click()
+    items.filter(has_text="Second").click()  # chosen in the drawer
+    expect(by_id(page, "title")).to_have_text("Second")
+    by_id(page, "menu-button").click()
+    expect(items.first).to_be_in_viewport()
+    page.go_back()  # closes the drawer, stays
+    expect(items.first).not_to_be_in_viewport()
+    expect(page).to_have_url(f"{relay.base}/c/{second}")
+    expect(by_id(page, "title")).to_have_text("Second")
+    page.go_back()  # then the conversation before (not the drawer again)
+    expect(page).to_have_url(f"{relay.base}/c/{first}")
+    expect(by_id(page, "title")).to_have_text("First")
+    by_id(page, "menu-button").click()
+    page.locator("#scrim").click(position={"x": 380, "y": 400})  # closed by a tap beside it
+    expect(items.first).not_to_be_in_viewport()
+    page.go_back()  # no step left behind by the drawer: back before First
+    expect(page).not_to_have_url(f"{relay.base}/c/{first}")
+    pages.assert_clean()
+
+
 def box(locator: Locator) -> dict[str, float]:
     """The element's box in CSS pixels (it must be shown)."""
     found = locator.bounding_box()
