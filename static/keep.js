@@ -242,10 +242,10 @@ export class ConvActions {
     const conv = this.hooks.get(id);
     if (!conv) return;
     const title = isolate(conv.title || 'Untitled'); // a right-to-left override in it reverses nothing after it
-    // A turn running (as the sidebar knows it): said at once, nothing to confirm; the relay
-    // refuses the same way if one began since (the 409's message, shown under the question).
-    // Not a question alone: a background subagent's outlives its turn, and archiving is the
-    // way to end it.
+    // A turn running (as the sidebar knows it): said at once, with Stop the turn (the question
+    // follows once it has ended: button()); the relay refuses the same way if one began since
+    // (the 409's message, shown under the question). Not a question alone: a background
+    // subagent's outlives its turn, and archiving is the way to end it.
     const busy = Boolean(conv.running);
     byId('confirm-question').textContent = busy
       ? `A turn is running in “${title}”; stop it before you ${action} it.`
