@@ -485,7 +485,7 @@ def test_context_modal_on_a_fresh_compacted_conversation(pages: Pages, relay: Li
     expect(marker).to_have_attribute("data-threshold", "67000")  # the marker follows the slider
     assert marker.evaluate("m => m.style.left") != left
     expect(by_id(page, "window-note")).to_have_text("Applies on the next message.")
-    expect(by_id(page, "window-save")).to_have_text("Saved when you close this window.")
+    expect(by_id(page, "window-save")).to_have_text("Saved when you close this dialog.")
     slider.press("ArrowLeft")
     expect(marker).to_have_attribute("data-threshold", "167000")
     expect(by_id(page, "window-note")).to_be_hidden()
