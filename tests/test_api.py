@@ -991,6 +991,38 @@ def test_permission_interrupt_expires_question(relay: LiveRelay) -> None:
 STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or has ended."
 
 
+def test_a_stop_as_a_question_is_stored_still_stops_the_turn(relay: LiveRelay) -> None:
+    # Found by a CI run on PostgreSQL: the question was committed (tabs and a GET saw it) a
+    # moment before the runner held its future; a Stop then found no question to deny, and
+    # the agent waited for an answer nobody could give: the turn ran forever.
+    from tests.test_cluster_races import Pause  # (it imports this module)
+
+    stored = False
+
+    def after_the_question(statement: str, params: Any) -> bool:
+        nonlocal stored
+        if statement.startswith("INSERT INTO entry") and "pending" in str(params):
+            stored = True
+            return False
+        return stored and "FROM conversation" in statement  # the count read after the commit
+
+    pause = Pause(relay, after_the_question, after=True)
+    pause.armed = True
+    cid = relay.create()["id"]
+    relay.send(cid, "ask permission")
+    try:
+        assert pause.reached.wait(10), "the question was never stored"
+        question = first(relay.wait_for(cid, has_pending_question), is_permission)
+        stop = relay.http.post(f"/api/conversations/{cid}/interrupt")
+        assert stop.json() == {"interrupted": True}
+    finally:
+        pause.release.set()
+    view = relay.wait_idle(cid, timeout=15)
+    asked = {e["id"]: e for e in view["timeline"]}[question["id"]]
+    assert (asked["state"], asked["data"]["expired"]) == ("expired", "the turn was stopped")
+    assert line_of(view["timeline"][-1]) == INTERRUPTED_LINE
+
+
 def test_a_question_its_turn_left_open_expires_saying_why(relay: LiveRelay) -> None:
     cid, question = lingering(relay, AskerThatMovesOn)
     AskerThatMovesOn.go_on.set()

@@ -34,6 +34,7 @@ from app.workspace import usable_cwd
 
 log = logging.getLogger(__name__)
 
+STOPPED_BY_USER = "Stopped by the user."  # what the agent is told of a question Stop denied
 SHUTDOWN_WORK_LINE = "The relay stopped; the agent's background work ended with it."
 ARCHIVED_WORK_LINE = "The conversation was archived; the agent's background work ended with it."
 
@@ -237,7 +238,7 @@ class Pool(SupervisorState):
     async def _interrupt_agent(self, runner: Runner) -> None:
         for entry_id, future in list(runner.questions.items()):
             if not future.done():
-                future.set_result(PermissionDecision(False, "Stopped by the user."))
+                future.set_result(PermissionDecision(False, STOPPED_BY_USER))
             runner.questions.pop(entry_id, None)
         if runner.agent is not None:
             await runner.agent.interrupt()

@@ -28,9 +28,9 @@ from app.db import WRITE_PATIENCE, write_lock_free
 from app.edits import edit_change
 from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
 from app.models import Conversation, Entry
-from app.questions import EXPIRED_ENDED, EXPIRED_SHUTDOWN, QUESTION_TOOL, asked
+from app.questions import EXPIRED_ENDED, EXPIRED_SHUTDOWN, EXPIRED_STOPPED, QUESTION_TOOL, asked
 from app.supervisor.base import SupervisorState
-from app.supervisor.pool import ARCHIVED_WORK_LINE
+from app.supervisor.pool import ARCHIVED_WORK_LINE, STOPPED_BY_USER
 from app.supervisor.runner import (
     Locked,
     NotBegun,
@@ -598,9 +598,18 @@ class Turns(SupervisorState):
                     **edit,  # what an edit or write would change, shown as a diff
                 },
             )
-        runner.questions[entry.id or 0] = future  # before any answer can come (tabs see it after)
-        if request.lasting:
-            runner.lasting.add(entry.id or 0)
+            entry_id = entry.id or 0
+            runner.questions[entry_id] = future  # before any answer can come (tabs see it after)
+            if request.lasting:
+                runner.lasting.add(entry_id)
+            # A Stop that came once the question was stored (a tab or a GET may see it before
+            # the line above) found no question to deny: this one is denied and expired here,
+            # or the agent would wait for an answer nobody can give. (Held first, then looked
+            # at: a Stop after the line above finds the question itself.)
+            if runner.stop_requested and runner.questions.pop(entry_id, None) is not None:
+                runner.lasting.discard(entry_id)
+                self._expire_if_pending(session, conversation, entry_id, EXPIRED_STOPPED)
+                self.storage.soon(_settle, future, PermissionDecision(False, STOPPED_BY_USER))
 
 
 def _turn_begins(runner: Runner) -> None:
