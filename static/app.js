@@ -385,6 +385,7 @@ function onConversation(conv, asked = null) { // asked: feed.clock when an HTTP 
   const stale = overtaken(conv.id, asked);
   state.convs.set(conv.id, merged(conv, asked));
   renderLists();
+  convActions.seen(state.convs.get(conv.id));
   const cur = state.current;
   if (cur && cur.id === conv.id && cur.conv) {
     cur.conv = stale ? { ...cur.conv, ...conv, ...state.convs.get(conv.id) } : { ...cur.conv, ...conv };

@@ -115,16 +115,21 @@ export class ConvActions {
       button.setAttribute('aria-expanded', 'true');
       this.anchor = button;
     }
-    const pending = this.confirmAction;
-    if (pending?.stopping && pending.id === conv.id && !conv.running && this.confirmDialog.open) {
-      this.ask(conv.id, pending.action); // the turn it stopped has ended: now the question
-    }
     button.addEventListener('click', (e) => {
       e.preventDefault();
       e.stopPropagation();
       this.open(conv.id, button);
     });
     return button;
+  }
+
+  /** A conversation's new state (any tab's change): a dialog that stopped its turn asks its
+   *  question once the turn has ended. */
+  seen(conv) {
+    const pending = this.confirmAction;
+    if (pending?.stopping && pending.id === conv.id && !conv.running && this.confirmDialog.open) {
+      this.ask(conv.id, pending.action);
+    }
   }
 
   open(id, anchor) {
@@ -243,7 +248,7 @@ export class ConvActions {
     if (!conv) return;
     const title = isolate(conv.title || 'Untitled'); // a right-to-left override in it reverses nothing after it
     // A turn running (as the sidebar knows it): said at once, with Stop the turn (the question
-    // follows once it has ended: button()); the relay refuses the same way if one began since
+    // follows once it has ended: seen()); the relay refuses the same way if one began since
     // (the 409's message, shown under the question). Not a question alone: a background
     // subagent's outlives its turn, and archiving is the way to end it.
     const busy = Boolean(conv.running);
@@ -279,7 +284,7 @@ export class ConvActions {
     const ok = byId('confirm-ok');
     ok.disabled = true;
     try {
-      if (pending.stop) { // then, once the turn has ended (button()), the question itself
+      if (pending.stop) { // then, once the turn has ended (seen()), the question itself
         ok.textContent = 'Stopping…';
         pending.stopping = true;
         await api(`/api/conversations/${pending.id}/interrupt`, { method: 'POST', body: {} });
