@@ -875,13 +875,13 @@ def test_phones_keep_the_header_readable_and_the_important_taps_large(
     assert suffix["x"] + suffix["width"] <= context["x"]
     for answer in ("permission-allow", "permission-deny"):
         assert box(by_id(narrow, answer))["height"] >= 44, answer
-    expect(narrow.locator(".composer-keys")).to_be_hidden()
     assert box(narrow.locator("#sidebar"))["x"] + box(narrow.locator("#sidebar"))["width"] <= -24
 
     sideways = pages.open(relay, f"/c/{cid}", viewport={"width": 844, "height": 390}, **touch)
     expect(by_id(sideways, "menu-button")).to_be_visible()  # a drawer, as on a phone held up
     items = by_id(sideways, "conversation-list").get_by_test_id("conversation-item")
     expect(items.first).not_to_be_in_viewport()
+    expect(sideways.locator(".composer-keys")).to_be_hidden()  # no Enter or Shift on a touch screen
     expect(sideways.locator(".title-main")).to_have_text("Renamed on the phone")
     assert box(sideways.locator(".title-main"))["width"] >= 150
     by_id(sideways, "menu-button").click()
