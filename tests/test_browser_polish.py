@@ -124,6 +124,50 @@ def test_streaming_rendering_stays_sanitized(pages: Pages, relay: LiveRelay) -> 
     pages.assert_clean()
 
 
+def _fast_then_slow(looked: threading.Event) -> Script:
+    """A few words, then 150,000 characters at once (faster than anyone reads), then a pause."""
+
+    async def script(_agent: ScriptAgent, _prompt: str) -> AsyncIterator[AgentEvent]:
+        yield TextDelta("f1", "**first** words ")
+        await asyncio.sleep(0.3)  # rendered by now
+        for _ in range(15):
+            yield TextDelta("f1", "x" * 9_999 + " ")
+        yield TextDelta("f1", "**late** end")
+        await asyncio.to_thread(looked.wait, 60)  # the text stops growing
+        yield MessageDone("f1", "done")
+        yield TurnDone()
+
+    return script
+
+
+def test_a_text_growing_faster_than_it_is_read_stays_plain_until_it_slows(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A rendering waits as long as the text it would render needs (RENDER_CHARS_PER_SECOND:
+    # 1.5 s for these 150,000 characters); before, the pause grew with the text last
+    # rendered, and the whole text was rendered and sent to every tab 0.1 s after the last.
+    looked = threading.Event()
+    use_script(relay, _fast_then_slow(looked))
+    page, cid = open_new(pages, relay)
+    send_text(page, "go")
+    streaming = page.locator('[data-testid="entry-agent"][data-state="streaming"]')
+    bold = streaming.locator("strong")
+    expect(bold).to_have_text("first")
+    plain = "el => el.textContent.includes('**late** end')"  # arrived, not rendered yet
+    streaming.wait_for(state="attached")
+    selector = "[data-testid=entry-agent][data-state=streaming]"
+    page.wait_for_function(f"() => ({plain})(document.querySelector('{selector}'))")
+    page.wait_for_timeout(300)  # well inside the 1.5 s
+    assert bold.all_text_contents() == ["first"]
+    assert streaming.evaluate(plain)
+    # No longer growing: rendered while the message still streams.
+    expect(bold).to_have_text(["first", "late"], timeout=10_000)
+    assert streaming.get_attribute("data-state") == "streaming"
+    looked.set()
+    relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 # ---- 2. highlighted code, links, a copy button every font can show ----------------------------
 
 CODE_REPLY = (
