@@ -149,6 +149,7 @@ const timeline = new Timeline({
     // The socket may have shown the resent message sent already: the answer (queued) is older.
     if (state.current === cur && data && data.id != null && !timeline.has(data.id)) timeline.upsert(data);
   },
+  onWithdraw: (entry) => withdraw(entry),
   onLoadEarlier: () => loadEarlier(),
   onPin: (entry, on) => pins.toggle(entry.id, on),
 });
@@ -1085,6 +1086,29 @@ function giveBack(written, text) {
   state.drafts.set(id, draft ? `${text}\n${draft}` : text);
 }
 
+// Edit on a queued message, or ↑ in an empty box: the relay takes the message out of the queue
+// and its text goes back into the box, before anything typed there. Too late (it went out
+// meanwhile): a toast says so, and the bubble shows it sent.
+const withdrawing = new Set(); // ids asked for and not answered yet (↑ twice asks once)
+async function withdraw(entry) {
+  const cur = state.current;
+  if (withdrawing.has(entry.id)) return;
+  withdrawing.add(entry.id);
+  try {
+    const { data } = await api(`/api/conversations/${cur.id}/messages/${entry.id}`, { method: 'DELETE' });
+    if (state.current !== cur) return giveBack(cur.id, data.text);
+    timeline.remove(entry.id); // (its entry_removed may come after the answer)
+    giveBack(cur.id, data.text);
+    input.focus();
+    input.setSelectionRange(data.text.length, data.text.length);
+  } catch (err) {
+    toast(err.message);
+    throw err;
+  } finally {
+    withdrawing.delete(entry.id);
+  }
+}
+
 // The "/" command menu.
 const menu = { el: byId('command-menu'), items: [], index: 0 };
 const menuOpen = () => !menu.el.hidden;
@@ -1168,10 +1192,16 @@ input.addEventListener('keydown', (e) => {
     e.preventDefault();
     trySend();
   }
+  const plain = !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey;
+  // ↑ in an empty box takes the last queued message back to edit (as Claude Code's prompt does).
+  const last = e.key === 'ArrowUp' && !composing && plain && !input.value && timeline.lastQueued();
+  if (last) {
+    e.preventDefault();
+    withdraw(last).catch(() => {});
+  }
   // Page Up / Page Down scroll the timeline from the composer (a keyboard had no way through
   // the history but tabbing over every message's Pin).
   // (a draft taller than the box keeps them: they move its caret)
-  const plain = !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey;
   if ((e.key === 'PageUp' || e.key === 'PageDown') && !composing && plain && input.scrollHeight <= input.clientHeight + 1) {
     e.preventDefault();
     const timeline = byId('timeline');

@@ -16,11 +16,27 @@ const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Bool
 
 // ---- rendering per kind ------------------------------------------------------------------------
 
-function userEntry(entry) {
+function userEntry(entry, old, timeline) {
   const queued = isQueued(entry);
   return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
     h('div', { class: 'bubble' }, h('div', { class: 'plain', dir: 'auto', text: entry.text })),
-    queued ? h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' }) : null);
+    queued ? h('div', { class: 'queued-foot' },
+      timeline ? withdrawControl(entry, timeline) : null,
+      h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' })) : null);
+}
+
+/** Edit on a queued message: out of the queue and back into the message box, before the agent
+ * gets it. Too late (it went out meanwhile) says so in a toast; the bubble's event follows. */
+function withdrawControl(entry, timeline) {
+  const button = h('button', {
+    type: 'button', class: 'withdraw-btn', testid: 'withdraw', text: 'Edit',
+    title: 'Take this message out of the queue and back into the message box',
+    onclick: () => {
+      button.disabled = true;
+      timeline.hooks.onWithdraw(entry).catch(() => { button.disabled = false; });
+    },
+  });
+  return button;
 }
 
 /** Make sanitized HTML (a message, a backup) nicer to use: links open in a new tab, code blocks
@@ -422,7 +438,8 @@ const RENDER = { user: withContextNote(userEntry), agent: agentEntry, activity: 
 // ---- the timeline ------------------------------------------------------------------------------
 
 export class Timeline {
-  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onLoadEarlier(), onPin(entry, on) */
+  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onWithdraw(entry) → Promise,
+   *  onLoadEarlier(), onPin(entry, on) */
   constructor(hooks) {
     this.hooks = hooks;
     this.scroller = byId('timeline');
@@ -559,6 +576,13 @@ export class Timeline {
       this.add(entry);
     }
     this.changed(true);
+  }
+
+  /** The last queued message shown (the next to edit with ↑), or null. */
+  lastQueued() {
+    const el = this.queuedList.lastElementChild;
+    const item = el && this.items.get(Number(el.dataset.entryId));
+    return item && isQueued(item.entry) ? item.entry : null;
   }
 
   remove(id) {

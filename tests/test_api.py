@@ -1192,6 +1192,63 @@ def test_queue_messages_stored_queued(relay: LiveRelay) -> None:
     assert page["timeline"][1:] == queued
 
 
+def withdraw(relay: LiveRelay, cid: int, entry_id: int) -> httpx.Response:
+    return relay.http.delete(f"/api/conversations/{cid}/messages/{entry_id}")
+
+
+def test_a_withdrawn_message_is_gone_and_never_reaches_the_agent(relay: LiveRelay) -> None:
+    cid, queued, _view = busy_with_queue(relay)
+    with relay.socket() as ws:
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        response = withdraw(relay, cid, queued[0]["id"])
+        assert (response.status_code, response.json()) == (200, queued[0])
+        told = receive_until(ws, lambda m: m["type"] == "turn" and m["turn"]["queued"] == 1)
+        assert {"type": "entry_removed", "entry_id": queued[0]["id"]} in [
+            {k: m.get(k) for k in ("type", "entry_id")} for m in told
+        ]
+    assert relay.get(cid)["turn"] == {"state": "running", "queued": 1}
+    timeline = relay.wait_idle(cid)["timeline"]
+    # The demo agent answers what it was sent: it was sent two messages, not "second".
+    assert [(e["kind"], e["text"][:22]) for e in timeline] == [
+        ("user", "slow one"),
+        ("agent", said("slow one")[:22]),
+        ("user", "third"),
+        ("agent", said("third")[:22]),
+    ]
+
+
+def test_a_delivered_message_cannot_be_withdrawn(relay: LiveRelay) -> None:
+    cid, queued, _view = busy_with_queue(relay)
+    first_id = relay.get(cid)["timeline"][0]["id"]  # "slow one", being answered
+    response = withdraw(relay, cid, first_id)
+    assert (response.status_code, response.json()) == (
+        409,
+        {"detail": "This message has already gone to the agent; it can no longer be taken back."},
+    )
+    timeline = relay.wait_idle(cid)["timeline"]
+    answered = withdraw(relay, cid, queued[1]["id"])  # delivered meanwhile: too late as well
+    assert (answered.status_code, len(timeline)) == (409, 6)
+
+
+def test_withdrawing_what_is_not_a_queued_message_here_is_a_404(relay: LiveRelay) -> None:
+    cid, queued, _view = busy_with_queue(relay)
+    other = relay.create()["id"]
+    agent_id = relay.get(cid)["timeline"][1]["id"]
+    answers = [
+        withdraw(relay, other, queued[0]["id"]),  # another conversation's
+        withdraw(relay, cid, agent_id),  # the agent's
+        withdraw(relay, cid, 999_999),
+        withdraw(relay, 999_999, queued[0]["id"]),
+    ]
+    assert [(r.status_code, r.json()["detail"]) for r in answers] == [
+        (404, "No such message in this conversation."),
+        (404, "No such message in this conversation."),
+        (404, "No such message in this conversation."),
+        (404, "No conversation 999999."),
+    ]
+    assert relay.get(cid)["turn"] == {"state": "running", "queued": 2}
+
+
 def test_queue_delivered_in_order(relay: LiveRelay) -> None:
     cid, queued, _view = busy_with_queue(relay)
     timeline = relay.wait_idle(cid)["timeline"]

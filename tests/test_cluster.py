@@ -179,6 +179,29 @@ def test_kill_9_of_the_owner_mid_turn_hands_the_conversation_to_another_node(
     assert answered(second.get(cid), "after the crash")
 
 
+def test_a_message_withdrawn_on_another_node_is_never_delivered_by_the_owner(
+    nodes: Nodes,
+) -> None:
+    """Edit on node 1 while node 3 runs the turn: gone from node 2's tab, not delivered."""
+    first, second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Withdrawn")
+    with open_socket(second) as ws:
+        follow(ws, cid)
+        third.send(cid, "slow story please")
+        receive_until(ws, lambda e: e["type"] == "delta", timeout=TIMEOUT)
+        taken = first.send(cid, "take me back")
+        kept = first.send(cid, "keep me")
+        response = first.client.delete(f"/api/conversations/{cid}/messages/{taken['id']}")
+        assert (response.status_code, response.json()) == (200, taken)
+        seen = receive_until(ws, lambda e: e.get("entry_id") == taken["id"], timeout=TIMEOUT)
+        assert seen[-1]["type"] == "entry_removed"
+        view = second.wait_idle(cid)
+    assert [u["text"] for u in of_kind(view, "user")] == ["slow story please", "keep me"]
+    assert (answered(view, "keep me"), answered(view, "take me back")) == (True, False)
+    late = first.client.delete(f"/api/conversations/{cid}/messages/{kept['id']}")
+    assert late.status_code == 409
+
+
 def test_tabs_see_the_turn_idle_once_another_node_closed_a_killed_owner_s_turn(
     nodes: Nodes,
 ) -> None:

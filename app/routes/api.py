@@ -380,3 +380,19 @@ async def resend_message(
     except ConversationError as error:
         raise HTTPException(409, str(error)) from None
     return entry_view(entry)
+
+
+@router.delete("/conversations/{conversation_id}/messages/{entry_id}")
+async def withdraw_message(
+    conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Take a queued message back before the agent gets it (Edit); answers with it, text and
+    all. 409 once it has gone to the agent."""
+    conversation = await fetch_conversation(supervisor, conversation_id)
+    try:
+        entry = await supervisor.storage.write(supervisor.withdraw, conversation, entry_id)
+    except LookupError as error:
+        raise HTTPException(404, str(error)) from None
+    except ConversationError as error:
+        raise HTTPException(409, str(error)) from None
+    return entry_view(entry)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TITLE = "New conversation"  # a conversation's title until its first message names it
 STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or has ended."
+WITHDRAWN_TOO_LATE = "This message has already gone to the agent; it can no longer be taken back."
 
 
 class Commands(SupervisorState):
@@ -252,6 +253,26 @@ class Commands(SupervisorState):
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
         return new
+
+    def withdraw(self, conversation: Conversation, entry_id: int) -> Entry:
+        """Take a queued message out of the queue (Edit): removed, its text given back.
+
+        The conversation's row is locked first, as delivery locks it before it reads the queue:
+        a message is either withdrawn or delivered, never both (on another node too).
+        """
+        if conversation.id in self.deleting:
+            raise ConversationError(DELETING)
+        with self.session() as session:
+            session.add(conversation)
+            self._still_active(session, conversation)
+            entry = store.get_entry(session=session, entry_id=entry_id)
+            if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
+                raise LookupError("No such message in this conversation.")
+            if entry.state != "queued":
+                raise ConversationError(WITHDRAWN_TOO_LATE)
+            self._remove(session, conversation, entry)
+            self._announce_queued(session, conversation)
+        return entry
 
     def _retire(self, conversation_id: int) -> None:
         """Stop an archived conversation's agent now; a running turn's loop stops it after."""
