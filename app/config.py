@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from app.agent_memory import default_budget, mem_total, parse_size
 
 PermissionMode = Literal["default", "acceptEdits", "bypassPermissions", "plan"]
+PERMISSION_MODES: tuple[str, ...] = get_args(PermissionMode)
 
 
 class Settings(BaseSettings):

@@ -272,6 +272,44 @@ def test_tabs_on_other_nodes_see_a_stopped_node_s_unanswered_turn_end(tmp_path: 
             receive_until(ws, ended, timeout=TIMEOUT)
 
 
+def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path) -> None:
+    """Changed to acceptEdits on node 2 while Claude Code on node 1 waits for the model: the
+    write the model then asks for is done without a question (before: asked, in default)."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    with FakeAnthropic() as api, cluster(tmp_path) as running:
+        owner, other = running.start(
+            2,
+            HOME=str(home),
+            ANTHROPIC_BASE_URL=api.base_url,
+            ANTHROPIC_API_KEY="sk-test",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
+        )
+        cid = owner.create(provider="claude", title="Mode", permission_mode="default")
+        work = Path(owner.get(cid)["cwd"])
+        owner.send(cid, "hello")  # node 1 runs it from here on
+        owner.wait_idle(cid)
+        owner.send(cid, "[[WRITE:one.txt|1]] [[SLOW:4]]")
+        deadline = time.monotonic() + TIMEOUT
+        while not any("one.txt" in str(r.body) for r in api.requests):
+            assert time.monotonic() < deadline, "the CLI never asked the API"
+            time.sleep(0.05)
+        changed = other.client.patch(
+            f"/api/conversations/{cid}", json={"permission_mode": "acceptEdits"}
+        )
+        assert changed.status_code == 200, changed.text
+        view = owner.wait_for(
+            cid,
+            lambda v: (
+                v["turn"]["state"] == "idle" or any(e["state"] == "pending" for e in v["timeline"])
+            ),
+        )
+    asked = [e["text"] for e in view["timeline"] if e["data"].get("type") == "permission"]
+    assert (asked, view["turn"]["state"]) == ([], "idle")
+    assert (work / "one.txt").read_text() == "1"
+
+
 def test_a_node_takes_only_conversations_whose_directory_it_has(
     nodes: Nodes, tmp_path: Path
 ) -> None:

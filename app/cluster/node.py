@@ -40,7 +40,7 @@ from app.cluster import leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub
 from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
-from app.config import Settings
+from app.config import PERMISSION_MODES, Settings
 from app.providers import agent_env
 from app.questions import decision_of
 from app.summary import SummaryMessage, build_summary
@@ -465,6 +465,10 @@ class ClusterNode:
                 supervisor.warm(conversation)
         elif op == "retire" and cid in self.held:  # compacted on another node
             supervisor.retire_here(cid)
+        elif op == "mode" and cid in self.held:  # changed on another node: the agent follows
+            mode = message.get("mode")
+            if isinstance(mode, str) and mode in PERMISSION_MODES:
+                self._background(supervisor.apply_mode_here(cid, mode))
         elif op == "deleted" and cid in self.held:  # deleted on another node
             self.held.discard(cid)
             await supervisor.forget_here(cid)

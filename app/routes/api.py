@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from app import store
 from app.agents.base import PermissionDecision
-from app.config import Settings
+from app.config import PERMISSION_MODES, Settings
 from app.context import context_view
 from app.handoff import is_clear_command, parse_handoff
 from app.models import (
@@ -43,8 +43,6 @@ from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
 from app.window import validate_setting
 from app.workspace import WorkspaceError, usable_cwd
-
-PERMISSION_MODES = ("default", "acceptEdits", "bypassPermissions", "plan")
 
 router = APIRouter(prefix="/api")
 SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]

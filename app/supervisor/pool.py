@@ -115,10 +115,19 @@ class Pool(SupervisorState):
             await self._close_agent(runner)
 
     async def apply_mode(self, conversation: Conversation) -> None:
-        """A conversation's permission mode changed: its live agent follows (_apply_mode)."""
-        runner = self.runners.get(conversation.id or 0)
+        """A conversation's permission mode changed: its live agent follows (_apply_mode), on
+        the node that runs it (told at once: a running turn's next tool call has the mode)."""
+        cid = conversation.id or 0
+        if self.cluster is not None and not self.cluster.holds(cid):
+            self.cluster.send("mode", cid, mode=conversation.permission_mode)
+            return
+        await self.apply_mode_here(cid, conversation.permission_mode)
+
+    async def apply_mode_here(self, conversation_id: int, mode: str) -> None:
+        """Give this node's live agent of the conversation this permission mode."""
+        runner = self.runners.get(conversation_id)
         if runner is not None:
-            await self._apply_mode(runner, conversation.permission_mode, turn_begins=False)
+            await self._apply_mode(runner, mode, turn_begins=False)
 
     def _applied(self, conversation: Conversation) -> None:
         with self.session() as session:
