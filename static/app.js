@@ -10,6 +10,7 @@ import { ConvActions, convDescription, convMeta, setPageTitle, showNeeds } from 
 import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
+import { ModeControl } from './mode.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -174,6 +175,16 @@ const contextModal = new ContextModal({
       toast(`The auto-compact window was not saved: ${err.message}`);
     }
   },
+}, dialogs);
+
+const modeControl = new ModeControl({
+  current: () => (state.current && state.current.loaded ? state.current.conv : null),
+  save: async (id, mode) => {
+    const asked = feed.clock;
+    const { data } = await api(`/api/conversations/${id}`, { method: 'PATCH', body: { permission_mode: mode } });
+    onConversation(data, asked);
+  },
+  refused: (message) => toast(`The permission mode was not changed: ${message}`),
 }, dialogs);
 
 const backups = new Backups({
@@ -788,6 +799,7 @@ function renderChrome() {
   // that the text can still be copied (nothing typed is lost).
   byId('composer').hidden = archived && !input.value;
   input.readOnly = archived;
+  modeControl.show(conv);
   byId('timeline').classList.toggle('readonly', archived);
   updateComposer();
 }

@@ -1,0 +1,58 @@
+// mode.js — the composer's permission mode: what the agent may do without asking, changeable at
+// any time (the relay switches a live Claude Code agent in place, from its next tool call).
+// "Never ask" is confirmed first: a stray arrow key on the closed list must not choose it.
+import { byId } from './util.js';
+
+const BYPASS = 'bypassPermissions';
+
+export class ModeControl {
+  /** hooks: current() → the shown conversation or null, save(id, mode) → Promise (rejects with
+   *  the relay's message); dialogs: the page's dialog helper. */
+  constructor(hooks, dialogs) {
+    this.hooks = hooks;
+    this.dialogs = dialogs;
+    this.select = byId('mode-select');
+    this.dialog = byId('bypass-dialog');
+    this.pending = null; // the conversation id "Never ask" waits to be confirmed for
+    dialogs.register(this.dialog, () => {
+      if (this.pending != null) this.show(this.hooks.current()); // cancelled: as it was
+      this.pending = null;
+    });
+    this.select.addEventListener('change', () => this.chosen(this.select.value));
+    byId('bypass-cancel').addEventListener('click', () => dialogs.close(this.dialog));
+    byId('bypass-ok').addEventListener('click', () => {
+      const id = this.pending;
+      this.pending = null;
+      dialogs.close(this.dialog);
+      if (id != null) this.save(id, BYPASS);
+    });
+  }
+
+  /** Show a conversation's mode (its event, any tab's change); archived: read-only. */
+  show(conv) {
+    if (!conv) return;
+    if (this.select.value !== conv.permission_mode) this.select.value = conv.permission_mode;
+    this.select.disabled = conv.status === 'archived';
+  }
+
+  chosen(mode) {
+    const conv = this.hooks.current();
+    if (!conv) return;
+    if (mode !== BYPASS) {
+      this.save(conv.id, mode);
+      return;
+    }
+    this.pending = conv.id;
+    this.dialogs.open(this.dialog, byId('bypass-cancel'));
+    this.dialog.returnFocus = this.select;
+  }
+
+  async save(id, mode) {
+    try {
+      await this.hooks.save(id, mode);
+    } catch (err) {
+      this.show(this.hooks.current()); // not changed: as it was
+      this.hooks.refused(err.message);
+    }
+  }
+}
