@@ -28,6 +28,7 @@ from app.agents.base import (
     CompactionFinished,
     CompactionStarted,
     MessageDone,
+    ModeChanged,
     Notice,
     PermissionDecision,
     PermissionRequest,
@@ -660,6 +661,19 @@ def test_summarize_input_picks_command_or_path() -> None:
 def test_shorten_says_what_was_cut() -> None:
     assert shorten("abc", 5) == "abc"
     assert shorten("abcdefgh", 5) == "abcde\n… (3 more characters)"
+
+
+def test_a_status_with_a_permission_mode_says_the_mode() -> None:
+    # As the CLI writes it after set_permission_mode, and when an approved plan ends plan mode.
+    mapper = EventMapper("s")
+    base = {"type": "system", "subtype": "status", "uuid": "u", "session_id": "s"}
+    compacting = {"status": "compacting", "permissionMode": "plan"}
+    assert [
+        mapper.feed_json(base | {"status": None, "permissionMode": "acceptEdits"}),
+        mapper.feed_json(base | compacting),
+        mapper.feed_json(base | {"status": None, "permissionMode": "auto"}),  # not one of ours
+        mapper.feed_json(base | {"status": None}),
+    ] == [[ModeChanged("acceptEdits")], [ModeChanged("plan"), CompactionStarted()], [], []]
 
 
 def test_mapper_tracks_background_tasks_until_they_end() -> None:

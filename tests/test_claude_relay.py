@@ -332,6 +332,47 @@ def test_a_permission_mode_changed_reaches_the_live_agent(
     assert asked == [question["id"]]  # the one question, of the default mode's turn
 
 
+def test_an_approved_plan_leaves_plan_mode_in_the_conversation_too(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Claude Code leaves plan mode when its plan is approved (to the mode before it, or
+    # default). The conversation said "plan" still, and the next start resumed in plan mode.
+    live = start()
+    cid = create_claude(live, permission_mode="plan")
+    work = Path(live.get(cid)["cwd"])
+    fake.tool_calls.append(("ExitPlanMode", {"plan": "1. Write one.txt"}))
+    with live.socket() as ws:
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert live.send(cid, "make a plan").status_code == 202
+        question = wait_question(live, cid)
+        assert question["data"]["tool"] == "ExitPlanMode"
+        answer = live.http.post(
+            f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
+        )
+        assert answer.status_code == 200, answer.text
+        told = receive_until(
+            ws,
+            lambda m: (
+                m["type"] == "conversation" and m["conversation"]["permission_mode"] != "plan"
+            ),
+            timeout=TIMEOUT,
+        )
+    assert told[-1]["conversation"]["permission_mode"] == "default"
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert live.get(cid)["permission_mode"] == "default"
+    # As the CLI now is: a write is asked about (in plan mode it would be refused).
+    assert live.send(cid, "[[WRITE:one.txt|1]]").status_code == 202
+    assert wait_question(live, cid)["data"]["tool"] == "Write"
+    # A mode the relay switched to itself is not undone by the CLI's echo of it.
+    changed = live.http.patch(f"/api/conversations/{cid}", json={"permission_mode": "acceptEdits"})
+    assert changed.status_code == 200, changed.text
+    question = wait_question(live, cid)
+    live.http.post(f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True})
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert (work / "one.txt").read_text() == "1"
+    assert live.get(cid)["permission_mode"] == "acceptEdits"
+
+
 def test_the_agent_s_own_turn_after_a_background_task_is_shown_as_it_comes(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:

@@ -92,6 +92,14 @@ class CompactionFailed:
 
 
 @dataclass(frozen=True)
+class ModeChanged:
+    """The agent's permission mode is now this one: its own change (Claude Code leaves plan
+    mode when its plan is approved), or the echo of one the relay asked for."""
+
+    mode: str
+
+
+@dataclass(frozen=True)
 class Notice:
     """A full-width line for the timeline (an API retry, a resumed session...)."""
 
@@ -119,6 +127,7 @@ AgentEvent = (
     | CompactionStarted
     | CompactionFinished
     | CompactionFailed
+    | ModeChanged
     | Notice
     | TurnDone
 )

@@ -63,6 +63,7 @@ from app.agents.base import (
     CompactionFinished,
     CompactionStarted,
     MessageDone,
+    ModeChanged,
     Notice,
     PermissionRequest,
     SessionStarted,
@@ -80,6 +81,7 @@ from app.agents.common import (
 )
 from app.agents.lifetime import die_with_relay
 from app.agents.transcript import compaction_summary, prompt_received, restored_cost
+from app.config import PERMISSION_MODES
 from app.questions import asked
 from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
 
@@ -362,6 +364,15 @@ class EventMapper:
         return events
 
     def _system(self, subtype: str, data: dict[str, Any]) -> list[AgentEvent]:
+        events = self._system_event(subtype, data)
+        # A status line says the permission mode after each change (set_permission_mode's,
+        # and the CLI's own: plan mode left when the plan is approved).
+        mode = data.get("permissionMode")
+        if subtype == "status" and isinstance(mode, str) and mode in PERMISSION_MODES:
+            return [ModeChanged(mode), *events]
+        return events
+
+    def _system_event(self, subtype: str, data: dict[str, Any]) -> list[AgentEvent]:
         self._track_task(subtype, data)
         if subtype == "init":
             session_id = data.get("session_id")

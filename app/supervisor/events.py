@@ -21,6 +21,7 @@ from app.agents.base import (
     CompactionStarted,
     CompactionSummaries,
     MessageDone,
+    ModeChanged,
     Notice,
     Receipts,
     SessionStarted,
@@ -236,6 +237,15 @@ class Events(SupervisorState):
                     self.publish_turn(cid, session)
                 case CompactionFinished():
                     self._on_compacted(session, runner, conversation, event)
+                case ModeChanged(mode=mode):
+                    # The live agent's own word: its mode (plan mode left by an approved plan)
+                    # is the conversation's, in every tab and for its next start.
+                    runner.agent_mode = mode
+                    if conversation.permission_mode != mode:
+                        store.update_conversation(
+                            session=session, conversation=conversation, permission_mode=mode
+                        )
+                        self.publish_conversation(conversation)
                 case CompactionFailed(reason=reason):
                     failed = failed_text(compaction_style(conversation.provider), reason)
                     if runner.compaction is not None and failed is None:
