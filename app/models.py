@@ -10,6 +10,7 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from app.config import PermissionMode
 from app.unicode_text import has_visible_character, is_valid_unicode
 
 EntryKind = Literal["user", "agent", "activity", "line"]
@@ -291,6 +292,8 @@ class PermissionAnswer(SQLModel):
     message: Said = Field(default="", max_length=2000)
     # The answers to an AskUserQuestion: question → answer (app/questions.py checks them).
     answers: dict[Said, Answer] | None = Field(default=None, max_length=20)
+    # An approved plan's mode (ExitPlanMode): default or acceptEdits (app/questions.py).
+    mode: PermissionMode | None = None
 
 
 class EntryPublic(SQLModel):

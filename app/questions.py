@@ -15,6 +15,11 @@ from app.store import storable
 QUESTION_TOOL = "AskUserQuestion"
 NOT_A_QUESTION = "Only a question of the agent's (AskUserQuestion) takes answers."
 ANSWER_ALL = "Answer every question (or skip them all)."
+PLAN_TOOL = "ExitPlanMode"  # Claude Code's plan, asked to be approved: plan mode ends with it
+PLAN_MODES = ("default", "acceptEdits")  # what an approved plan goes on in
+NOT_A_PLAN = "Only the approval of a plan (ExitPlanMode) takes a mode."
+PLAN_MODE_ONLY = "An approved plan goes on in mode default or acceptEdits."
+KEPT_PLANNING = "A plan kept in planning takes no mode."
 # Why a question expired unanswered (its entry's data "expired"; the UI shows "Expired: …").
 EXPIRED_STOPPED = "the turn was stopped"
 EXPIRED_ENDED = "the turn ended"
@@ -58,11 +63,27 @@ def checked_answers(
     return {q: given[q] for q in questions}
 
 
+def checked_mode(entry_data: dict[str, Any], allow: bool, mode: str | None) -> str | None:
+    """The mode an answer approves a plan with, checked (ValueError: what is wrong): only a
+    plan's question takes one, only when approved, only a mode that asks before commands."""
+    if mode is None:
+        return None
+    if entry_data.get("tool") != PLAN_TOOL:
+        raise ValueError(NOT_A_PLAN)
+    if not allow:
+        raise ValueError(KEPT_PLANNING)
+    if mode not in PLAN_MODES:
+        raise ValueError(PLAN_MODE_ONLY)
+    return mode
+
+
 def decision_of(state: str, entry_data: dict[str, Any]) -> PermissionDecision:
     """The decision a stored, answered question carries (answered on another node...)."""
     answers = entry_data.get("answers")
+    mode = entry_data.get("approved_mode")
     return PermissionDecision(
         state == "allowed",
         str(entry_data.get("answer_message") or ""),
         answers=dict(answers) if isinstance(answers, dict) else None,
+        mode=mode if mode in PLAN_MODES else None,
     )

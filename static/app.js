@@ -135,10 +135,10 @@ byId('toast').addEventListener('keydown', (event) => {
 });
 
 const timeline = new Timeline({
-  onPermission: async (entry, allow, answers) => {
+  onPermission: async (entry, allow, answers, more = {}) => { // more: a plan's mode, a message
     const cur = state.current;
     const { data } = await api(`/api/conversations/${cur.id}/permissions/${entry.id}`, {
-      method: 'POST', body: answers ? { allow, answers } : { allow },
+      method: 'POST', body: answers ? { allow, answers, ...more } : { allow, ...more },
     });
     if (state.current === cur && data && data.id != null) timeline.upsert(data);
   },

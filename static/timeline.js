@@ -299,9 +299,52 @@ function questionEntry(entry, timeline) {
   return card;
 }
 
+// How a plan's approval goes on (ExitPlanMode): the mode it is approved with, or kept in planning.
+const PLAN_CHOICES = [
+  { text: 'Approve, accept edits', testid: 'plan-accept-edits', allow: true, more: { mode: 'acceptEdits' } },
+  { text: 'Approve, ask before edits', testid: 'plan-ask', allow: true, more: { mode: 'default' } },
+  { text: 'Keep planning', testid: 'plan-keep', allow: false, more: { message: 'The user wants to keep planning: the plan is not approved yet.' } },
+];
+const PLAN_ANSWERS = { allowed: 'Approved', denied: 'Kept in planning', expired: 'Expired' };
+const PLAN_MODE_NAMES = { acceptEdits: 'edits accepted', default: 'asking before edits' };
+
+/** Claude Code's plan, asked to be approved (plan mode ends with it): the plan as plain text,
+ * then how the work goes on, as in Claude Code's own prompt. */
+function planEntry(entry, timeline) {
+  const data = entry.data || {};
+  const plan = data.input && typeof data.input.plan === 'string' ? data.input.plan : '';
+  const card = h('div', { class: `activity permission plan state-${entry.state}`, testid: 'entry-activity' },
+    h('div', { class: 'perm-title' }, h('strong', { text: 'The agent’s plan' }),
+      plan ? ': approve it and the agent starts the work.' : ' is ready (its text did not come with the question).'),
+    plan ? h('div', { class: 'plan-text', dir: 'auto', testid: 'plan-text', text: visible(plan).shown }) : null);
+  if (entry.state !== 'pending') {
+    const how = entry.state === 'allowed' && PLAN_MODE_NAMES[data.approved_mode];
+    const text = how ? `${PLAN_ANSWERS.allowed}, ${how}` : outcome(entry, PLAN_ANSWERS);
+    card.append(h('div', { class: `perm-answer ${entry.state}`, testid: 'permission-answer', text }));
+    return card;
+  }
+  const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
+  const buttons = PLAN_CHOICES.map((choice, i) => h('button', {
+    type: 'button', class: i === 0 ? 'btn btn-primary btn-small' : 'btn btn-small', testid: choice.testid, text: choice.text,
+    onclick: () => {
+      buttons.forEach((b) => { b.disabled = true; });
+      error.hidden = true;
+      timeline.hooks.onPermission(entry, choice.allow, null, choice.more).catch((err) => {
+        if (err.status === 409) return; // answered elsewhere first: the entry event will follow
+        error.textContent = err.message;
+        error.hidden = false;
+        buttons.forEach((b) => { b.disabled = false; });
+      });
+    },
+  }));
+  card.append(h('div', { class: 'perm-actions' }, ...buttons, error));
+  return card;
+}
+
 function permissionEntry(entry, timeline) {
   const data = entry.data || {};
   if (data.tool === 'AskUserQuestion') return questionEntry(entry, timeline);
+  if (data.tool === 'ExitPlanMode') return planEntry(entry, timeline);
   const edit = data.edit && typeof data.edit === 'object' ? data.edit : null;
   const wants = !edit ? ' wants to run:' : edit.kind === 'write' ? ' wants to write:' : ' wants to edit:';
   const main = visible(edit ? String(edit.file || '') : inputSummary(data.input));

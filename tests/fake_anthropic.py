@@ -22,7 +22,8 @@ reply reports), ``delta_delay`` (seconds before each streamed delta), ``summary_
 ``{"errors": [429], "should_retry": false}``) queues error replies for the next requests.
 Every request is recorded in ``requests`` (path, lowercased headers, JSON body).
 ``tool_calls`` holds (name, input) pairs: each answers one next request (that carries no
-tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``.
+tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``; an
+``ExitPlanMode`` with a ``plan`` first writes it to the plan file the request names.
 Message ids are unique: ``msg_fake_000001``, ``msg_fake_000002``…
 """
 
@@ -35,10 +36,12 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 from tests.fake_server import LOREM, FakeServer, Request, content_text
 
+PLAN_FILE = re.compile(r"(?:create your plan at|plan file exists at) (/[^ \\\"]+?\.md)")
 REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 SUMMARY_MARKER = "Your task is to create a detailed summary of the conversation so far"
 ERROR_TYPES = {
@@ -167,6 +170,8 @@ class FakeAnthropic(FakeServer):
             return reply | {"blocks": [("text", f"The tool returned: {returned}")]}
         if self.tool_calls:
             name, tool_input = self.tool_calls.popleft()
+            if name == "ExitPlanMode" and isinstance(tool_input.get("plan"), str):
+                _write_plan(body, tool_input["plan"])
             tool_use = ("tool_use", f"toolu_fake_{n:04d}", tool_input, name)
             return reply | {"blocks": [("text", f"I will call {name}."), tool_use]}
         if slow := re.search(r"\[\[SLOW:([\d.]+)\]\]", text):
@@ -184,6 +189,16 @@ class FakeAnthropic(FakeServer):
             reply["word_delay"] = max(self.delta_delay, self.long_word_delay)
             return reply | {"blocks": [("text", " ".join(words))], "split_words": True}
         return reply | {"blocks": [("text", f"You said: {text}")]}
+
+
+def _write_plan(body: dict[str, Any], plan: str) -> None:
+    """Write the plan where plan mode told the model to (as a model's Write would have): Claude
+    Code sends the plan file's text with ExitPlanMode's question, not the call's own."""
+    found = PLAN_FILE.search(json.dumps(body))
+    if found is not None:
+        path = Path(json.loads(f'"{found[1]}"'))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(plan)
 
 
 def _tool_name(block: tuple[Any, ...]) -> str:

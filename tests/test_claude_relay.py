@@ -373,6 +373,72 @@ def test_an_approved_plan_leaves_plan_mode_in_the_conversation_too(
     assert live.get(cid)["permission_mode"] == "acceptEdits"
 
 
+def plan_question(live: LiveRelay, fake: FakeAnthropic, cid: int, plan: str) -> dict[str, Any]:
+    """Have the agent ask for its plan's approval (ExitPlanMode); the question."""
+    fake.tool_calls.append(("ExitPlanMode", {"plan": plan}))
+    assert live.send(cid, "make a plan").status_code == 202
+    question = wait_question(live, cid)
+    assert question["data"]["tool"] == "ExitPlanMode"
+    return question
+
+
+def test_a_plan_is_approved_into_the_mode_chosen_or_kept_in_planning(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    live = start()
+    cid = create_claude(live, permission_mode="plan")
+    work = Path(live.get(cid)["cwd"])
+    question = plan_question(live, fake, cid, "1. Write one.txt\n2. Check it")
+    assert question["data"]["input"]["plan"] == "1. Write one.txt\n2. Check it"  # the plan file's
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    refused = [
+        live.http.post(url, json={"allow": False, "mode": "acceptEdits"}),
+        live.http.post(url, json={"allow": True, "mode": "plan"}),
+        live.http.post(url, json={"allow": True, "mode": "bogus"}),
+    ]
+    assert [r.status_code for r in refused] == [400, 400, 422]
+    assert [r.json()["detail"] for r in refused[:2]] == [
+        "A plan kept in planning takes no mode.",
+        "An approved plan goes on in mode default or acceptEdits.",
+    ]
+    kept = live.http.post(url, json={"allow": False, "message": "Keep planning: add tests."})
+    assert (kept.status_code, kept.json()["state"]) == (200, "denied")
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert live.get(cid)["permission_mode"] == "plan"
+    assert "Keep planning: add tests." in json.dumps(fake.message_bodies()[-1]["messages"][-1])
+
+    question = plan_question(live, fake, cid, "1. Write one.txt")
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    approved = live.http.post(url, json={"allow": True, "mode": "acceptEdits"})
+    assert (approved.status_code, approved.json()["data"]["approved_mode"]) == (200, "acceptEdits")
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert live.get(cid)["permission_mode"] == "acceptEdits"
+    view = turn(live, cid, "[[WRITE:one.txt|1]]")  # accepted without a question
+    assert (work / "one.txt").read_text() == "1"
+    assert [e for e in view["timeline"] if e["state"] == "pending"] == []
+
+    # Back in plan mode from acceptEdits, approved as "ask before edits": default, not the
+    # mode it was in before planning.
+    changed = live.http.patch(f"/api/conversations/{cid}", json={"permission_mode": "plan"})
+    assert changed.status_code == 200, changed.text
+    question = plan_question(live, fake, cid, "1. Write two.txt")
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    assert live.http.post(url, json={"allow": True, "mode": "default"}).status_code == 200
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert live.get(cid)["permission_mode"] == "default"
+    assert live.send(cid, "[[WRITE:two.txt|2]]").status_code == 202
+    assert wait_question(live, cid)["data"]["tool"] == "Write"  # asked, as in default
+    write = wait_question(live, cid)
+    other = live.http.post(
+        f"/api/conversations/{cid}/permissions/{write['id']}",
+        json={"allow": True, "mode": "default"},
+    )
+    assert (other.status_code, other.json()["detail"]) == (
+        400,
+        "Only the approval of a plan (ExitPlanMode) takes a mode.",
+    )
+
+
 def test_the_agent_s_own_turn_after_a_background_task_is_shown_as_it_comes(
     start: StartRelay, fake: FakeAnthropic
 ) -> None:

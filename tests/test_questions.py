@@ -7,7 +7,17 @@ import re
 import pytest
 
 from app.agents.base import PermissionDecision
-from app.questions import ANSWER_ALL, NOT_A_QUESTION, asked, checked_answers, decision_of
+from app.questions import (
+    ANSWER_ALL,
+    KEPT_PLANNING,
+    NOT_A_PLAN,
+    NOT_A_QUESTION,
+    PLAN_MODE_ONLY,
+    asked,
+    checked_answers,
+    checked_mode,
+    decision_of,
+)
 
 INPUT = {
     "questions": [
@@ -63,3 +73,29 @@ def test_a_stored_answer_is_the_decision_it_was() -> None:
     assert decision_of("denied", ASKED | {"answer_message": "no"}) == PermissionDecision(
         False, "no"
     )
+
+
+def test_only_an_approved_plan_takes_a_mode_and_only_one_that_asks_before_commands() -> None:
+    plan = {"type": "permission", "tool": "ExitPlanMode", "input": {"plan": "1. Do it"}}
+    write = {"type": "permission", "tool": "Write", "input": {}}
+    assert [checked_mode(plan, True, m) for m in ("default", "acceptEdits", None)] == [
+        "default",
+        "acceptEdits",
+        None,
+    ]
+    assert checked_mode(plan, False, None) is None
+    for data, allow, mode, why in (
+        (write, True, "default", NOT_A_PLAN),
+        (plan, False, "acceptEdits", KEPT_PLANNING),
+        (plan, True, "bypassPermissions", PLAN_MODE_ONLY),
+        (plan, True, "plan", PLAN_MODE_ONLY),
+    ):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            checked_mode(data, allow, mode)
+
+
+def test_an_approved_plan_s_mode_is_in_its_stored_decision() -> None:
+    # The owner node settles a question answered elsewhere from what was stored.
+    plan = {"tool": "ExitPlanMode", "approved_mode": "acceptEdits"}
+    assert decision_of("allowed", plan) == PermissionDecision(True, mode="acceptEdits")
+    assert decision_of("allowed", {**plan, "approved_mode": "bypassPermissions"}).mode is None

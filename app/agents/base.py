@@ -156,6 +156,8 @@ class PermissionDecision:
     message: str = ""
     # The user's answers to the agent's own questions (AskUserQuestion): question → answer.
     answers: dict[str, str] | None = None
+    # An approved plan's permission mode (ExitPlanMode): the agent goes on in it.
+    mode: str | None = None
 
 
 AskPermission = Callable[[PermissionRequest], Awaitable[PermissionDecision]]

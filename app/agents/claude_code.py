@@ -17,7 +17,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from subprocess import PIPE
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.abc import Process
@@ -30,8 +30,10 @@ from claude_agent_sdk import (
     HookInput,
     HookJSONOutput,
     HookMatcher,
+    PermissionMode,
     PermissionResultAllow,
     PermissionResultDeny,
+    PermissionUpdate,
     RateLimitEvent,
     ResultMessage,
     SdkMcpTool,
@@ -714,6 +716,10 @@ class ClaudeCodeAgent(TurnFlags):
         decision = await ask_user(self.spec, request)
         if decision.allow and decision.answers is not None:  # AskUserQuestion's, answered
             return PermissionResultAllow(updated_input={**tool_input, "answers": decision.answers})
+        if decision.allow and decision.mode is not None:  # a plan approved: plan mode ends in it
+            mode = cast(PermissionMode, decision.mode)
+            change = PermissionUpdate(type="setMode", mode=mode, destination="session")
+            return PermissionResultAllow(updated_permissions=[change])
         if decision.allow:
             return PermissionResultAllow()
         return PermissionResultDeny(message=decision.message)

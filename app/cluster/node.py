@@ -42,7 +42,7 @@ from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
 from app.config import PERMISSION_MODES, Settings
 from app.providers import agent_env
-from app.questions import decision_of
+from app.questions import PLAN_MODES, decision_of
 from app.summary import SummaryMessage, build_summary
 from app.supervisor.pool import REFRESH_SECONDS
 from app.workspace import WorkspaceError, usable_cwd
@@ -485,11 +485,12 @@ class ClusterNode:
             entry_id = message.get("entry_id")
             if isinstance(entry_id, int) and entry_id:
                 allow = bool(message.get("allow"))
-                answers = message.get("answers")
+                answers, mode = message.get("answers"), message.get("mode")
                 decision = PermissionDecision(
                     allow,
                     str(message.get("message") or ""),
                     answers=answers if isinstance(answers, dict) else None,
+                    mode=mode if mode in PLAN_MODES else None,
                 )
                 supervisor.settle_question(cid, entry_id, decision)
 

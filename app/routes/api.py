@@ -308,7 +308,9 @@ async def answer_permission(
     """Allow or deny a tool the agent asked to run; the first answer wins."""
     conversation = await fetch_conversation(supervisor, conversation_id)
     try:
-        decision = PermissionDecision(body.allow, body.message, answers=body.answers)
+        decision = PermissionDecision(
+            body.allow, body.message, answers=body.answers, mode=body.mode
+        )
         entry = await supervisor.storage.write(supervisor.answer, conversation, entry_id, decision)
     except ValueError as error:  # answers that do not fit the question
         raise HTTPException(400, str(error)) from None

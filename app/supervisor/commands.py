@@ -17,7 +17,7 @@ from app.agents.base import PermissionDecision, WarmsUp
 from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
-from app.questions import EXPIRED_STOPPED, checked_answers, decision_of
+from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
 from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
@@ -535,6 +535,7 @@ class Commands(SupervisorState):
             if entry.state != "pending":
                 raise ConversationError(f"This question was already answered ({entry.state}).")
             answers = checked_answers(entry.data, decision.allow, decision.answers)  # ValueError
+            mode = checked_mode(entry.data, decision.allow, decision.mode)  # ValueError
             runner = self.runners.get(conversation.id or 0)  # (none on another node)
             future = runner.questions.pop(entry_id, None) if runner is not None else None
             here = self.cluster is None or self.cluster.holds(conversation.id or 0)
@@ -546,6 +547,8 @@ class Commands(SupervisorState):
                 data = {**data, "answer_message": decision.message}
             if answers is not None:  # (and shown with the question)
                 data = {**data, "answers": answers}
+            if mode is not None:
+                data = {**data, "approved_mode": mode}
             self._save(session, conversation, entry, state=state, data=data)
         if future is not None:  # the agent gets the answers as stored and shown (trimmed)
             self.storage.soon(_settle, future, replace(decision, answers=answers))
@@ -553,6 +556,8 @@ class Commands(SupervisorState):
             fields = {"entry_id": entry_id, "allow": decision.allow, "message": decision.message}
             if answers is not None:
                 fields["answers"] = answers
+            if mode is not None:
+                fields["mode"] = mode
             self.cluster.send("answer", conversation.id or 0, **fields)
         return entry
 
