@@ -310,6 +310,43 @@ def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path)
     assert (work / "one.txt").read_text() == "1"
 
 
+def test_a_plan_approved_on_another_node_goes_on_in_the_mode_chosen(tmp_path: Path) -> None:
+    """The answer's mode travels with it to the node that runs Claude Code."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    with FakeAnthropic() as api, cluster(tmp_path) as running:
+        owner, other = running.start(
+            2,
+            HOME=str(home),
+            ANTHROPIC_BASE_URL=api.base_url,
+            ANTHROPIC_API_KEY="sk-test",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
+        )
+        cid = owner.create(provider="claude", title="Plan", permission_mode="plan")
+        work = Path(owner.get(cid)["cwd"])
+        api.tool_calls.append(("ExitPlanMode", {"plan": "1. Write one.txt"}))
+        owner.send(cid, "make a plan")  # node 1 runs it
+        view = other.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))
+        (question,) = [e for e in view["timeline"] if e["state"] == "pending"]
+        answer = other.client.post(
+            f"/api/conversations/{cid}/permissions/{question['id']}",
+            json={"allow": True, "mode": "acceptEdits"},
+        )
+        assert answer.status_code == 200, answer.text
+        other.wait_for(cid, lambda v: v["permission_mode"] == "acceptEdits")
+        owner.wait_idle(cid)
+        owner.send(cid, "[[WRITE:one.txt|1]]")
+        view = owner.wait_for(
+            cid,
+            lambda v: (
+                v["turn"]["state"] == "idle" or any(e["state"] == "pending" for e in v["timeline"])
+            ),
+        )
+    assert [e["data"]["tool"] for e in view["timeline"] if e["state"] == "pending"] == []
+    assert (work / "one.txt").read_text() == "1"
+
+
 def test_a_node_takes_only_conversations_whose_directory_it_has(
     nodes: Nodes, tmp_path: Path
 ) -> None:
