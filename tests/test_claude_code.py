@@ -656,6 +656,9 @@ def test_summarize_input_picks_command_or_path() -> None:
     agent = {"description": "sub task", "prompt": "a long prompt", "subagent_type": "general"}
     assert summarize_input(agent) == "sub task"
     assert summarize_input({}) == ""
+    # A plan to approve (ExitPlanMode, with its file as Claude Code adds it): its first line.
+    plan = {"plan": "## Plan\n1. Write one.txt", "planFilePath": "/home/me/.claude/plans/p.md"}
+    assert summarize_input(plan) == "## Plan"
 
 
 def test_shorten_says_what_was_cut() -> None:

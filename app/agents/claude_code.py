@@ -104,6 +104,7 @@ SUMMARY_KEYS = (
     "url",
     "query",
     "description",
+    "plan",  # ExitPlanMode: its plan, not the plan and its file as JSON
 )
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
