@@ -373,6 +373,29 @@ def test_an_approved_plan_leaves_plan_mode_in_the_conversation_too(
     assert live.get(cid)["permission_mode"] == "acceptEdits"
 
 
+def test_the_echoes_of_the_relay_s_own_mode_switches_change_nothing(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Between turns the CLI's echo of each switch waits for the next turn. Taken for the
+    # agent's own changes, the first (acceptEdits) set the conversation back to it there,
+    # until the second (plan) came: every tab saw the mode flip.
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "hello")  # a live agent, idle
+    with live.socket() as ws:
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        for mode in ("acceptEdits", "plan"):
+            changed = live.http.patch(f"/api/conversations/{cid}", json={"permission_mode": mode})
+            assert changed.status_code == 200, changed.text
+        assert live.send(cid, "after").status_code == 202
+        seen = receive_until(
+            ws, lambda m: m["type"] == "turn" and m["turn"]["state"] == "idle" and m["seq"] > 1
+        )
+    modes = [m["conversation"]["permission_mode"] for m in seen if m["type"] == "conversation"]
+    assert modes[modes.index("plan") :] == ["plan"] * len(modes[modes.index("plan") :]), modes
+    assert live.get(cid)["permission_mode"] == "plan"
+
+
 def plan_question(live: LiveRelay, fake: FakeAnthropic, cid: int, plan: str) -> dict[str, Any]:
     """Have the agent ask for its plan's approval (ExitPlanMode); the question."""
     fake.tool_calls.append(("ExitPlanMode", {"plan": plan}))

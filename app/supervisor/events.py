@@ -237,9 +237,11 @@ class Events(SupervisorState):
                     self.publish_turn(cid, session)
                 case CompactionFinished():
                     self._on_compacted(session, runner, conversation, event)
+                case ModeChanged(mode=mode) if runner.mode_echoes and runner.mode_echoes[0] == mode:
+                    runner.mode_echoes.popleft()  # the relay's own switch: stored already
                 case ModeChanged(mode=mode):
-                    # The live agent's own word: its mode (plan mode left by an approved plan)
-                    # is the conversation's, in every tab and for its next start.
+                    # The agent's own change (plan mode left by an approved plan): the
+                    # conversation's mode, in every tab and for the agent's next start.
                     runner.agent_mode = mode
                     if conversation.permission_mode != mode:
                         store.update_conversation(

@@ -89,6 +89,7 @@ class Pool(SupervisorState):
             raise
         runner.agent, runner.starting = agent, False
         runner.agent_mode = spec.permission_mode
+        runner.mode_echoes.clear()
         runner.last_used = time.monotonic()  # its idle time starts now, not at the request
         self.publish_agent(runner.conversation_id)
         await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
@@ -106,9 +107,17 @@ class Pool(SupervisorState):
         agent = runner.agent
         if agent is None or runner.agent_mode == mode:
             return
-        if isinstance(agent, SwitchesMode) and await agent.switch_mode(mode):
-            runner.agent_mode = mode
-            return
+        if isinstance(agent, SwitchesMode):
+            runner.mode_echoes.append(mode)  # before the request: its echo may come first
+            try:
+                switched = await agent.switch_mode(mode)
+            except BaseException:
+                runner.mode_echoes.pop()
+                raise
+            if switched:
+                runner.agent_mode = mode
+                return
+            runner.mode_echoes.pop()  # not switched: no echo comes
         idle = runner.state == TurnState.IDLE and not runner.starting
         # (background work: a restart would kill it; applied at a turn after it)
         if (turn_begins or idle) and not agent.background_work():

@@ -6,6 +6,7 @@ import asyncio
 import bisect
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -111,6 +112,9 @@ class Runner:
     conversation_id: int
     agent: Agent | None = None
     agent_mode: str | None = None  # the permission mode the live agent runs with
+    # Modes the relay switched the live agent to, whose echo (ModeChanged) has not come yet:
+    # an echo is the relay's own change, any other report the agent's (an approved plan).
+    mode_echoes: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     task: asyncio.Task[None] | None = None
     state: TurnState = TurnState.IDLE
     streaming: dict[str, Streaming] = field(default_factory=dict)
