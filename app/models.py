@@ -90,8 +90,9 @@ class Conversation(SQLModel, table=True):
     permission_mode: str = "default"
     session_id: str | None = None  # the agent's own session id, for resume
     context_tokens: int | None = Field(default=None, sa_type=BigInt)
-    model: str | None = None
+    model: str | None = None  # the model the agent last said it uses
     model_window: int | None = Field(default=None, sa_type=BigInt)
+    chosen_model: str | None = None  # the user's choice (Claude Code's --model); None: default
     # The user's setting (None = Auto), and the one the agent process was started with.
     auto_compact_window: int | None = Field(default=None, sa_type=BigInt)
     applied_window: int | None = Field(default=None, sa_type=BigInt)
@@ -267,6 +268,7 @@ class ConversationUpdate(SQLModel):
     title: Text | None = Field(default=None, max_length=200)
     permission_mode: Text | None = None
     auto_compact_window: int | None = None
+    chosen_model: Text | None = Field(default=None, max_length=100)
 
     _title = field_validator("title")(_visible_title)
     _title_nul = field_validator("title")(_no_nul)
@@ -322,6 +324,7 @@ class ConversationPublic(SQLModel):
     context_tokens: int | None
     model: str | None
     model_window: int | None
+    chosen_model: str | None
     auto_compact_window: int | None
     pending_summary: str | None
     compacted_from_id: int | None

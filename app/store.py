@@ -562,6 +562,7 @@ def compact_conversation(
         auto_compact_window=old.auto_compact_window,
         model=old.model,
         model_window=old.model_window,
+        chosen_model=old.chosen_model,
         pending_summary=summary,
         compacted_from_id=old.id,
         carry=carry,

@@ -10,7 +10,7 @@ import { ConvActions, convDescription, convMeta, setPageTitle, showNeeds } from 
 import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
-import { ModeControl } from './mode.js';
+import { ModeControl, ModelControl } from './mode.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -186,6 +186,16 @@ const modeControl = new ModeControl({
   },
   refused: (message) => toast(`The permission mode was not changed: ${message}`),
 }, dialogs);
+
+const modelControl = new ModelControl({
+  current: () => (state.current && state.current.loaded ? state.current.conv : null),
+  save: async (id, model) => {
+    const asked = feed.clock;
+    const { data } = await api(`/api/conversations/${id}`, { method: 'PATCH', body: { chosen_model: model } });
+    onConversation(data, asked);
+  },
+  refused: (message) => toast(`The model was not changed: ${message}`),
+});
 
 const backups = new Backups({
   current: () => {
@@ -800,6 +810,7 @@ function renderChrome() {
   byId('composer').hidden = archived && !input.value;
   input.readOnly = archived;
   modeControl.show(conv);
+  modelControl.show(conv);
   byId('timeline').classList.toggle('readonly', archived);
   updateComposer();
 }

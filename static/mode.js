@@ -1,7 +1,8 @@
-// mode.js — the composer's permission mode: what the agent may do without asking, changeable at
-// any time (the relay switches a live Claude Code agent in place, from its next tool call).
-// "Never ask" is confirmed first: a stray arrow key on the closed list must not choose it.
-import { byId } from './util.js';
+// mode.js — under the message box: the permission mode (what the agent may do without asking)
+// and, for Claude Code, the model; both changeable at any time (the relay switches a live
+// agent in place). "Never ask" is confirmed first: a stray arrow key on the closed list must
+// not choose it.
+import { byId, h } from './util.js';
 
 const BYPASS = 'bypassPermissions';
 
@@ -50,6 +51,41 @@ export class ModeControl {
   async save(id, mode) {
     try {
       await this.hooks.save(id, mode);
+    } catch (err) {
+      this.show(this.hooks.current()); // not changed: as it was
+      this.hooks.refused(err.message);
+    }
+  }
+}
+
+/** The model a Claude Code conversation uses (Default: the relay's OARLOCK_CLAUDE_MODEL or
+ * Claude Code's own); one set through the API shows as itself. */
+export class ModelControl {
+  /** hooks: current() → the shown conversation or null, save(id, model) → Promise,
+   *  refused(message). */
+  constructor(hooks) {
+    this.hooks = hooks;
+    this.field = byId('model-field');
+    this.select = byId('model-select');
+    this.select.addEventListener('change', () => this.chosen(this.select.value));
+  }
+
+  show(conv) {
+    if (!conv) return;
+    this.field.hidden = conv.provider !== 'claude';
+    const value = conv.chosen_model || '';
+    if (![...this.select.options].some((o) => o.value === value)) {
+      this.select.append(h('option', { value, text: value }));
+    }
+    if (this.select.value !== value) this.select.value = value;
+    this.select.disabled = conv.status === 'archived';
+  }
+
+  async chosen(model) {
+    const conv = this.hooks.current();
+    if (!conv) return;
+    try {
+      await this.hooks.save(conv.id, model || null);
     } catch (err) {
       this.show(this.hooks.current()); // not changed: as it was
       this.hooks.refused(err.message);

@@ -170,6 +170,7 @@ def test_create_conversation_defaults(relay: LiveRelay) -> None:
         "context_tokens": None,
         "model": None,
         "model_window": None,
+        "chosen_model": None,
         "auto_compact_window": None,
         "pending_summary": None,
         "compacted_from_id": None,
@@ -725,6 +726,7 @@ def test_compact_201_new_conversation(relay: LiveRelay) -> None:
         "context_tokens": None,
         "model": "demo",
         "model_window": 200000,
+        "chosen_model": None,
         "auto_compact_window": None,
         "pending_summary": "Conversation: hello\nUser: hello\nAgent: You said: “hello” "
         + DEMO_TAIL,

@@ -22,6 +22,7 @@ import pytest
 from app.agents.claude_code import RESUME_FAILED
 from app.agents.common import DENIED
 from app.compaction import finished_text
+from app.routes.api import MODEL_FIXED
 from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
 from app.supervisor.pool import ARCHIVED_WORK_LINE, SHUTDOWN_WORK_LINE
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
@@ -394,6 +395,44 @@ def test_the_echoes_of_the_relay_s_own_mode_switches_change_nothing(
     modes = [m["conversation"]["permission_mode"] for m in seen if m["type"] == "conversation"]
     assert modes[modes.index("plan") :] == ["plan"] * len(modes[modes.index("plan") :]), modes
     assert live.get(cid)["permission_mode"] == "plan"
+
+
+def requested_models(fake: FakeAnthropic) -> list[str]:
+    """The model of each Messages request, in order."""
+    return [str(body.get("model")) for body in fake.message_bodies()]
+
+
+def test_a_chosen_model_is_used_from_the_next_request_and_by_the_next_conversation(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    live = start()
+    cid = create_claude(live)
+    demo = live.create()["id"]
+    answers = [
+        live.http.patch(f"/api/conversations/{cid}", json={"chosen_model": name})
+        for name in ("opus; rm -rf /", "--dangerously-skip-permissions", "x" * 101)
+    ] + [live.http.patch(f"/api/conversations/{demo}", json={"chosen_model": "sonnet"})]
+    assert [r.status_code for r in answers] == [422, 422, 422, 409]
+    assert answers[3].json()["detail"] == MODEL_FIXED
+
+    turn(live, cid, "hello")
+    default = requested_models(fake)[-1]
+    pid = agent_pid(live, cid)
+    changed = live.http.patch(f"/api/conversations/{cid}", json={"chosen_model": "haiku"})
+    assert (changed.status_code, changed.json()["chosen_model"]) == (200, "haiku")
+    turn(live, cid, "again")
+    used = requested_models(fake)[-1]
+    assert ("haiku" in used, "haiku" in default) == (True, False), (default, used)
+    assert agent_pid(live, cid) == pid  # switched in place: the session goes on
+    # /compact carries the choice on; the new conversation's agent starts with it.
+    new = live.send(cid, "/compact").json()["compacted_into"]
+    assert new["chosen_model"] == "haiku"
+    turn(live, new["id"], "in the new one")
+    assert "haiku" in requested_models(fake)[-1]
+    back = live.http.patch(f"/api/conversations/{new['id']}", json={"chosen_model": ""})
+    assert (back.status_code, back.json()["chosen_model"]) == (200, None)
+    turn(live, new["id"], "default again")
+    assert requested_models(fake)[-1] == default
 
 
 def plan_question(live: LiveRelay, fake: FakeAnthropic, cid: int, plan: str) -> dict[str, Any]:

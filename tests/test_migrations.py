@@ -38,7 +38,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0011", "0011")
+    assert (current, head) == ("0012", "0012")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -61,7 +61,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0011"
+        assert MigrationContext.configure(connection).get_current_revision() == "0012"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

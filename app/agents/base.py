@@ -175,6 +175,7 @@ class AgentSpec:
     env: dict[str, str]  # the agent process's whole environment (built by the relay)
     ask_permission: AskPermission
     context_tokens: int | None = None  # what the relay last knew (lets the demo resume)
+    model: str | None = None  # the user's choice (Claude Code's --model); None: the default
     tools: tuple[RelayTool, ...] = ()  # the relay's own tools (save_handoff...), never asked about
     # Called (on the loop) when the agent begins a turn of its own between the relay's
     # turns (OwnTurns): a background task or subagent ended.
@@ -229,6 +230,14 @@ class SwitchesMode(Protocol):
 
     async def switch_mode(self, mode: str) -> bool:
         """Apply mode now, from its next tool call on; False when only a restart can."""
+
+
+@runtime_checkable
+class SwitchesModel(Protocol):
+    """An agent whose model can change while it runs (Claude Code: from its next request)."""
+
+    async def switch_model(self, model: str | None) -> None:
+        """Use model (None: the provider's default) from the next request on."""
 
 
 @runtime_checkable

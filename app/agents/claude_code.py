@@ -660,7 +660,7 @@ class ClaudeCodeAgent(TurnFlags):
             can_use_tool=self._can_use_tool if ask else None,
             include_partial_messages=True,
             cli_path=self._cli_path,
-            model=self._model,
+            model=spec.model or self._model,
             system_prompt={"type": "preset", "preset": "claude_code"},
             env=dict(spec.env),
             stderr=self._stderr.append,
@@ -745,6 +745,14 @@ class ClaudeCodeAgent(TurnFlags):
         await client.set_permission_mode(mode)  # type: ignore[arg-type]
         self.spec = replace(self.spec, permission_mode=mode)  # and for a restart after a crash
         return True
+
+    async def switch_model(self, model: str | None) -> None:
+        """Use model (None: the relay's default) from the CLI's next request (a control
+        request: no restart, the session goes on)."""
+        client = self._client
+        self.spec = replace(self.spec, model=model)  # and for a restart after a crash
+        if client is not None and self.is_alive():
+            await client.set_model(model or self._model)
 
     async def warm_up(self) -> None:
         """Run a resumed CLI's prompt path once, stopped by a hook before the model.

@@ -469,6 +469,10 @@ class ClusterNode:
             mode = message.get("mode")
             if isinstance(mode, str) and mode in PERMISSION_MODES:
                 self._background(supervisor.apply_mode_here(cid, mode))
+        elif op == "model" and cid in self.held:  # chosen on another node: the agent follows
+            model = message.get("model")
+            if model is None or isinstance(model, str):
+                self._background(supervisor.apply_model_here(cid, model))
         elif op == "deleted" and cid in self.held:  # deleted on another node
             self.held.discard(cid)
             await supervisor.forget_here(cid)

@@ -44,6 +44,11 @@ from app.views import conversation_view, entry_view
 from app.window import validate_setting
 from app.workspace import WorkspaceError, usable_cwd
 
+MODEL_FIXED = (
+    "Only a Claude Code conversation chooses its model here; this provider's model is set by"
+    " its environment variable."
+)
+
 router = APIRouter(prefix="/api")
 SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]
 MAX_ID = 2**63 - 1  # SQLite's largest integer
@@ -185,7 +190,8 @@ async def update_conversation(
     request: Request,
     supervisor: SupervisorDep,
 ) -> dict[str, Any]:
-    """Rename a conversation, change its permission mode or its auto-compact window."""
+    """Rename a conversation, change its permission mode, its model or its auto-compact
+    window."""
     conversation = await fetch_conversation(supervisor, conversation_id)
     changes: dict[str, Any] = {}
     given = body.model_fields_set
@@ -210,6 +216,8 @@ async def update_conversation(
             raise HTTPException(422, str(error)) from None
         if conversation.provider not in WINDOW_PROVIDERS:
             raise HTTPException(409, "This provider has no auto-compact window setting.")
+    if "chosen_model" in given:
+        changes["chosen_model"] = _chosen_model(conversation.provider, body.chosen_model)
     if changes and conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; it can be read, not changed.")
     if changes:
@@ -218,7 +226,25 @@ async def update_conversation(
         )
     if "permission_mode" in changes:  # the live agent too, not only its next start
         await supervisor.apply_mode(conversation)
+    if "chosen_model" in changes:
+        await supervisor.apply_model(conversation)
     return conversation_view(conversation)
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/\[\]-]*")  # "opus", "claude-sonnet-4-5[1m]"
+
+
+def _chosen_model(provider: str, model: str | None) -> str | None:
+    """A model chosen for a conversation, checked (None or "": the provider's default)."""
+    if not model:
+        return None
+    if provider != "claude":
+        raise HTTPException(409, MODEL_FIXED)
+    if MODEL_NAME.fullmatch(model) is None:
+        raise HTTPException(
+            422, "A model is a name such as opus, sonnet, haiku or claude-sonnet-4-5."
+        )
+    return model
 
 
 @router.get("/conversations/{conversation_id}/context")

@@ -20,6 +20,7 @@ from app.agents.base import (
     PermissionDecision,
     PermissionRequest,
     SwitchesMode,
+    SwitchesModel,
 )
 from app.limits import give_back_memory
 from app.models import Conversation
@@ -88,7 +89,7 @@ class Pool(SupervisorState):
             self.publish_agent(runner.conversation_id)
             raise
         runner.agent, runner.starting = agent, False
-        runner.agent_mode = spec.permission_mode
+        runner.agent_mode, runner.agent_model = spec.permission_mode, spec.model
         runner.mode_echoes.clear()
         runner.last_used = time.monotonic()  # its idle time starts now, not at the request
         self.publish_agent(runner.conversation_id)
@@ -132,6 +133,27 @@ class Pool(SupervisorState):
             return
         await self.apply_mode_here(cid, conversation.permission_mode)
 
+    async def apply_model(self, conversation: Conversation) -> None:
+        """A conversation's chosen model changed: its live agent uses it from its next request,
+        on the node that runs it (a model the agent cannot switch: at its next start)."""
+        cid = conversation.id or 0
+        if self.cluster is not None and not self.cluster.holds(cid):
+            self.cluster.send("model", cid, model=conversation.chosen_model)
+            return
+        await self.apply_model_here(cid, conversation.chosen_model)
+
+    async def apply_model_here(self, conversation_id: int, model: str | None) -> None:
+        """Give this node's live agent of the conversation this model."""
+        runner = self.runners.get(conversation_id)
+        if runner is not None:
+            await self._apply_model(runner, model)
+
+    async def _apply_model(self, runner: Runner, model: str | None) -> None:
+        agent = runner.agent
+        if isinstance(agent, SwitchesModel) and runner.agent_model != model:
+            await agent.switch_model(model)
+            runner.agent_model = model
+
     async def apply_mode_here(self, conversation_id: int, mode: str) -> None:
         """Give this node's live agent of the conversation this permission mode."""
         runner = self.runners.get(conversation_id)
@@ -160,6 +182,7 @@ class Pool(SupervisorState):
             cwd=Path(conversation.cwd),
             session_id=conversation.session_id,
             permission_mode=conversation.permission_mode,
+            model=conversation.chosen_model,
             auto_compact_window=conversation.auto_compact_window,
             env=agent_env(conversation.provider, self.settings, conversation.auto_compact_window),
             ask_permission=ask,

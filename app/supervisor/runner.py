@@ -112,6 +112,7 @@ class Runner:
     conversation_id: int
     agent: Agent | None = None
     agent_mode: str | None = None  # the permission mode the live agent runs with
+    agent_model: str | None = None  # the model the user chose that the live agent runs with
     # Modes the relay switched the live agent to, whose echo (ModeChanged) has not come yet:
     # an echo is the relay's own change, any other report the agent's (an approved plan).
     mode_echoes: deque[str] = field(default_factory=lambda: deque(maxlen=16))
