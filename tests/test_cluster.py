@@ -347,6 +347,38 @@ def test_a_plan_approved_on_another_node_goes_on_in_the_mode_chosen(tmp_path: Pa
     assert (work / "one.txt").read_text() == "1"
 
 
+def test_a_model_chosen_on_another_node_is_used_from_the_running_turn_s_next_request(
+    tmp_path: Path,
+) -> None:
+    """Chosen on node 2 while node 1's Claude Code waits for a permission answer: the request
+    after the answer, in the same turn, uses it."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    with FakeAnthropic() as api, cluster(tmp_path) as running:
+        owner, other = running.start(
+            2,
+            HOME=str(home),
+            ANTHROPIC_BASE_URL=api.base_url,
+            ANTHROPIC_API_KEY="sk-test",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
+        )
+        cid = owner.create(provider="claude", title="Model")
+        owner.send(cid, "[[WRITE:one.txt|1]]")  # node 1 runs it; the write is asked about
+        view = owner.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))
+        (question,) = [e for e in view["timeline"] if e["state"] == "pending"]
+        chosen = other.client.patch(f"/api/conversations/{cid}", json={"chosen_model": "haiku"})
+        assert chosen.status_code == 200, chosen.text
+        time.sleep(1)  # the control message's way to node 1 (Redis pub/sub: milliseconds)
+        answer = other.client.post(
+            f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
+        )
+        assert answer.status_code == 200, answer.text
+        owner.wait_idle(cid)
+    models = [str(body.get("model")) for body in api.message_bodies()]
+    assert ["haiku" in model for model in models] == [False, True], models
+
+
 def test_a_node_takes_only_conversations_whose_directory_it_has(
     nodes: Nodes, tmp_path: Path
 ) -> None:
