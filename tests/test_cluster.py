@@ -7,6 +7,7 @@ conversation to another: every acknowledged message stored once, answered or mar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -236,13 +237,12 @@ def test_tabs_see_the_turn_idle_once_another_node_closed_a_killed_owner_s_turn(
     assert first.get(cid)["turn"] == {"state": "idle", "queued": 0}
 
 
-def test_tabs_on_other_nodes_see_a_stopped_node_s_unanswered_turn_end(tmp_path: Path) -> None:
-    """SIGTERM while Claude Code waits on the API: the owner reads the stopped CLI's record
-    before it says the turn ended (the prompt is there: the shutdown line); the tabs on the
-    other node see that line and the conversation not running any more."""
-    home = tmp_path / "home"
+@contextlib.contextmanager
+def claude_nodes(root: Path) -> Iterator[tuple[FakeAnthropic, RelayProcess, RelayProcess]]:
+    """Two nodes whose Claude Code talks to one fake Messages API: the API and the nodes."""
+    home = root / "home"
     (home / "tmp").mkdir(parents=True)
-    with FakeAnthropic() as api, cluster(tmp_path) as running:
+    with FakeAnthropic() as api, cluster(root) as running:
         owner, other = running.start(
             2,
             HOME=str(home),
@@ -251,6 +251,14 @@ def test_tabs_on_other_nodes_see_a_stopped_node_s_unanswered_turn_end(tmp_path: 
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
             CLAUDE_CODE_TMPDIR=str(home / "tmp"),
         )
+        yield api, owner, other
+
+
+def test_tabs_on_other_nodes_see_a_stopped_node_s_unanswered_turn_end(tmp_path: Path) -> None:
+    """SIGTERM while Claude Code waits on the API: the owner reads the stopped CLI's record
+    before it says the turn ended (the prompt is there: the shutdown line); the tabs on the
+    other node see that line and the conversation not running any more."""
+    with claude_nodes(tmp_path) as (api, owner, other):
         cid = owner.create(provider="claude", title="Stopped")
         with open_socket(other) as ws:
             follow(ws, cid)
@@ -275,17 +283,7 @@ def test_tabs_on_other_nodes_see_a_stopped_node_s_unanswered_turn_end(tmp_path: 
 def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path) -> None:
     """Changed to acceptEdits on node 2 while Claude Code on node 1 waits for the model: the
     write the model then asks for is done without a question (before: asked, in default)."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    with FakeAnthropic() as api, cluster(tmp_path) as running:
-        owner, other = running.start(
-            2,
-            HOME=str(home),
-            ANTHROPIC_BASE_URL=api.base_url,
-            ANTHROPIC_API_KEY="sk-test",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
-        )
+    with claude_nodes(tmp_path) as (api, owner, other):
         cid = owner.create(provider="claude", title="Mode", permission_mode="default")
         work = Path(owner.get(cid)["cwd"])
         owner.send(cid, "hello")  # node 1 runs it from here on
@@ -312,17 +310,7 @@ def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path)
 
 def test_a_plan_approved_on_another_node_goes_on_in_the_mode_chosen(tmp_path: Path) -> None:
     """The answer's mode travels with it to the node that runs Claude Code."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    with FakeAnthropic() as api, cluster(tmp_path) as running:
-        owner, other = running.start(
-            2,
-            HOME=str(home),
-            ANTHROPIC_BASE_URL=api.base_url,
-            ANTHROPIC_API_KEY="sk-test",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
-        )
+    with claude_nodes(tmp_path) as (api, owner, other):
         cid = owner.create(provider="claude", title="Plan", permission_mode="plan")
         work = Path(owner.get(cid)["cwd"])
         api.tool_calls.append(("ExitPlanMode", {"plan": "1. Write one.txt"}))
@@ -352,17 +340,7 @@ def test_a_model_chosen_on_another_node_is_used_from_the_running_turn_s_next_req
 ) -> None:
     """Chosen on node 2 while node 1's Claude Code waits for a permission answer: the request
     after the answer, in the same turn, uses it."""
-    home = tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    with FakeAnthropic() as api, cluster(tmp_path) as running:
-        owner, other = running.start(
-            2,
-            HOME=str(home),
-            ANTHROPIC_BASE_URL=api.base_url,
-            ANTHROPIC_API_KEY="sk-test",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-            CLAUDE_CODE_TMPDIR=str(home / "tmp"),
-        )
+    with claude_nodes(tmp_path) as (api, owner, other):
         cid = owner.create(provider="claude", title="Model")
         owner.send(cid, "[[WRITE:one.txt|1]]")  # node 1 runs it; the write is asked about
         view = owner.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))

@@ -224,9 +224,7 @@ class Commands(SupervisorState):
         with self.session() as session:
             session.add(conversation)
             self._still_active(session, conversation)
-            entry = store.get_entry(session=session, entry_id=entry_id)
-            if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
-                raise LookupError("No such message in this conversation.")
+            entry = _user_message(session, conversation, entry_id)
             if "cut" not in entry.data:
                 raise ConversationError(
                     "Only a message whose turn a relay restart cut can be resent."
@@ -265,9 +263,7 @@ class Commands(SupervisorState):
         with self.session() as session:
             session.add(conversation)
             self._still_active(session, conversation)
-            entry = store.get_entry(session=session, entry_id=entry_id)
-            if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
-                raise LookupError("No such message in this conversation.")
+            entry = _user_message(session, conversation, entry_id)
             if entry.state != "queued":
                 raise ConversationError(WITHDRAWN_TOO_LATE)
             self._remove(session, conversation, entry)
@@ -607,6 +603,14 @@ class Commands(SupervisorState):
                 return ToolResult(tool(session, conversation_id, arguments))
 
         return await self.storage.read(read)
+
+
+def _user_message(session: Session, conversation: Conversation, entry_id: int) -> Entry:
+    """A message the user sent in this conversation (LookupError: no such message)."""
+    entry = store.get_entry(session=session, entry_id=entry_id)
+    if entry is None or entry.conversation_id != conversation.id or entry.kind != "user":
+        raise LookupError("No such message in this conversation.")
+    return entry
 
 
 def _untitled(conversation: Conversation) -> bool:
