@@ -80,12 +80,13 @@ async def make_agent(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[MakeA
         ask: Callable[[PermissionRequest], Awaitable[PermissionDecision]] = allow_all,
         env: dict[str, str] | None = None,
         model: str | None = None,
+        mode: str = "default",
     ) -> ClaudeCodeAgent:
         spec = AgentSpec(
             conversation_id=1,
             cwd=tmp_path / "work",
             session_id=session_id,
-            permission_mode="default",
+            permission_mode=mode,
             auto_compact_window=None,
             env={
                 "HOME": str(tmp_path / "home"),
@@ -133,6 +134,31 @@ async def test_turn_streams_reply(make_agent: MakeAgent, fake: FakeAnthropic) ->
     request = fake.requests[-1]
     assert request.headers["x-api-key"] == "sk-test"
     assert request.body["model"] == MODEL
+
+
+async def test_a_cli_restarted_after_a_crash_keeps_the_mode_it_changed_to(
+    make_agent: MakeAgent, fake: FakeAnthropic
+) -> None:
+    # Its plan approved, Claude Code leaves plan mode; started again after a crash, it was
+    # started in plan mode again, the mode the relay first gave it.
+    asked: list[str] = []
+
+    async def allow(request: PermissionRequest) -> PermissionDecision:
+        asked.append(request.tool_name)
+        return PermissionDecision(True)
+
+    agent = make_agent(mode="plan", ask=allow)
+    fake.tool_calls.append(("ExitPlanMode", {"plan": "1. Write one.txt"}))
+    events = await run_turn(agent, "make a plan")
+    assert (of(events, ModeChanged), agent.spec.permission_mode) == (
+        [ModeChanged("default")],
+        "default",
+    )
+    assert isinstance(agent.pid, int)
+    os.kill(agent.pid, signal.SIGKILL)
+    assert "SIGKILL" in str(done(await run_turn(agent, "hello?")).error)  # the crash, said
+    await run_turn(agent, "[[WRITE:one.txt|1]]")  # the adapter starts it again, resuming
+    assert asked == ["ExitPlanMode", "Write"]  # asked, as in default (plan mode refuses it)
 
 
 async def test_turn_reports_bash_activity(make_agent: MakeAgent, fake: FakeAnthropic) -> None:

@@ -891,8 +891,7 @@ class ClaudeCodeAgent(TurnFlags):
                         and not _answers(message, prompt_id)
                     )
                     for event in mapper.feed(message):
-                        if isinstance(event, SessionStarted):
-                            self.session_id = event.session_id
+                        self._note(event)
                         if injected and isinstance(event, TurnDone):
                             continue  # shown as part of this turn; ours goes on
                         finished = isinstance(event, TurnDone)
@@ -915,6 +914,14 @@ class ClaudeCodeAgent(TurnFlags):
             self._dirty = self._dirty or not finished
             self._listen()
 
+    def _note(self, event: AgentEvent) -> None:
+        """Keep what the CLI says of itself: its session, and its mode (a restart after a
+        crash resumes in the mode it had, not the one it was started with)."""
+        if isinstance(event, SessionStarted):
+            self.session_id = event.session_id
+        elif isinstance(event, ModeChanged):
+            self.spec = replace(self.spec, permission_mode=event.mode)
+
     def _listen(self) -> None:
         """Read the CLI between turns (a task, until the next turn or warm-up stops it)."""
         client = self._client
@@ -934,8 +941,7 @@ class ClaudeCodeAgent(TurnFlags):
                     if began:  # (a turn's first message: the last turn's flags are done)
                         self._mapper.begin_turn()
                     for event in self._mapper.feed(message):
-                        if isinstance(event, SessionStarted):
-                            self.session_id = event.session_id
+                        self._note(event)
                         if isinstance(event, TurnDone):
                             self._own_open = False
                         self._backlog.append(event)
