@@ -20,6 +20,7 @@ Controls, as attributes or through ``POST /_admin`` with a JSON object of the sa
 reply reports), ``delta_delay`` (seconds before each streamed delta), ``summary_delay``,
 ``summary_input_tokens``, ``summary_text``, ``long_word_delay``; ``fail(*statuses, retry=True)`` (or
 ``{"errors": [429], "should_retry": false}``) queues error replies for the next requests.
+A request for a model named ``no-such-model…`` gets the API's 404 (not_found_error).
 Every request is recorded in ``requests`` (path, lowercased headers, JSON body).
 ``tool_calls`` holds (name, input) pairs: each answers one next request (that carries no
 tool_result) with a ``tool_use`` of that tool, e.g. ``mcp__oarlock__save_handoff``; an
@@ -41,12 +42,14 @@ from typing import Any
 
 from tests.fake_server import LOREM, FakeServer, Request, content_text
 
+UNKNOWN_MODEL = "no-such-model"  # a model name the fake does not know (404), and its start
 PLAN_FILE = re.compile(r"(?:create your plan at|plan file exists at) (/[^ \\\"]+?\.md)")
 REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 SUMMARY_MARKER = "Your task is to create a detailed summary of the conversation so far"
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    404: "not_found_error",
     429: "rate_limit_error",
     500: "api_error",
     529: "overloaded_error",
@@ -248,6 +251,9 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                     return
                 kind = ERROR_TYPES.get(status, "api_error")
                 self._error(status, kind, f"fake {kind} ({status})", retry)
+                return
+            if str(body.get("model", "")).startswith(UNKNOWN_MODEL):  # as the API answers
+                self._error(404, "not_found_error", f"model: {body['model']}", False)
                 return
             n = fake._next_id()
             plan = fake.plan(body, n)

@@ -2,10 +2,11 @@ import asyncio
 import gc
 import json
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -538,6 +539,45 @@ def test_a_permission_mode_changed_restarts_an_agent_that_cannot_switch(
     assert relay.send(cid, "again").status_code == 202
     relay.wait_idle(cid)
     assert runner.agent is not None and runner.agent_mode == "plan"
+
+
+class SlowSwitch(StandIn):
+    """Answers each message; a mode switch takes it 0.3 s (as a CLI's control request may)."""
+
+    modes: ClassVar[list[str]] = []
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        yield MessageDone("m", f"got {prompt}")
+        yield TurnDone()
+
+    async def switch_mode(self, mode: str) -> bool:
+        await asyncio.sleep(0.3)
+        SlowSwitch.modes.append(mode)
+        return True
+
+
+def test_a_mode_switched_and_switched_back_at_once_ends_as_last_chosen(relay: LiveRelay) -> None:
+    # Found by a review: the second switch, asked while the first waited for the agent, found
+    # the agent "already" in its mode; the first then left it in the middle one.
+    relay.supervisor.agent_factory = lambda _p, spec, _s: SlowSwitch(spec)
+    SlowSwitch.modes = []
+    cid = relay.create()["id"]
+    chat(relay, cid, "hello")  # a live agent, in default
+    changes: list[int] = []
+
+    def change(mode: str) -> None:
+        changes.append(patch(relay, cid, permission_mode=mode).status_code)
+
+    first = threading.Thread(target=change, args=("acceptEdits",))
+    first.start()
+    time.sleep(0.1)  # its switch under way
+    change("default")
+    first.join()
+    assert (changes, relay.get(cid)["permission_mode"]) == ([200, 200], "default")
+    assert (SlowSwitch.modes, relay.supervisor.runners[cid].agent_mode) == (
+        ["acceptEdits", "default"],
+        "default",
+    )
 
 
 def test_patch_auto_compact_window(relay: LiveRelay) -> None:

@@ -435,6 +435,26 @@ def test_a_chosen_model_is_used_from_the_next_request_and_by_the_next_conversati
     assert requested_models(fake)[-1] == default
 
 
+def test_a_model_claude_code_will_not_take_is_refused_and_put_back(
+    start: StartRelay, fake: FakeAnthropic
+) -> None:
+    # Found by a review: the PATCH answered 500 with the name stored, and every turn after it
+    # failed with "The agent could not start" although the agent ran on.
+    live = start()
+    cid = create_claude(live)
+    turn(live, cid, "hello")
+    # Claude Code checks a name that is not an alias with a one-token request: the API's 404.
+    refused = live.http.patch(f"/api/conversations/{cid}", json={"chosen_model": "no-such-model"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"].startswith(
+        "Claude Code did not take the model “no-such-model”: "
+    )
+    assert live.get(cid)["chosen_model"] is None
+    view = turn(live, cid, "still here?")
+    assert shape(view)[-1] == ("agent", "done", "You said: still here?")
+    assert of_kind(view, "line") == []
+
+
 def plan_question(live: LiveRelay, fake: FakeAnthropic, cid: int, plan: str) -> dict[str, Any]:
     """Have the agent ask for its plan's approval (ExitPlanMode); the question."""
     fake.tool_calls.append(("ExitPlanMode", {"plan": plan}))

@@ -40,7 +40,7 @@ from app.cluster import leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub
 from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
-from app.config import PERMISSION_MODES, Settings
+from app.config import Settings
 from app.providers import agent_env
 from app.questions import PLAN_MODES, decision_of
 from app.summary import SummaryMessage, build_summary
@@ -466,13 +466,9 @@ class ClusterNode:
         elif op == "retire" and cid in self.held:  # compacted on another node
             supervisor.retire_here(cid)
         elif op == "mode" and cid in self.held:  # changed on another node: the agent follows
-            mode = message.get("mode")
-            if isinstance(mode, str) and mode in PERMISSION_MODES:
-                self._background(supervisor.apply_mode_here(cid, mode))
+            self._background(supervisor.apply_mode_here(cid))
         elif op == "model" and cid in self.held:  # chosen on another node: the agent follows
-            model = message.get("model")
-            if model is None or isinstance(model, str):
-                self._background(supervisor.apply_model_here(cid, model))
+            self._background(supervisor.apply_model_here(cid))
         elif op == "deleted" and cid in self.held:  # deleted on another node
             self.held.discard(cid)
             await supervisor.forget_here(cid)

@@ -38,6 +38,7 @@ from app.providers import (
 from app.routes.deps import fetch_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
 from app.supervisor.commands import DEFAULT_TITLE
+from app.supervisor.pool import ModelRefused
 from app.trust import trust_question, untrusted_settings
 from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view
@@ -227,7 +228,10 @@ async def update_conversation(
     if "permission_mode" in changes:  # the live agent too, not only its next start
         await supervisor.apply_mode(conversation)
     if "chosen_model" in changes:
-        await supervisor.apply_model(conversation)
+        try:
+            await supervisor.apply_model(conversation)
+        except ModelRefused as refused:  # put back already: the tabs were told
+            raise HTTPException(422, str(refused)) from None
     return conversation_view(conversation)
 
 

@@ -27,7 +27,7 @@ from app.models import Conversation
 from app.providers import agent_env
 from app.questions import EXPIRED_AGENT, EXPIRED_SHUTDOWN
 from app.supervisor.base import SupervisorState
-from app.supervisor.runner import Runner, TurnState
+from app.supervisor.runner import Runner, TurnState, failure_reason
 from app.tools import relay_tools
 from app.views import effective_window
 from app.window import ENV_VAR, restart_line
@@ -45,6 +45,14 @@ REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own re
 
 class NoRoom(Exception):
     """A warm-up not started: the agents running or starting fill the memory budget."""
+
+
+class ModelRefused(Exception):
+    """The live agent would not take the model chosen (a name Claude Code does not know...)."""
+
+    def __init__(self, model: str | None, reason: str) -> None:
+        super().__init__(f"Claude Code did not take the model “{model}”: {reason}")
+        self.model = model
 
 
 class Pool(SupervisorState):
@@ -103,62 +111,111 @@ class Pool(SupervisorState):
 
         Switched in place when the agent can (Claude Code: from its next tool call, even in
         the middle of a turn); else the agent is closed, to resume with the new mode: at
-        once when idle, at the next turn's start when one runs (turn_begins).
+        once when idle, at the next turn's start when one runs (turn_begins). One switch at a
+        time per conversation: a second, asked while the first waits for the agent, compares
+        with what the first has set.
         """
-        agent = runner.agent
-        if agent is None or runner.agent_mode == mode:
-            return
-        if isinstance(agent, SwitchesMode):
-            runner.mode_echoes.append(mode)  # before the request: its echo may come first
-            try:
-                switched = await agent.switch_mode(mode)
-            except BaseException:
-                runner.mode_echoes.pop()
-                raise
-            if switched:
-                runner.agent_mode = mode
+        async with runner.switching:
+            agent = runner.agent
+            if agent is None or runner.agent_mode == mode:
                 return
-            runner.mode_echoes.pop()  # not switched: no echo comes
-        idle = runner.state == TurnState.IDLE and not runner.starting
-        # (background work: a restart would kill it; applied at a turn after it)
-        if (turn_begins or idle) and not agent.background_work():
-            await self._close_agent(runner)
+            if isinstance(agent, SwitchesMode):
+                runner.mode_echoes.append(mode)  # before the request: its echo may come first
+                try:
+                    switched = await agent.switch_mode(mode)
+                except BaseException:
+                    runner.mode_echoes.pop()
+                    raise
+                if switched:
+                    runner.agent_mode = mode
+                    return
+                runner.mode_echoes.pop()  # not switched: no echo comes
+            idle = runner.state == TurnState.IDLE and not runner.starting
+            # (background work: a restart would kill it; applied at a turn after it)
+            if (turn_begins or idle) and not agent.background_work():
+                await self._close_agent(runner)
+
+    async def _apply_model(self, runner: Runner, model: str | None) -> None:
+        """Give the live agent the conversation's chosen model (ModelRefused: it would not)."""
+        async with runner.switching:
+            agent = runner.agent
+            if not isinstance(agent, SwitchesModel) or runner.agent_model == model:
+                return
+            try:
+                await agent.switch_model(model)
+            except Exception as error:  # a name Claude Code does not know, the API unreachable
+                raise ModelRefused(model, failure_reason(error)) from error
+            runner.agent_model = model
 
     async def apply_mode(self, conversation: Conversation) -> None:
         """A conversation's permission mode changed: its live agent follows (_apply_mode), on
         the node that runs it (told at once: a running turn's next tool call has the mode)."""
         cid = conversation.id or 0
         if self.cluster is not None and not self.cluster.holds(cid):
-            self.cluster.send("mode", cid, mode=conversation.permission_mode)
+            self.cluster.send("mode", cid)
             return
-        await self.apply_mode_here(cid, conversation.permission_mode)
+        await self.apply_mode_here(cid)
+
+    async def apply_mode_here(self, conversation_id: int) -> None:
+        """This node's live agent of the conversation takes its permission mode, as stored when
+        its turn to switch comes (the last choice wins, in whatever order they were told)."""
+        runner = self.runners.get(conversation_id)
+        if runner is None or runner.agent is None:
+            return
+        conversation = await self._conversation(conversation_id)
+        try:
+            await self._apply_mode(runner, conversation.permission_mode, turn_begins=False)
+        except Exception:  # the CLI did not answer: stored, it is applied as the next turn begins
+            log.warning("conversation %s: mode not switched now", conversation_id, exc_info=True)
+            runner.agent_mode = None  # unknown: the next turn's start switches it
 
     async def apply_model(self, conversation: Conversation) -> None:
         """A conversation's chosen model changed: its live agent uses it from its next request,
-        on the node that runs it (a model the agent cannot switch: at its next start)."""
+        on the node that runs it (ModelRefused here: the choice is put back)."""
         cid = conversation.id or 0
         if self.cluster is not None and not self.cluster.holds(cid):
-            self.cluster.send("model", cid, model=conversation.chosen_model)
+            self.cluster.send("model", cid)
             return
-        await self.apply_model_here(cid, conversation.chosen_model)
+        await self.apply_model_here(cid, said=False)
 
-    async def apply_model_here(self, conversation_id: int, model: str | None) -> None:
-        """Give this node's live agent of the conversation this model."""
+    async def apply_model_here(self, conversation_id: int, *, said: bool = True) -> None:
+        """This node's live agent of the conversation takes its chosen model, as stored now.
+
+        Refused, the choice goes back to the model the agent runs with; said: a line in the
+        timeline says so (no one who asked is waiting for an answer).
+        """
         runner = self.runners.get(conversation_id)
-        if runner is not None:
+        if runner is None or runner.agent is None:
+            return
+        conversation = await self._conversation(conversation_id)
+        try:
+            await self._apply_model(runner, conversation.chosen_model)
+        except ModelRefused as refused:
+            await self.storage.write(self._model_back, runner, refused, said)
+            if not said:
+                raise
+
+    async def _model_for_turn(self, runner: Runner, model: str | None) -> None:
+        """The chosen model, as a turn begins; refused, the turn goes on with the agent's."""
+        try:
             await self._apply_model(runner, model)
+        except ModelRefused as refused:
+            await self.storage.write(self._model_back, runner, refused, True)
 
-    async def _apply_model(self, runner: Runner, model: str | None) -> None:
-        agent = runner.agent
-        if isinstance(agent, SwitchesModel) and runner.agent_model != model:
-            await agent.switch_model(model)
-            runner.agent_model = model
-
-    async def apply_mode_here(self, conversation_id: int, mode: str) -> None:
-        """Give this node's live agent of the conversation this permission mode."""
-        runner = self.runners.get(conversation_id)
-        if runner is not None:
-            await self._apply_mode(runner, mode, turn_begins=False)
+    def _model_back(self, runner: Runner, refused: ModelRefused, said: bool) -> None:
+        """Put a refused model choice back to the one the agent runs with."""
+        with self.session() as session:
+            conversation = store.lock_conversation(
+                session=session, conversation_id=runner.conversation_id
+            )
+            if conversation is None or conversation.chosen_model != refused.model:
+                return  # chosen again since
+            store.update_conversation(
+                session=session, conversation=conversation, chosen_model=runner.agent_model
+            )
+            self.publish_conversation(conversation)
+            if said:
+                self._line(session, conversation, str(refused), level="warning")
 
     def _applied(self, conversation: Conversation) -> None:
         with self.session() as session:

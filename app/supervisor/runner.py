@@ -116,6 +116,7 @@ class Runner:
     # Modes the relay switched the live agent to, whose echo (ModeChanged) has not come yet:
     # an echo is the relay's own change, any other report the agent's (an approved plan).
     mode_echoes: deque[str] = field(default_factory=lambda: deque(maxlen=16))
+    switching: asyncio.Lock = field(default_factory=asyncio.Lock)  # one mode/model switch at a time
     task: asyncio.Task[None] | None = None
     state: TurnState = TurnState.IDLE
     streaming: dict[str, Streaming] = field(default_factory=dict)

@@ -296,7 +296,7 @@ class Turns(SupervisorState):
                 mode = runner.turn_conversation.permission_mode
                 await self._apply_mode(runner, mode, turn_begins=True)
                 # (a change another node passed on may have been lost: read with the turn)
-                await self._apply_model(runner, runner.turn_conversation.chosen_model)
+                await self._model_for_turn(runner, runner.turn_conversation.chosen_model)
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
