@@ -1125,7 +1125,8 @@ async function withdraw(entry) {
     input.focus();
     input.setSelectionRange(data.text.length, data.text.length);
   } catch (err) {
-    toast(err.message);
+    // 404: taken back in another tab, or moved on by /compact (its bubble goes with its event).
+    toast(err.status === 404 ? 'This message is no longer in this queue: taken back in another tab, or moved by /compact.' : err.message);
     throw err;
   } finally {
     withdrawing.delete(entry.id);

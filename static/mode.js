@@ -74,8 +74,11 @@ export class ModelControl {
     if (!conv) return;
     this.field.hidden = conv.provider !== 'claude';
     const value = conv.chosen_model || '';
+    // One set through the API, as itself: the only option of its kind (another conversation's
+    // is gone).
+    for (const option of this.select.querySelectorAll('option.custom')) option.remove();
     if (![...this.select.options].some((o) => o.value === value)) {
-      this.select.append(h('option', { value, text: value }));
+      this.select.append(h('option', { value, class: 'custom', text: value }));
     }
     if (this.select.value !== value) this.select.value = value;
     this.select.disabled = conv.status === 'archived';

@@ -37,6 +37,11 @@ def test_the_model_is_chosen_under_the_message_box(
     # One set through the API shows as itself; a demo conversation has no model to choose.
     live.http.patch(f"/api/conversations/{cid}", json={"chosen_model": "claude-sonnet-4-5"})
     expect(select).to_have_value("claude-sonnet-4-5")
+    live.create(provider="claude", title="Other")
+    page.locator(".conv-item").filter(has_text="Other").click()  # the same page: not reloaded
+    expect(by_id(page, "title")).to_have_text("Other")
+    expect(select).to_have_value("")
+    expect(select.locator("option")).to_have_text(["Default", "Opus", "Sonnet", "Haiku"])
     page.goto(f"{live.base}/c/{demo}")
     expect(by_id(page, "mode-select")).to_be_visible()
     expect(select).to_be_hidden()
