@@ -13,6 +13,9 @@ from tests.relay import LiveRelay
 
 WITHDRAW = re.compile(r"/api/conversations/\d+/messages/\d+$")
 TOO_LATE = "This message has already gone to the agent; it can no longer be taken back."
+TAKEN_ELSEWHERE = (
+    "This message is no longer in this queue: taken back in another tab, or moved by /compact."
+)
 
 
 def busy(pages: Pages, relay: LiveRelay, *queued: str) -> tuple[int, Page]:
@@ -109,6 +112,29 @@ def test_an_edit_that_comes_too_late_says_so_and_takes_nothing(
         expect(agent_reply(page, "then this")).to_have_count(1)
         assert user_texts(relay, cid) == ["slow please", "then this"]
         pages.assert_clean("409")
+    finally:
+        pages.close()
+        relay.stop()
+
+
+def test_an_edit_of_a_message_another_tab_took_back_says_so(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path, demo_delay=0.05)
+    try:
+        cid, page = busy(pages, relay, "then this")
+        other = pages.open(relay, f"/c/{cid}")
+        held: list[Route] = []
+        other.route(WITHDRAW, lambda route: held.append(route))  # a slow network
+        user_bubble(other, "then this").get_by_test_id("withdraw").click()
+        user_bubble(page, "then this").get_by_test_id("withdraw").click()
+        expect(by_id(page, "message-input")).to_have_value("then this")
+        expect(user_bubble(other, "then this")).to_have_count(0)
+        assert len(held) == 1
+        held[0].continue_()
+        expect(other.locator("#toast")).to_have_text(TAKEN_ELSEWHERE)
+        expect(by_id(other, "message-input")).to_have_value("")  # the text is in one box only
+        by_id(page, "stop-button").click()
+        assert user_texts(relay, cid) == ["slow please"]
+        pages.assert_clean("404")
     finally:
         pages.close()
         relay.stop()
