@@ -580,6 +580,25 @@ def test_a_mode_switched_and_switched_back_at_once_ends_as_last_chosen(relay: Li
     )
 
 
+class SlowStart(SlowSwitch):
+    """Takes 0.5 s to start."""
+
+    async def start(self) -> None:
+        await asyncio.sleep(0.5)
+
+
+def test_a_mode_chosen_while_the_agent_starts_reaches_it(relay: LiveRelay) -> None:
+    # Found by a review: read before the start, the old mode was the agent's for that turn.
+    relay.supervisor.agent_factory = lambda _p, spec, _s: SlowStart(spec)
+    SlowSwitch.modes = []
+    cid = relay.create()["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_for(cid, lambda v: v["agent"] == "starting")
+    assert patch(relay, cid, permission_mode="plan").status_code == 200
+    relay.wait_idle(cid)
+    assert (SlowSwitch.modes, relay.supervisor.runners[cid].agent_mode) == (["plan"], "plan")
+
+
 def test_patch_auto_compact_window(relay: LiveRelay) -> None:
     cid = relay.create()["id"]
     chosen = patch(relay, cid, auto_compact_window=200000)

@@ -104,6 +104,10 @@ class Pool(SupervisorState):
         await self._fit_budget(exclude=runner.conversation_id)  # now with its real size
         if conversation.applied_window != conversation.auto_compact_window:
             await self.storage.write(self._applied, conversation)
+        if runner.changed_while_starting:  # a mode or model chosen after the read above
+            runner.changed_while_starting = False
+            await self.apply_mode_here(runner.conversation_id)
+            await self.apply_model_here(runner.conversation_id)
         return agent
 
     async def _apply_mode(self, runner: Runner, mode: str, *, turn_begins: bool) -> None:
@@ -160,7 +164,7 @@ class Pool(SupervisorState):
         """This node's live agent of the conversation takes its permission mode, as stored when
         its turn to switch comes (the last choice wins, in whatever order they were told)."""
         runner = self.runners.get(conversation_id)
-        if runner is None or runner.agent is None:
+        if runner is None or not _live(runner):
             return
         conversation = await self._conversation(conversation_id)
         try:
@@ -185,7 +189,7 @@ class Pool(SupervisorState):
         timeline says so (no one who asked is waiting for an answer).
         """
         runner = self.runners.get(conversation_id)
-        if runner is None or runner.agent is None:
+        if runner is None or not _live(runner):
             return
         conversation = await self._conversation(conversation_id)
         try:
@@ -493,3 +497,10 @@ def gone(runner: Runner) -> bool:
     """Whether the runner's agent runs in a process that has exited."""
     agent = runner.agent
     return isinstance(agent, Exits) and not agent.is_alive()
+
+
+def _live(runner: Runner) -> bool:
+    """Whether the runner has an agent to switch; one starting is told once it has started."""
+    if runner.agent is None and runner.starting:
+        runner.changed_while_starting = True
+    return runner.agent is not None

@@ -117,6 +117,7 @@ class Runner:
     # an echo is the relay's own change, any other report the agent's (an approved plan).
     mode_echoes: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     switching: asyncio.Lock = field(default_factory=asyncio.Lock)  # one mode/model switch at a time
+    changed_while_starting: bool = False  # a mode or model chosen as the agent started
     task: asyncio.Task[None] | None = None
     state: TurnState = TurnState.IDLE
     streaming: dict[str, Streaming] = field(default_factory=dict)
