@@ -329,7 +329,10 @@ function planEntry(entry, timeline) {
     onclick: () => {
       buttons.forEach((b) => { b.disabled = true; });
       error.hidden = true;
-      timeline.hooks.onPermission(entry, choice.allow, null, choice.more).catch((err) => {
+      timeline.hooks.onPermission(entry, choice.allow, null, choice.more).then(() => {
+        // Kept in planning: what should change is typed next.
+        if (!choice.allow) byId('message-input').focus();
+      }, (err) => {
         if (err.status === 409) return; // answered elsewhere first: the entry event will follow
         error.textContent = err.message;
         error.hidden = false;

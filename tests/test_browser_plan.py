@@ -56,6 +56,7 @@ def test_keep_planning_tells_the_agent_and_stays_in_plan_mode(
     card = page.locator(".activity.plan")
     card.get_by_test_id("plan-keep").click()
     expect(card.get_by_test_id("permission-answer")).to_have_text("Kept in planning")
+    expect(by_id(page, "message-input")).to_be_focused()  # for what should change
     live.wait_idle(cid, timeout=TIMEOUT)
     assert "keep planning" in str(fake.message_bodies()[-1]["messages"][-1])
     expect(by_id(page, "mode-select")).to_have_value("plan")

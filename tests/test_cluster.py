@@ -196,6 +196,7 @@ def test_a_message_withdrawn_on_another_node_is_never_delivered_by_the_owner(
         assert (response.status_code, response.json()) == (200, taken)
         seen = receive_until(ws, lambda e: e.get("entry_id") == taken["id"], timeout=TIMEOUT)
         assert seen[-1]["type"] == "entry_removed"
+        first.client.post(f"/api/conversations/{cid}/interrupt")  # the queue moves on now
         view = second.wait_idle(cid)
     assert [u["text"] for u in of_kind(view, "user")] == ["slow story please", "keep me"]
     assert (answered(view, "keep me"), answered(view, "take me back")) == (True, False)
@@ -288,7 +289,7 @@ def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path)
         work = Path(owner.get(cid)["cwd"])
         owner.send(cid, "hello")  # node 1 runs it from here on
         owner.wait_idle(cid)
-        owner.send(cid, "[[WRITE:one.txt|1]] [[SLOW:4]]")
+        owner.send(cid, "[[WRITE:one.txt|1]] [[SLOW:2]]")
         deadline = time.monotonic() + TIMEOUT
         while not any("one.txt" in str(r.body) for r in api.requests):
             assert time.monotonic() < deadline, "the CLI never asked the API"
@@ -308,15 +309,18 @@ def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path)
     assert (work / "one.txt").read_text() == "1"
 
 
-def test_a_plan_approved_on_another_node_goes_on_in_the_mode_chosen(tmp_path: Path) -> None:
-    """The answer's mode travels with it to the node that runs Claude Code."""
+def test_a_plan_approved_or_a_model_chosen_on_another_node_reaches_the_running_turn(
+    tmp_path: Path,
+) -> None:
+    """Claude Code runs on node 1, the user answers on node 2. A plan approved there goes on
+    in the mode chosen with it. A model chosen there while a write waits for its answer is
+    the model of the request after the answer, in the same turn."""
     with claude_nodes(tmp_path) as (api, owner, other):
         cid = owner.create(provider="claude", title="Plan", permission_mode="plan")
         work = Path(owner.get(cid)["cwd"])
         api.tool_calls.append(("ExitPlanMode", {"plan": "1. Write one.txt"}))
         owner.send(cid, "make a plan")  # node 1 runs it
-        view = other.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))
-        (question,) = [e for e in view["timeline"] if e["state"] == "pending"]
+        question = pending(other, cid)
         answer = other.client.post(
             f"/api/conversations/{cid}/permissions/{question['id']}",
             json={"allow": True, "mode": "acceptEdits"},
@@ -331,30 +335,30 @@ def test_a_plan_approved_on_another_node_goes_on_in_the_mode_chosen(tmp_path: Pa
                 v["turn"]["state"] == "idle" or any(e["state"] == "pending" for e in v["timeline"])
             ),
         )
-    assert [e["data"]["tool"] for e in view["timeline"] if e["state"] == "pending"] == []
-    assert (work / "one.txt").read_text() == "1"
+        assert [e["data"]["tool"] for e in view["timeline"] if e["state"] == "pending"] == []
+        assert (work / "one.txt").read_text() == "1"
 
-
-def test_a_model_chosen_on_another_node_is_used_from_the_running_turn_s_next_request(
-    tmp_path: Path,
-) -> None:
-    """Chosen on node 2 while node 1's Claude Code waits for a permission answer: the request
-    after the answer, in the same turn, uses it."""
-    with claude_nodes(tmp_path) as (api, owner, other):
-        cid = owner.create(provider="claude", title="Model")
-        owner.send(cid, "[[WRITE:one.txt|1]]")  # node 1 runs it; the write is asked about
-        view = owner.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))
-        (question,) = [e for e in view["timeline"] if e["state"] == "pending"]
-        chosen = other.client.patch(f"/api/conversations/{cid}", json={"chosen_model": "haiku"})
+        model = owner.create(provider="claude", title="Model")
+        owner.send(model, "[[WRITE:two.txt|2]]")  # node 1 runs it; the write is asked about
+        question = pending(owner, model)
+        chosen = other.client.patch(f"/api/conversations/{model}", json={"chosen_model": "haiku"})
         assert chosen.status_code == 200, chosen.text
         time.sleep(1)  # the control message's way to node 1 (Redis pub/sub: milliseconds)
         answer = other.client.post(
-            f"/api/conversations/{cid}/permissions/{question['id']}", json={"allow": True}
+            f"/api/conversations/{model}/permissions/{question['id']}", json={"allow": True}
         )
         assert answer.status_code == 200, answer.text
-        owner.wait_idle(cid)
-    models = [str(body.get("model")) for body in api.message_bodies()]
+        owner.wait_idle(model)
+    bodies = [body for body in api.message_bodies() if "two.txt" in json.dumps(body)]
+    models = [str(body.get("model")) for body in bodies]
     assert ["haiku" in model for model in models] == [False, True], models
+
+
+def pending(node: RelayProcess, cid: int) -> dict[str, Any]:
+    """The question a conversation waits on, once it asks."""
+    view = node.wait_for(cid, lambda v: any(e["state"] == "pending" for e in v["timeline"]))
+    (question,) = [e for e in view["timeline"] if e["state"] == "pending"]
+    return question
 
 
 def test_a_node_takes_only_conversations_whose_directory_it_has(
