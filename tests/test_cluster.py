@@ -349,9 +349,24 @@ def test_a_plan_approved_or_a_model_chosen_on_another_node_reaches_the_running_t
         )
         assert answer.status_code == 200, answer.text
         owner.wait_idle(model)
+        # One the agent will not take (the API's 404): node 2 stored it; node 1 puts it back
+        # and says so in the timeline.
+        refused = other.client.patch(
+            f"/api/conversations/{model}", json={"chosen_model": "no-such-model"}
+        )
+        assert refused.status_code == 200, refused.text
+        view = other.wait_for(
+            model,
+            lambda v: (
+                v["chosen_model"] == "haiku"
+                and any("did not take the model" in e["text"] for e in of_kind(v, "line"))
+            ),
+        )
     bodies = [body for body in api.message_bodies() if "two.txt" in json.dumps(body)]
     models = [str(body.get("model")) for body in bodies]
     assert ["haiku" in model for model in models] == [False, True], models
+    (line,) = [e for e in of_kind(view, "line") if "did not take the model" in e["text"]]
+    assert line["text"].startswith("Claude Code did not take the model “no-such-model”: ")
 
 
 def pending(node: RelayProcess, cid: int) -> dict[str, Any]:

@@ -106,6 +106,7 @@ SUMMARY_KEYS = (
     "description",
     "plan",  # ExitPlanMode: its plan, not the plan and its file as JSON
 )
+NOTED = (SessionStarted, ModeChanged)  # what the CLI says of itself that the adapter keeps
 START_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 10.0
 SHELL_TASK = "local_bash"  # the CLI's task_type of a background shell
@@ -891,7 +892,8 @@ class ClaudeCodeAgent(TurnFlags):
                         and not _answers(message, prompt_id)
                     )
                     for event in mapper.feed(message):
-                        self._note(event)
+                        if isinstance(event, NOTED):  # (not a delta: one check on the hot path)
+                            self._note(event)
                         if injected and isinstance(event, TurnDone):
                             continue  # shown as part of this turn; ours goes on
                         finished = isinstance(event, TurnDone)
@@ -941,7 +943,8 @@ class ClaudeCodeAgent(TurnFlags):
                     if began:  # (a turn's first message: the last turn's flags are done)
                         self._mapper.begin_turn()
                     for event in self._mapper.feed(message):
-                        self._note(event)
+                        if isinstance(event, NOTED):
+                            self._note(event)
                         if isinstance(event, TurnDone):
                             self._own_open = False
                         self._backlog.append(event)
