@@ -883,10 +883,19 @@ def test_phones_keep_the_header_readable_and_the_important_taps_large(
     expect(items.first).not_to_be_in_viewport()
     expect(sideways.locator(".composer-keys")).to_be_hidden()  # no Enter or Shift on a touch screen
     expect(sideways.locator(".title-main")).to_have_text("Renamed on the phone")
-    assert box(sideways.locator(".title-main"))["width"] >= 150
+    # Waited for, not read once: the title is drawn again with each conversation event, and a
+    # CI run read it once while it was being replaced (no box at all).
+    sideways.wait_for_function(TITLE_AT_LEAST, arg=150)
     by_id(sideways, "menu-button").click()
     expect(items.first).to_be_in_viewport()
     pages.assert_clean()
+
+
+# The shown title's width is at least the argument (CSS pixels).
+TITLE_AT_LEAST = """(least) => {
+  const title = document.querySelector('.title-main');
+  return Boolean(title) && title.getBoundingClientRect().width >= least;
+}"""
 
 
 def test_load_earlier_pages_back_through_a_long_timeline(pages: Pages, relay: LiveRelay) -> None:
