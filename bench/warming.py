@@ -9,9 +9,9 @@ browser shows). Three cases take turns, each after one untimed turn so the sessi
 
 - warm: the agent has just finished a turn (its CLI, which resumed the session, is live;
   REPORT s later: after a new CLI's first turn the relay asks it for its context report
-  once, ~26 `count_tokens` requests that took 1.3-2.3 s here, and a turn sent meanwhile
-  waits behind them: until issue 18 this wait was 0.5 s, and "warm" turns measured
-  370-730 ms instead of ~60 ms);
+  once, 26 `count_tokens` requests, and a turn sent meanwhile waits behind them; 44-50 ms
+  at load 1-2 (1.3-2.3 s before session 35: the fake's listen backlog of 5 made the CLI's
+  connections past the fifth wait 1 s for the kernel to take them));
 - warming: the agent went to sleep (the tab saw `"agent": "asleep"`), then the tab sends
   `{"type": "warm"}` as the UI does on the first keystroke, and the POST comes 1 s later;
 - cold (a figure, no target): asleep, no warm-up: the CLI starts after the POST.
@@ -48,7 +48,7 @@ COMMAND = "python -m bench warming"
 ROUNDS = 5
 TYPING = 1.0  # seconds from the first keystroke (warm) to Enter (POST)
 IDLE_TIMEOUT = 5.0  # longer than REPORT: the warm case's agent must not fall asleep first
-REPORT = 3.5  # seconds after a new CLI's first turn: its context report is over
+REPORT = 1.0  # seconds after a new CLI's first turn: its context report is over
 IDLE = {"state": "idle", "queued": 0}
 
 

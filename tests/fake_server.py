@@ -29,13 +29,19 @@ def content_text(content: Any) -> str:
     return ""
 
 
+class _Server(ThreadingHTTPServer):
+    # Claude Code sends its context report's count_tokens requests 13 at a time: with the
+    # default backlog (5) the kernel drops the others' SYNs and they wait 1 s to retry.
+    request_queue_size = 128
+    daemon_threads = True
+    block_on_close = False
+
+
 class FakeServer:
     """Serves one handler class in a background thread on a free loopback port."""
 
     def __init__(self, handler: Callable[[], type[BaseHTTPRequestHandler]], path: str = "") -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler())
-        self._server.daemon_threads = True
-        self._server.block_on_close = False
+        self._server = _Server(("127.0.0.1", 0), handler())
         self.port: int = self._server.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}{path}"
         self._thread = threading.Thread(
@@ -49,7 +55,8 @@ class FakeServer:
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
     def __enter__(self) -> Self:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -108,3 +110,26 @@ def test_count_tokens_is_a_quarter_of_the_body(fake: FakeAnthropic) -> None:
     body = ask("count me")
     _, _, reply = post(fake, "/v1/messages/count_tokens?beta=true", body)
     assert json.loads(reply) == {"input_tokens": len(json.dumps(body)) // 4}
+
+
+def test_many_connections_at_once_wait_for_no_retry() -> None:
+    """Claude Code's context report opens 13 connections at once: the kernel must queue them
+    all, not drop the SYNs past a backlog of 5 (each then waits 1 s: the report took 2 s)."""
+    fake = FakeAnthropic()  # listening, not accepting yet: a busy accept loop at its worst
+    sockets = [socket.socket() for _ in range(20)]
+    try:
+        for sock in sockets:
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", fake.port))
+        connected: set[socket.socket] = set()
+        deadline = time.monotonic() + 0.5  # a dropped SYN is sent again after 1 s
+        while len(connected) < len(sockets) and time.monotonic() < deadline:
+            _, writable, _ = select.select([], [s for s in sockets if s not in connected], [], 0.05)
+            connected.update(
+                s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            )
+        assert len(connected) == len(sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+        fake.stop()
