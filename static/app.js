@@ -1412,6 +1412,10 @@ function wire() {
   byId('empty-new-conversation').addEventListener('click', openNewDialog);
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
   byId('scrim').addEventListener('click', () => setDrawer(false));
+  byId('drawer-close').addEventListener('click', () => {
+    setDrawer(false);
+    byId('menu-button').focus(); // where the drawer was opened from
+  });
   // Esc stops a running turn, as in Claude Code; the draft stays in the composer. Not when
   // Esc does something else: closes the command menu, a ⋯ menu (a popover: the browser closes
   // it after this), cancels a rename, a dialog, the drawer.

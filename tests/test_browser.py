@@ -788,6 +788,7 @@ def test_archive_search_filters_by_title(pages: Pages, relay: LiveRelay) -> None
     page = pages.open(relay)
     archived = by_id(page, "archive-list").get_by_test_id("archive-item")
     expect(archived).to_have_count(3)
+    expect(by_id(page, "drawer-close")).to_be_hidden()  # a wide screen: no drawer to close
     by_id(page, "archive-search").fill("parser")
     expect(archived).to_have_text(["Parser benchmarks", "Fix the parser"])
     by_id(page, "archive-search").fill("nothing like it")
@@ -836,8 +837,37 @@ def test_back_closes_the_drawer_on_a_phone(pages: Pages, relay: LiveRelay) -> No
     by_id(page, "menu-button").click()
     page.locator("#scrim").click(position={"x": 380, "y": 400})  # closed by a tap beside it
     expect(items.first).not_to_be_in_viewport()
+    by_id(page, "menu-button").click()
+    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().x >= 0")
+    assert box(by_id(page, "search-input"))["x"] >= 8  # not against the screen's edge
+    close = by_id(page, "drawer-close")  # and by its own ✕, a finger's size
+    assert box(close)["width"] >= 44 and box(close)["height"] >= 44
+    close.click()
+    expect(items.first).not_to_be_in_viewport()
+    expect(by_id(page, "menu-button")).to_be_focused()
     page.go_back()  # no step left behind by the drawer: back before First
     expect(page).not_to_have_url(f"{relay.base}/c/{first}")
+    pages.assert_clean()
+
+
+def test_a_phone_with_its_keyboard_up_keeps_the_dialog_buttons_in_sight(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # Found by a UX review on a phone: with the on-screen keyboard up, the New conversation
+    # dialog's buttons were half off-screen. The page asks the keyboard to resize it
+    # (interactive-widget=resizes-content); on the page so shortened, the form scrolls and its
+    # buttons stay in sight.
+    cid = relay.create(title="Keyboard")["id"]
+    page = pages.open(relay, f"/c/{cid}", viewport={"width": 390, "height": 360})
+    meta = page.locator('meta[name="viewport"]')
+    expect(meta).to_have_attribute("content", re.compile(r"interactive-widget=resizes-content"))
+    by_id(page, "menu-button").click()
+    by_id(page, "new-conversation").click()
+    expect(by_id(page, "new-title")).to_be_focused()
+    expect(by_id(page, "new-create")).to_be_in_viewport(ratio=1)
+    by_id(page, "new-title").fill("Typed with the keyboard up")
+    by_id(page, "new-create").click()
+    expect(by_id(page, "title")).to_have_text("Typed with the keyboard up")
     pages.assert_clean()
 
 
