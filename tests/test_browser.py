@@ -838,7 +838,9 @@ def test_back_closes_the_drawer_on_a_phone(pages: Pages, relay: LiveRelay) -> No
     page.locator("#scrim").click(position={"x": 380, "y": 400})  # closed by a tap beside it
     expect(items.first).not_to_be_in_viewport()
     by_id(page, "menu-button").click()
-    page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().x >= 0")
+    page.wait_for_function(
+        "() => document.getElementById('sidebar').getBoundingClientRect().x == 0"
+    )
     assert box(by_id(page, "search-input"))["x"] >= 8  # not against the screen's edge
     close = by_id(page, "drawer-close")  # and by its own ✕, a finger's size
     assert box(close)["width"] >= 44 and box(close)["height"] >= 44
@@ -922,6 +924,7 @@ def test_phones_keep_the_header_readable_and_the_important_taps_large(
 
 
 # The shown title's width is at least the argument (CSS pixels).
+DRAWER_OPEN = "() => document.getElementById('sidebar').getBoundingClientRect().x == 0"
 TITLE_AT_LEAST = """(least) => {
   const title = document.querySelector('.title-main');
   return Boolean(title) && title.getBoundingClientRect().width >= least;
