@@ -1133,38 +1133,81 @@ async function withdraw(entry) {
   }
 }
 
-// The "/" command menu.
-const menu = { el: byId('command-menu'), items: [], index: 0 };
+// The composer's menu: "/" commands, and "@" files of the conversation's working directory
+// (Claude Code attaches a file a message names as @path).
+const menu = { el: byId('command-menu'), items: [], index: 0, kind: 'command', mention: null };
 const menuOpen = () => !menu.el.hidden;
+const MENTION = /(^|\s)@("[^"]*|[^\s"]*)$/; // "@" then a path being typed, before the caret
+let mentionAsked = 0; // the last file request: an older answer is not shown
+let mentionTimer = null;
 
 function updateMenu() {
   const value = input.value;
   const cur = state.current;
-  const candidates = value.startsWith('/') && !/\s/.test(value) && cur && !isArchived(cur.conv)
+  const open = cur && !isArchived(cur.conv);
+  const candidates = open && value.startsWith('/') && !/\s/.test(value)
     ? COMMANDS.filter((c) => c.name.startsWith(value))
     : [];
-  if (!candidates.length) {
+  clearTimeout(mentionTimer);
+  const at = !candidates.length && open ? mentionAt() : null;
+  if (at) {
+    if (menu.kind === 'file') menu.mention = at; // a pick meanwhile replaces what is typed now
+    mentionTimer = setTimeout(askFiles, 80); // one request for a burst of keystrokes
+    return;
+  }
+  showMenu('command', candidates.map((c) => ({ name: c.name, description: c.description })));
+}
+
+/** The "@path" being typed where the caret is: where it starts, and the path so far. */
+function mentionAt() {
+  const caret = input.selectionStart;
+  if (caret !== input.selectionEnd) return null;
+  const found = MENTION.exec(input.value.slice(0, caret));
+  if (!found) return null;
+  return { start: caret - found[2].length - 1, end: caret, query: found[2].replace(/^"/, '') };
+}
+
+async function askFiles() {
+  const cur = state.current;
+  const at = mentionAt();
+  const asked = ++mentionAsked;
+  if (!cur || !at) return;
+  let found;
+  try {
+    ({ data: found } = await api(`/api/conversations/${cur.id}/files?q=${encodeURIComponent(at.query)}`));
+  } catch {
+    return; // (the directory is gone, or not on this node: no menu)
+  }
+  if (asked !== mentionAsked || state.current !== cur) return;
+  showMenu('file', found.files.map((path) => ({ name: path, description: '' })));
+  menu.mention = at;
+}
+
+function showMenu(kind, items) {
+  if (!items.length) {
     closeMenu();
     return;
   }
-  if (candidates.length !== menu.items.length) menu.index = 0;
-  menu.items = candidates;
+  if (kind !== menu.kind || items.length !== menu.items.length) menu.index = 0;
+  menu.kind = kind;
+  menu.items = items;
   drawMenu();
 }
 
 function drawMenu() {
-  menu.el.replaceChildren(...menu.items.map((command, i) => {
-    const item = h('li', {
+  menu.el.setAttribute('aria-label', menu.kind === 'file' ? 'Files' : 'Commands');
+  menu.el.replaceChildren(...menu.items.map((item, i) => {
+    const li = h('li', {
       id: `command-${i}`,
       role: 'option',
       class: i === menu.index ? 'command-item active' : 'command-item',
-      testid: 'command-item',
+      testid: menu.kind === 'file' ? 'file-item' : 'command-item',
       'aria-selected': String(i === menu.index),
-    }, h('span', { class: 'command-name', text: command.name }),
-    h('span', { class: 'command-desc', text: command.description }));
-    item.addEventListener('mousedown', (e) => e.preventDefault()); // keep the focus in the box
-    item.addEventListener('click', () => pickCommand(i));
-    return item;
+    }, h('span', { class: 'command-name', dir: 'auto', text: item.name }),
+    item.description ? h('span', { class: 'command-desc', text: item.description }) : null);
+    li.addEventListener('mousedown', (e) => e.preventDefault()); // keep the focus in the box
+    li.addEventListener('click', () => pickItem(i));
+    return li;
   }));
   menu.el.hidden = false;
   input.setAttribute('aria-expanded', 'true');
@@ -1172,16 +1215,28 @@ function drawMenu() {
 }
 
 function closeMenu() {
+  clearTimeout(mentionTimer);
+  mentionAsked += 1; // a file answer still on its way opens nothing
   menu.el.hidden = true;
+  menu.el.replaceChildren();
   menu.items = [];
+  menu.mention = null;
   input.setAttribute('aria-expanded', 'false');
   input.removeAttribute('aria-activedescendant');
 }
 
-function pickCommand(index) {
-  const command = menu.items[index];
-  if (!command) return;
-  input.value = command.name;
+function pickItem(index) {
+  const item = menu.items[index];
+  if (!item) return;
+  if (menu.kind === 'file' && menu.mention) {
+    const { start, end } = menu.mention;
+    const path = /[\s"]/.test(item.name) ? `"${item.name}"` : item.name; // Claude Code's @"a b"
+    const text = `@${path} `;
+    input.value = input.value.slice(0, start) + text + input.value.slice(end);
+    input.setSelectionRange(start + text.length, start + text.length);
+  } else {
+    input.value = item.name;
+  }
   closeMenu();
   input.focus();
   autosize();
@@ -1200,10 +1255,10 @@ input.addEventListener('keydown', (e) => {
     }
     if (e.key === 'Tab' || (e.key === 'Enter' && !e.shiftKey)) {
       e.preventDefault();
-      const command = menu.items[menu.index];
+      const item = menu.items[menu.index];
       // Enter on a command already typed in full sends it; otherwise it completes it.
-      if (e.key === 'Enter' && command && input.value === command.name) trySend();
-      else pickCommand(menu.index);
+      if (e.key === 'Enter' && menu.kind === 'command' && item && input.value === item.name) trySend();
+      else pickItem(menu.index);
       return;
     }
     if (e.key === 'Escape') {

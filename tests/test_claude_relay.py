@@ -1456,3 +1456,17 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in status
+
+
+def test_a_file_named_with_at_reaches_the_model(start: StartRelay, fake: FakeAnthropic) -> None:
+    """The composer's @ completion (app/files.py) relies on Claude Code attaching the file a
+    message names as @path, or @"path" with a space: the relay passes the text as typed."""
+    live = start()
+    cwd = live.settings.roots[0] / "work" / "at"
+    cwd.mkdir(parents=True)
+    (cwd / "plain.txt").write_text("CONTENT OF PLAIN\n")
+    (cwd / "my notes.txt").write_text("CONTENT OF NOTES\n")
+    cid = create_claude(live, cwd=str(cwd))
+    turn(live, cid, 'Compare @plain.txt and @"my notes.txt" please')
+    seen = json.dumps(fake.message_bodies()[-1])
+    assert "CONTENT OF PLAIN" in seen and "CONTENT OF NOTES" in seen

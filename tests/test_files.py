@@ -1,0 +1,109 @@
+"""The composer's @ completion: ranking paths, listing a working directory, the API."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.files import FileLists, list_files, rank
+from tests.relay import LiveRelay
+
+PATHS = [
+    "docs/readme-old.txt",
+    "README.md",
+    "app/reader.py",
+    "tests/test_reader.py",
+    "app/main.py",
+    "static/r/e/a/d.js",
+]
+
+
+def test_rank_prefers_a_name_that_starts_with_the_query() -> None:
+    assert rank(PATHS, "rea") == [
+        "README.md",  # the name starts with it, shortest first
+        "app/reader.py",
+        "docs/readme-old.txt",
+        "tests/test_reader.py",  # the name contains it
+        "static/r/e/a/d.js",  # its letters in order
+    ]
+
+
+def test_rank_matches_the_path_and_letters_in_order_case_insensitively() -> None:
+    assert rank(PATHS, "APP/M") == ["app/main.py"]
+    assert rank(PATHS, "tsrd") == ["tests/test_reader.py"]
+    assert rank(PATHS, "zz") == []
+
+
+def test_rank_with_no_query_gives_the_shortest_paths_first() -> None:
+    assert rank(PATHS, "", limit=3) == ["README.md", "app/main.py", "app/reader.py"]
+
+
+def tree(root: Path) -> Path:
+    for name in (
+        "src/app.py",
+        "src/lib/util.py",
+        "notes.txt",
+        ".hidden/secret.txt",
+        "node_modules/pkg/index.js",
+        "build/out.bin",
+    ):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("x")
+    return root
+
+
+def test_a_plain_directory_is_walked_without_hidden_or_dependency_directories(
+    tmp_path: Path,
+) -> None:
+    files, truncated = list_files(tree(tmp_path))
+    assert (files, truncated) == (["notes.txt", "src/app.py", "src/lib/util.py"], False)
+    assert list_files(tmp_path, limit=2) == (["notes.txt", "src/app.py"], True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_git_work_tree_lists_what_git_does_ignored_files_left_out(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    (root / ".gitignore").write_text("notes.txt\n")
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "add", "src/app.py"], cwd=root, check=True)
+    files, truncated = list_files(root)
+    # tracked and untracked alike, .gitignore obeyed; git's rules, not the walk's
+    assert sorted(files) == sorted(
+        [
+            ".gitignore",
+            ".hidden/secret.txt",
+            "build/out.bin",
+            "node_modules/pkg/index.js",
+            "src/app.py",
+            "src/lib/util.py",
+        ]
+    )
+    assert not truncated
+
+
+def test_a_listing_is_kept_for_a_while(tmp_path: Path) -> None:
+    lists = FileLists()
+    assert lists.get(tree(tmp_path))[0] == ["notes.txt", "src/app.py", "src/lib/util.py"]
+    (tmp_path / "later.txt").write_text("x")
+    assert "later.txt" not in lists.get(tmp_path)[0]  # a burst of keystrokes lists once
+
+
+def test_the_api_ranks_the_files_of_the_conversation_s_directory(relay: LiveRelay) -> None:
+    cwd = tree(relay.settings.roots[0] / "work" / "project")
+    cid = relay.create(cwd=str(cwd))["id"]
+    found = relay.http.get(f"/api/conversations/{cid}/files", params={"q": "util"})
+    assert found.status_code == 200
+    assert found.json() == {"files": ["src/lib/util.py"], "truncated": False}
+    assert relay.http.get("/api/conversations/999/files").status_code == 404
+    stranger = httpx.get(f"{relay.base}/api/conversations/{cid}/files", params={"q": "util"})
+    assert stranger.status_code == 401  # the names of the files are the owner's to see
+    long = relay.http.get(f"/api/conversations/{cid}/files", params={"q": "x" * 201})
+    assert long.status_code == 422
+    shutil.rmtree(cwd)  # gone since the conversation was made: said, not a 500
+    gone = relay.http.get(f"/api/conversations/{cid}/files", params={"q": "zz"})
+    assert gone.status_code == 409
+    assert gone.json() == {"detail": f"The working directory {cwd} does not exist."}
