@@ -13,8 +13,9 @@ def test_at_completes_a_path_of_the_working_directory(pages: Pages, relay: LiveR
     for name in ("README.md", "src/reader.py", "my notes.txt", "src/main.py"):
         (cwd / name).parent.mkdir(parents=True, exist_ok=True)
         (cwd / name).write_text("x")
-    cid = relay.create(cwd=str(cwd))["id"]
+    cid = relay.create(cwd=str(cwd), title="Mentions")["id"]
     page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Mentions")  # loaded: typing is not reset
     box = by_id(page, "message-input")
     files = page.get_by_test_id("file-item")
     box.press_sequentially("look at @rea")
