@@ -3,17 +3,25 @@ a file a message names as ``@path``)."""
 
 from __future__ import annotations
 
+import heapq
 import os
+import signal
 import subprocess
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MAX_FILES = 50_000  # listed per working directory; a bigger tree is cut (``truncated``)
 CACHE_SECONDS = 10.0  # one listing serves a burst of keystrokes
 CACHE_SIZE = 16  # working directories kept listed
 GIT_TIMEOUT = 5.0
+WALK_SECONDS = 3.0  # a walk stops here (``truncated``): a huge tree, a hung mount
+# Nothing in a repository's own config may run a command: fsmonitor is the one ls-files calls.
+GIT_OPTIONS = ("-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false")
+GIT_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # not the relay's secrets
 # Never walked into without git (git's own ignore rules do better where there is a repo).
 SKIPPED_DIRS = frozenset(
     {"node_modules", "__pycache__", "venv", "dist", "build", "target", "site-packages"}
@@ -28,23 +36,21 @@ def rank(paths: list[str], query: str, limit: int = 12) -> list[str]:
     the characters scattered; among equals, the shorter path, then alphabetical order.
     """
     needle = query.lower()
-    scored: list[tuple[int, int, str]] = []
-    for path in paths:
-        hay = path.lower()
-        name = hay.rsplit("/", 1)[-1]
-        if name.startswith(needle):
-            score = 0
-        elif needle in name:
-            score = 1
-        elif needle in hay:
-            score = 2
-        elif _in_order(needle, hay):
-            score = 3
-        else:
-            continue
-        scored.append((score, len(path), path))
-    scored.sort()
-    return [path for _, _, path in scored[:limit]]
+
+    def scored() -> Iterable[tuple[int, int, str]]:
+        for path in paths:
+            hay = path.lower()
+            name = hay.rsplit("/", 1)[-1]
+            if name.startswith(needle):
+                yield 0, len(path), path
+            elif needle in name:
+                yield 1, len(path), path
+            elif needle in hay:
+                yield 2, len(path), path
+            elif _in_order(needle, hay):
+                yield 3, len(path), path
+
+    return [path for _, _, path in heapq.nsmallest(limit, scored())]
 
 
 def _in_order(needle: str, hay: str) -> bool:
@@ -56,62 +62,104 @@ def _in_order(needle: str, hay: str) -> bool:
     return True
 
 
-def list_files(root: Path, limit: int = MAX_FILES) -> tuple[list[str], bool]:
+def list_files(
+    root: Path, ceiling: Iterable[Path] = (), limit: int = MAX_FILES
+) -> tuple[list[str], bool]:
     """The files under root, relative to it with "/" separators, and whether the list was cut.
 
-    In a git work tree, git's list (tracked files and untracked ones not ignored); elsewhere a
-    walk that skips hidden and dependency directories and follows no symlinked directory.
+    In a git work tree, git's list (tracked files and untracked ones not ignored), a
+    repository no deeper than the ceiling directories (the workspace roots: one above them,
+    such as a home's dotfiles, is not used); elsewhere a walk that skips hidden and dependency
+    directories and follows no symlinked directory. Names that are not UTF-8 are left out.
     """
-    listed = _git_files(root, limit)
+    listed = _git_files(root, ceiling, limit)
     return listed if listed is not None else _walk(root, limit)
 
 
-def _git_files(root: Path, limit: int) -> tuple[list[str], bool] | None:
-    command = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
+def _git_files(root: Path, ceiling: Iterable[Path], limit: int) -> tuple[list[str], bool] | None:
+    command = ["git", *GIT_OPTIONS, "--no-optional-locks", "ls-files", "--cached", "--others"]
+    command += ["--exclude-standard", "-z"]
+    env = {name: os.environ[name] for name in GIT_ENV_NAMES if name in os.environ}
+    env["GIT_CEILING_DIRECTORIES"] = os.pathsep.join(str(top.parent) for top in ceiling)
     try:
-        done = subprocess.run(
-            command, cwd=root, capture_output=True, timeout=GIT_TIMEOUT, check=False
+        process = subprocess.Popen(
+            command,
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # killed with whatever it started
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:  # no git
         return None
-    if done.returncode != 0:  # not a git work tree (or no git)
+    try:
+        out, _ = process.communicate(timeout=GIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return None
-    names = [n for n in done.stdout.decode("utf-8", "replace").split("\0") if n]
+    if process.returncode != 0:  # not a git work tree
+        return None
+    names = (n.decode("utf-8", "strict") for n in out.split(b"\0") if n and _utf8(n))
     unique = list(dict.fromkeys(names))  # (a file in conflict is listed once per stage)
     return unique[:limit], len(unique) > limit
 
 
+def _utf8(name: bytes) -> bool:
+    try:
+        name.decode("utf-8", "strict")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _walk(root: Path, limit: int) -> tuple[list[str], bool]:
     found: list[str] = []
+    deadline = time.monotonic() + WALK_SECONDS
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS)
         base = Path(directory).relative_to(root).as_posix()
         for name in sorted(files):
-            found.append(name if base == "." else f"{base}/{name}")
+            path = name if base == "." else f"{base}/{name}"
+            if not _utf8(os.fsencode(path)):  # (a JSON answer cannot carry it)
+                continue
+            found.append(path)
             if len(found) > limit:
                 return found[:limit], True
+        if time.monotonic() > deadline:
+            return found, True
     return found, False
 
 
 class FileLists:
-    """Listings of working directories, each kept CACHE_SECONDS (thread-safe)."""
+    """Listings of working directories, each kept CACHE_SECONDS after it was made.
+
+    Listings run in a pool of their own (a big tree never holds the threads the rest of the
+    relay uses) and one at a time per directory: requests meanwhile wait for that one.
+    """
 
     def __init__(self) -> None:
         self._lists: OrderedDict[Path, tuple[float, list[str], bool]] = OrderedDict()
         self._lock = threading.Lock()
+        self._listing: dict[Path, threading.Lock] = {}
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="oarlock-files")
 
-    def get(self, root: Path) -> tuple[list[str], bool]:
+    def get(self, root: Path, ceiling: Iterable[Path] = ()) -> tuple[list[str], bool]:
         """root's files (see list_files), listed again when the last listing is too old."""
-        now = time.monotonic()
         with self._lock:
-            kept = self._lists.get(root)
-            if kept is not None and now - kept[0] < CACHE_SECONDS:
+            one = self._listing.setdefault(root, threading.Lock())
+        with one:
+            with self._lock:
+                kept = self._lists.get(root)
+                if kept is not None and time.monotonic() - kept[0] < CACHE_SECONDS:
+                    self._lists.move_to_end(root)
+                    return kept[1], kept[2]
+            files, truncated = list_files(root, ceiling)
+            with self._lock:
+                self._lists[root] = (time.monotonic(), files, truncated)
                 self._lists.move_to_end(root)
-                return kept[1], kept[2]
-        files, truncated = list_files(root)
-        with self._lock:
-            self._lists[root] = (now, files, truncated)
-            self._lists.move_to_end(root)
-            while len(self._lists) > CACHE_SIZE:
-                self._lists.popitem(last=False)
+                while len(self._lists) > CACHE_SIZE:
+                    dropped, _ = self._lists.popitem(last=False)
+                    self._listing.pop(dropped, None)
         return files, truncated

@@ -648,6 +648,7 @@ function showView(name) {
 
 function leaveConversation() {
   saveDraft();
+  closeMenu();
   state.opening += 1;
   state.current = null;
   if (contextModal.isOpen) contextModal.close();
@@ -1148,23 +1149,24 @@ function updateMenu() {
   const candidates = open && value.startsWith('/') && !/\s/.test(value)
     ? COMMANDS.filter((c) => c.name.startsWith(value))
     : [];
-  clearTimeout(mentionTimer);
   const at = !candidates.length && open ? mentionAt() : null;
-  if (at) {
-    if (menu.kind === 'file') menu.mention = at; // a pick meanwhile replaces what is typed now
-    mentionTimer = setTimeout(askFiles, 80); // one request for a burst of keystrokes
-    return;
-  }
+  if (at && menu.kind === 'file' && menuOpen() && sameMention(at, menu.mention)) return;
+  // Anything else typed: the menu shown (and any answer on its way) no longer fits the text.
   showMenu('command', candidates.map((c) => ({ name: c.name, description: c.description })));
+  if (at) mentionTimer = setTimeout(askFiles, 80); // one request for a burst of keystrokes
 }
 
-/** The "@path" being typed where the caret is: where it starts, and the path so far. */
+const sameMention = (a, b) => Boolean(a && b) && a.start === b.start && a.end === b.end && a.query === b.query;
+
+/** The "@path" being typed where the caret is: where it starts, the path so far (query) and
+ *  where the path ends (the rest of the word after the caret goes with it when picked). */
 function mentionAt() {
   const caret = input.selectionStart;
   if (caret !== input.selectionEnd) return null;
   const found = MENTION.exec(input.value.slice(0, caret));
   if (!found) return null;
-  return { start: caret - found[2].length - 1, end: caret, query: found[2].replace(/^"/, '') };
+  const rest = /^[^\s"]*"?/.exec(input.value.slice(caret))[0];
+  return { start: caret - found[2].length - 1, end: caret + rest.length, query: found[2].replace(/^"/, '') };
 }
 
 async function askFiles() {
@@ -1178,19 +1180,21 @@ async function askFiles() {
   } catch {
     return; // (the directory is gone, or not on this node: no menu)
   }
-  if (asked !== mentionAsked || state.current !== cur) return;
-  showMenu('file', found.files.map((path) => ({ name: path, description: '' })));
-  menu.mention = at;
+  // Shown only for the text it was asked for, where the caret still is.
+  if (asked !== mentionAsked || state.current !== cur || !sameMention(at, mentionAt())) return;
+  showMenu('file', found.files.map((path) => ({ name: path, description: '' })), at);
 }
 
-function showMenu(kind, items) {
+function showMenu(kind, items, mention = null) {
   if (!items.length) {
     closeMenu();
     return;
   }
-  if (kind !== menu.kind || items.length !== menu.items.length) menu.index = 0;
+  const same = kind === menu.kind && items.map((i) => i.name).join('\0') === menu.items.map((i) => i.name).join('\0');
+  if (!same) menu.index = 0; // a new list: its best first
   menu.kind = kind;
   menu.items = items;
+  menu.mention = mention;
   drawMenu();
 }
 
@@ -1203,13 +1207,16 @@ function drawMenu() {
       class: i === menu.index ? 'command-item active' : 'command-item',
       testid: menu.kind === 'file' ? 'file-item' : 'command-item',
       'aria-selected': String(i === menu.index),
-    }, h('span', { class: 'command-name', dir: 'auto', text: item.name }),
+    }, menu.kind === 'file'
+      ? h('span', { class: 'command-name path', title: item.name }, h('bdi', { dir: 'ltr', text: item.name }))
+      : h('span', { class: 'command-name', text: item.name }),
     item.description ? h('span', { class: 'command-desc', text: item.description }) : null);
     li.addEventListener('mousedown', (e) => e.preventDefault()); // keep the focus in the box
     li.addEventListener('click', () => pickItem(i));
     return li;
   }));
   menu.el.hidden = false;
+  menu.el.children[menu.index]?.scrollIntoView({ block: 'nearest' });
   input.setAttribute('aria-expanded', 'true');
   input.setAttribute('aria-activedescendant', `command-${menu.index}`);
 }
@@ -1302,6 +1309,11 @@ input.addEventListener('input', () => {
   updateComposer();
 });
 input.addEventListener('blur', closeMenu);
+// The caret moved without typing (a click, ← →, Home, End): the menu follows it.
+input.addEventListener('click', updateMenu);
+input.addEventListener('keyup', (e) => {
+  if (['ArrowLeft', 'ArrowRight', 'Home', 'End'].includes(e.key)) updateMenu();
+});
 byId('composer').addEventListener('submit', (e) => {
   e.preventDefault();
   // A click on Send leaves the focus in the box: the button is disabled once the box empties,

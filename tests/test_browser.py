@@ -838,9 +838,7 @@ def test_back_closes_the_drawer_on_a_phone(pages: Pages, relay: LiveRelay) -> No
     page.locator("#scrim").click(position={"x": 380, "y": 400})  # closed by a tap beside it
     expect(items.first).not_to_be_in_viewport()
     by_id(page, "menu-button").click()
-    page.wait_for_function(
-        "() => document.getElementById('sidebar').getBoundingClientRect().x == 0"
-    )
+    page.wait_for_function(DRAWER_OPEN)
     assert box(by_id(page, "search-input"))["x"] >= 8  # not against the screen's edge
     close = by_id(page, "drawer-close")  # and by its own ✕, a finger's size
     assert box(close)["width"] >= 44 and box(close)["height"] >= 44
@@ -867,10 +865,19 @@ def test_a_phone_with_its_keyboard_up_keeps_the_dialog_buttons_in_sight(
     by_id(page, "new-conversation").click()
     expect(by_id(page, "new-title")).to_be_focused()
     expect(by_id(page, "new-create")).to_be_in_viewport(ratio=1)
+    by_id(page, "new-cwd").fill("relative/path")
+    by_id(page, "new-dialog").evaluate("d => { d.scrollTop = 0; }")  # the top of the form seen
+    by_id(page, "new-create").click()
+    error = by_id(page, "new-error")  # shown where the buttons are, not under them
+    expect(error).to_have_text("The working directory must be an absolute path.")
+    found = box(error)
+    middle = {"x": found["x"] + found["width"] / 2, "y": found["y"] + found["height"] / 2}
+    assert error.evaluate(SEEN_AT, middle), "the error is covered"
+    by_id(page, "new-cwd").fill("")
     by_id(page, "new-title").fill("Typed with the keyboard up")
     by_id(page, "new-create").click()
     expect(by_id(page, "title")).to_have_text("Typed with the keyboard up")
-    pages.assert_clean()
+    pages.assert_clean("status of 400")  # (the refused folder)
 
 
 def box(locator: Locator) -> dict[str, float]:
@@ -925,6 +932,7 @@ def test_phones_keep_the_header_readable_and_the_important_taps_large(
 
 # The shown title's width is at least the argument (CSS pixels).
 DRAWER_OPEN = "() => document.getElementById('sidebar').getBoundingClientRect().x == 0"
+SEEN_AT = "(el, p) => el.contains(document.elementFromPoint(p.x, p.y))"
 TITLE_AT_LEAST = """(least) => {
   const title = document.querySelector('.title-main');
   return Boolean(title) && title.getBoundingClientRect().width >= least;

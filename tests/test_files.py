@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -107,3 +108,38 @@ def test_the_api_ranks_the_files_of_the_conversation_s_directory(relay: LiveRela
     gone = relay.http.get(f"/api/conversations/{cid}/files", params={"q": "zz"})
     assert gone.status_code == 409
     assert gone.json() == {"detail": f"The working directory {cwd} does not exist."}
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_repository_s_own_config_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a hostile review: `git ls-files --others` ran the repository's core.fsmonitor
+    (a file an agent or an unpacked archive can write) with the relay's whole environment."""
+    root = tree(tmp_path / "repo")
+    ran = tmp_path / "ran"
+    git(root, "init", "-q")
+    git(root, "config", "core.fsmonitor", f"env > {ran}; false")
+    monkeypatch.setenv("OARLOCK_TOKEN", "secret-token")
+    files, _ = list_files(root)
+    assert "src/app.py" in files  # git's list
+    assert not ran.exists()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_repository_above_the_workspace_roots_is_not_used(tmp_path: Path) -> None:
+    """A home's dotfiles repository ignoring everything (`*`) listed nothing below it."""
+    git(tmp_path, "init", "-q")
+    (tmp_path / ".gitignore").write_text("*\n")
+    root = tree(tmp_path / "work")
+    assert list_files(root)[0] == []  # without the ceiling: the home's repository's rules
+    assert list_files(root, ceiling=[root])[0] == ["notes.txt", "src/app.py", "src/lib/util.py"]
+
+
+def test_names_that_are_not_utf8_are_left_out(tmp_path: Path) -> None:
+    (tree(tmp_path) / os.fsdecode(b"caf\xe9.txt")).write_text("x")  # a JSON answer cannot hold it
+    assert list_files(tmp_path)[0] == ["notes.txt", "src/app.py", "src/lib/util.py"]

@@ -29,10 +29,10 @@ async def conversation_files(
 
     def find() -> dict[str, Any]:
         root = usable_cwd(conversation.cwd, roots)  # (the check an agent's start makes)
-        files, truncated = FILE_LISTS.get(root)
+        files, truncated = FILE_LISTS.get(root, roots)
         return {"files": rank(files, q, limit), "truncated": truncated}
 
     try:
-        return await asyncio.to_thread(find)
+        return await asyncio.get_running_loop().run_in_executor(FILE_LISTS.pool, find)
     except WorkspaceError as error:
         raise HTTPException(409, str(error)) from None
