@@ -298,12 +298,7 @@ def test_a_mode_changed_on_another_node_reaches_the_running_turn(tmp_path: Path)
             f"/api/conversations/{cid}", json={"permission_mode": "acceptEdits"}
         )
         assert changed.status_code == 200, changed.text
-        view = owner.wait_for(
-            cid,
-            lambda v: (
-                v["turn"]["state"] == "idle" or any(e["state"] == "pending" for e in v["timeline"])
-            ),
-        )
+        view = owner.wait_for(cid, idle_or_asking)
     asked = [e["text"] for e in view["timeline"] if e["data"].get("type") == "permission"]
     assert (asked, view["turn"]["state"]) == ([], "idle")
     assert (work / "one.txt").read_text() == "1"
@@ -329,12 +324,7 @@ def test_a_plan_approved_or_a_model_chosen_on_another_node_reaches_the_running_t
         other.wait_for(cid, lambda v: v["permission_mode"] == "acceptEdits")
         owner.wait_idle(cid)
         owner.send(cid, "[[WRITE:one.txt|1]]")
-        view = owner.wait_for(
-            cid,
-            lambda v: (
-                v["turn"]["state"] == "idle" or any(e["state"] == "pending" for e in v["timeline"])
-            ),
-        )
+        view = owner.wait_for(cid, idle_or_asking)
         assert [e["data"]["tool"] for e in view["timeline"] if e["state"] == "pending"] == []
         assert (work / "one.txt").read_text() == "1"
 
@@ -367,6 +357,11 @@ def test_a_plan_approved_or_a_model_chosen_on_another_node_reaches_the_running_t
     assert ["haiku" in model for model in models] == [False, True], models
     (line,) = [e for e in of_kind(view, "line") if "did not take the model" in e["text"]]
     assert line["text"].startswith("Claude Code did not take the model “no-such-model”: ")
+
+
+def idle_or_asking(view: dict[str, Any]) -> bool:
+    """The turn ended, or it waits for an answer to a question."""
+    return view["turn"]["state"] == "idle" or any(e["state"] == "pending" for e in view["timeline"])
 
 
 def pending(node: RelayProcess, cid: int) -> dict[str, Any]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from app import files
 from app.files import FileLists, list_files, rank
 from tests.relay import LiveRelay
 
@@ -143,3 +146,31 @@ def test_a_repository_above_the_workspace_roots_is_not_used(tmp_path: Path) -> N
 def test_names_that_are_not_utf8_are_left_out(tmp_path: Path) -> None:
     (tree(tmp_path) / os.fsdecode(b"caf\xe9.txt")).write_text("x")  # a JSON answer cannot hold it
     assert list_files(tmp_path)[0] == ["notes.txt", "src/app.py", "src/lib/util.py"]
+
+
+def test_a_walk_stops_at_its_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(files, "WALK_SECONDS", 0.0)  # spent after the first directory
+    assert list_files(tree(tmp_path)) == (["notes.txt"], True)
+
+
+def test_a_listing_is_made_again_once_old_and_once_for_callers_at_the_same_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    real = files.list_files
+
+    def counted(root: Path, ceiling: object = ()) -> tuple[list[str], bool]:
+        calls.append(root)
+        time.sleep(0.2)  # a slow tree: the other callers come while it is listed
+        return real(root)
+
+    monkeypatch.setattr(files, "list_files", counted)
+    lists = FileLists()
+    root = tree(tmp_path)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda _: lists.get(root), range(4)))
+    assert len(calls) == 1 and all(a == answers[0] for a in answers)
+    monkeypatch.setattr(files, "CACHE_SECONDS", 0.0)  # old at once: listed again
+    (root / "later.txt").write_text("x")
+    assert "later.txt" in lists.get(root)[0]
+    assert len(calls) == 2
