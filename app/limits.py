@@ -19,6 +19,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.attachments import body_limit as body_limit_for
 from app.config import Settings
 from app.hub import encode
 from app.security import SECURITY_HEADERS
@@ -80,8 +81,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length, chunked = _declared_body(scope)
-        if length is not None and length > self.max_body:
-            await _answer(send, 413, body_limit_detail(self.max_body))
+        max_body = body_limit_for(scope["path"], self.max_body)
+        if length is not None and length > max_body:
+            await _answer(send, 413, body_limit_detail(max_body))
             return
         complete = not chunked and not length
         received = 0
@@ -99,8 +101,8 @@ class BodyLimit:
                 raise Refused(408, body_timeout_detail(self.timeout)) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body:
-                    raise Refused(413, body_limit_detail(self.max_body))
+                if received > max_body:
+                    raise Refused(413, body_limit_detail(max_body))
                 complete = not message.get("more_body", False)
             return message
 

@@ -32,7 +32,18 @@ from app.models import Conversation
 from app.notify import Notifier
 from app.push import load_or_create_vapid, vapid_from_token
 from app.resources import resource_dir
-from app.routes import api, backups, files, imports, pages, push, search, steer, ws
+from app.routes import (
+    api,
+    attachments,
+    backups,
+    files,
+    imports,
+    pages,
+    push,
+    search,
+    steer,
+    ws,
+)
 from app.security import (
     LOOPBACK_HOSTS,
     SECURITY_HEADERS,
@@ -181,6 +192,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api.router)
     app.include_router(search.router)
     app.include_router(files.router)
+    app.include_router(attachments.router)
     app.include_router(backups.router)
     app.include_router(imports.router)
     app.include_router(steer.router)

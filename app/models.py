@@ -7,7 +7,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    UniqueConstraint,
+)
 from sqlmodel import Field, SQLModel
 
 from app.config import PermissionMode
@@ -137,6 +146,26 @@ class Entry(SQLModel, table=True):
     text: str = ""
     state: str = "done"  # user: queued|sent; agent: streaming|done|interrupted; line: running|done
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Attachment(SQLModel, table=True):
+    """An image the user attached: uploaded first (entry_id None), then sent with a message.
+
+    In the database, not on disk: every relay node of a cluster serves and sends it.
+    """
+
+    __table_args__ = (
+        Index("ix_attachment_conversation_entry", "conversation_id", "entry_id"),
+        NEVER_REUSED,
+    )
+
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInt)
+    conversation_id: int = Field(foreign_key="conversation.id", sa_type=BigInt)
+    entry_id: int | None = Field(default=None, sa_type=BigInt)  # the message it was sent with
+    media_type: str = Field(max_length=20)  # image/png, image/jpeg, image/gif or image/webp
+    size: int = Field(sa_type=BigInt)
+    content: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -280,6 +309,8 @@ class MessageCreate(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     text: Text
+    # Images uploaded to this conversation (POST …/attachments), sent with the text.
+    attachments: list[int] = Field(default_factory=list, max_length=5)
 
     _text_nul = field_validator("text")(_no_nul)
     _text_edges = field_validator("text")(without_blank_edges)

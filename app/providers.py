@@ -26,15 +26,16 @@ class Traits:
     name: str
     compact_window: bool  # the per-conversation auto-compact window applies
     compaction: Style  # how its own compactions show in the timeline
+    images: bool = False  # its agent takes the images attached to a message
 
 
 # The one place that knows each provider's traits.
 TRAITS: dict[str, Traits] = {
-    "claude": Traits("Claude Code", compact_window=True, compaction="line"),
+    "claude": Traits("Claude Code", compact_window=True, compaction="line", images=True),
     "deepseek": Traits("DeepSeek", compact_window=True, compaction="line"),
     "copilot": Traits("Copilot", compact_window=False, compaction="activity"),
     "openai": Traits("OpenAI-compatible", compact_window=False, compaction="activity"),
-    "demo": Traits("Demo (offline)", compact_window=True, compaction="line"),
+    "demo": Traits("Demo (offline)", compact_window=True, compaction="line", images=True),
 }
 WINDOW_PROVIDERS = tuple(name for name, traits in TRAITS.items() if traits.compact_window)
 CLAUDE_CLI_PROVIDERS = ("claude", "deepseek")  # the Claude Code CLI runs their agents
@@ -43,6 +44,11 @@ ROOT_BYPASS = (
     " another permission mode, or run the relay as a normal user (in a sandboxed container:"
     " IS_SANDBOX=1 and OARLOCK_AGENT_ENV_PASSTHROUGH=IS_SANDBOX)."
 )
+
+
+def takes_images(provider: str) -> bool:
+    """Whether a provider's agent is sent the images attached to a message."""
+    return provider in TRAITS and TRAITS[provider].images
 
 
 def compaction_style(provider: str) -> Style:
@@ -59,6 +65,7 @@ class ProviderInfo:
     available: bool
     reason: str = ""
     compact_window: bool = False  # has the per-conversation auto-compact window
+    images: bool = False  # takes images attached to a message
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -105,6 +112,7 @@ def provider_infos(
             ready[provider][0],
             "" if ready[provider][0] else ready[provider][1],
             traits.compact_window,
+            traits.images,
         )
         for provider, traits in TRAITS.items()
     ]

@@ -25,6 +25,7 @@ import anyio
 from sqlalchemy.exc import OperationalError
 from starlette.requests import cookie_parser
 
+from app.attachments import body_limit, is_image_upload
 from app.sessions import LIFETIME, Sessions
 
 log = logging.getLogger(__name__)
@@ -310,11 +311,13 @@ class Guard:
             length = headers.get("content-length")
             if length is not None and not length.strip().isdigit():
                 return 400, "Invalid Content-Length header.", []
-            if length is not None and int(length) > self.max_body:
-                return 413, f"Request body over the limit of {self.max_body} bytes.", []
+            limit = body_limit(path, self.max_body)
+            if length is not None and int(length) > limit:
+                return 413, f"Request body over the limit of {limit} bytes.", []
             if length is None and "transfer-encoding" in headers:
                 return 411, "Send a Content-Length header.", []
-            if int(length or 0) > 0 and not _is_json(headers.get("content-type", "")):
+            kind = headers.get("content-type", "")
+            if int(length or 0) > 0 and not (_is_json(kind) or is_image_upload(path, kind)):
                 return 415, "The API accepts application/json only.", []
         return None
 
@@ -435,7 +438,9 @@ def _with_headers(send: Send) -> Send:
                 # Conversations, the token page, API answers: never kept in a browser's or a
                 # proxy's cache (the static files say no-cache themselves: kept, revalidated).
                 headers.append(NO_STORE)
-            message["headers"] = headers + SECURITY_HEADERS
+            # A response's own (an attachment's stricter CSP) stands: each header once.
+            own = {name.lower() for name, _ in headers}
+            message["headers"] = headers + [h for h in SECURITY_HEADERS if h[0] not in own]
         await send(message)
 
     return wrapped

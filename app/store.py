@@ -27,6 +27,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.orm.util import identity_key
 from sqlmodel import Session, col, select
 
+from app import attachment_store
 from app.models import Conversation, Entry, Handoff, Pin, utcnow
 from app.summary import SUMMARY_WINDOW
 
@@ -297,10 +298,12 @@ def add_entry(
     state: str = "done",
     data: dict[str, Any] | None = None,
     touch: bool = True,
+    claim: Collection[int] = (),
 ) -> Entry:
     """Append an entry at position seq; the conversation remembers its last seq.
 
     Core statements, not the ORM's flush and refresh: this is on every turn's path.
+    claim: attachments sent with this message, marked in the same transaction.
     """
     cid = conversation.id or 0
     values: dict[str, Any] = {
@@ -314,6 +317,8 @@ def add_entry(
     }
     connection = session.connection()
     entry_id = connection.execute(_insert_entry(), values).scalar_one()
+    if claim:
+        attachment_store.claim(connection, cid, claim, entry_id)
     counted, asked = _counts(kind, state)
     changes: dict[str, Any] = {"_conversation_id": cid, "_seq": seq}
     changes.update(_deltas(counted, asked))
@@ -632,6 +637,7 @@ def delete_conversation(*, session: Session, conversation: Conversation) -> None
         .values(conversation_id=None)
     )
     session.connection().execute(delete(Entry).where(col(Entry.conversation_id) == conversation_id))
+    attachment_store.delete_for_conversation(session.connection(), conversation_id or 0)
     session.connection().execute(
         delete(Conversation).where(col(Conversation.id) == conversation_id)
     )

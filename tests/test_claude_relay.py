@@ -7,6 +7,7 @@ Assertions are on what the relay stored (GET /api/conversations/{id}) and what t
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from app.routes.api import MODEL_FIXED
 from app.summary import HEADER, SummaryMessage, build_summary, compose_first_message
 from app.supervisor.pool import ARCHIVED_WORK_LINE, SHUTDOWN_WORK_LINE
 from tests.fake_anthropic import SUMMARY_MARKER, FakeAnthropic, last_user_text, user_texts
+from tests.images import png
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 from tests.test_cluster_races import started_nodes
 
@@ -1470,3 +1472,46 @@ def test_a_file_named_with_at_reaches_the_model(start: StartRelay, fake: FakeAnt
     turn(live, cid, 'Compare @plain.txt and @"my notes.txt" please')
     seen = json.dumps(fake.message_bodies()[-1])
     assert "CONTENT OF PLAIN" in seen and "CONTENT OF NOTES" in seen
+
+
+def test_an_attached_image_reaches_the_model(start: StartRelay, fake: FakeAnthropic) -> None:
+    """Images go in the prompt's user message, before its text, as the model's API takes them."""
+    live = start()
+    cid = create_claude(live)
+    image = png()
+    stored = live.http.post(
+        f"/api/conversations/{cid}/attachments",
+        content=image,
+        headers={"Content-Type": "image/png"},
+    )
+    assert stored.status_code == 201, stored.text
+    body = {"text": "What colour is this?", "attachments": [stored.json()["id"]]}
+    sent = live.http.post(f"/api/conversations/{cid}/messages", json=body)
+    assert sent.status_code == 202, sent.text
+    live.wait_idle(cid, timeout=TIMEOUT)
+    # The user message that holds the prompt (the CLI adds a system message after it, and
+    # a line naming where it keeps its copy of the image).
+    (content,) = [
+        message["content"]
+        for message in fake.message_bodies()[-1]["messages"]
+        if isinstance(message["content"], list)
+        and any(
+            block.get("text", "").strip() == "What colour is this?" for block in message["content"]
+        )
+    ]
+    images = [block for block in content if block.get("type") == "image"]
+    assert images == [
+        {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": base64.b64encode(image).decode(),
+            },
+        }
+    ]
+    assert content.index(images[0]) < next(
+        i
+        for i, block in enumerate(content)
+        if block.get("text", "").strip() == "What colour is this?"
+    )

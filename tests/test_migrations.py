@@ -24,6 +24,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
     names = inspect(engine).get_table_names()
     assert sorted(name for name in names if not is_search_table(name)) == [
         "alembic_version",
+        "attachment",
         "conversation",
         "entry",
         "handoff",
@@ -38,7 +39,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0012", "0012")
+    assert (current, head) == ("0013", "0013")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -61,7 +62,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0012"
+        assert MigrationContext.configure(connection).get_current_revision() == "0013"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

@@ -6,12 +6,13 @@ outside system (the Claude Code CLI, the built-in demo) into them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from app.attachments import Image
     from app.tools import RelayTool
 
 
@@ -266,6 +267,16 @@ class Receipts(Protocol):
 
         None when it cannot know (e.g. an agent process of the session still runs).
         """
+
+
+@runtime_checkable
+class SeesImages(Protocol):
+    """An agent whose turns can carry the images the user attached to the message."""
+
+    def turn_with_images(
+        self, prompt: str, images: Sequence[Image], prompt_id: str | None = None
+    ) -> AsyncIterator[AgentEvent]:
+        """Run one turn for prompt with its images (sent before the text)."""
 
 
 @runtime_checkable

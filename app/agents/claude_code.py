@@ -12,7 +12,7 @@ import logging
 import re
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -83,6 +83,7 @@ from app.agents.common import (
 )
 from app.agents.lifetime import die_with_relay
 from app.agents.transcript import compaction_summary, prompt_received, restored_cost
+from app.attachments import Image, content_blocks
 from app.config import PERMISSION_MODES
 from app.questions import asked
 from app.tools import MCP_PREFIX, MCP_SERVER, RelayTool, is_relay_tool
@@ -453,11 +454,13 @@ def as_text(prompt: str) -> str:
     return " " + prompt if CLI_HISTORY_COMMAND.match(prompt) else prompt
 
 
-async def _user_message(prompt: str, prompt_id: str) -> AsyncIterator[dict[str, Any]]:
-    """The prompt as the one user message of a query, carrying its own uuid."""
+async def _user_message(
+    prompt: str, prompt_id: str, images: Sequence[Image] = ()
+) -> AsyncIterator[dict[str, Any]]:
+    """The prompt (with its images) as the one user message of a query, with its own uuid."""
     yield {
         "type": "user",
-        "message": {"role": "user", "content": as_text(prompt)},
+        "message": {"role": "user", "content": content_blocks(as_text(prompt), images)},
         "parent_tool_use_id": None,
         "uuid": prompt_id,
     }
@@ -800,10 +803,18 @@ class ClaudeCodeAgent(TurnFlags):
         A plain method: a Stop from this call on stops the turn, even one that comes before
         its first event is asked for (the relay reads it in a task of its own, a step later).
         """
-        self._stop_early, self._turn_asked = False, True
-        return self._turn(prompt, prompt_id)
+        return self.turn_with_images(prompt, (), prompt_id)
 
-    async def _turn(self, prompt: str, prompt_id: str | None) -> AsyncIterator[AgentEvent]:
+    def turn_with_images(
+        self, prompt: str, images: Sequence[Image], prompt_id: str | None = None
+    ) -> AsyncIterator[AgentEvent]:
+        """As turn(), the images sent before the text in the same user message."""
+        self._stop_early, self._turn_asked = False, True
+        return self._turn(prompt, prompt_id, images)
+
+    async def _turn(
+        self, prompt: str, prompt_id: str | None, images: Sequence[Image] = ()
+    ) -> AsyncIterator[AgentEvent]:
         try:
             if self._dirty or not self.is_alive():
                 self._starting = True
@@ -834,7 +845,7 @@ class ClaudeCodeAgent(TurnFlags):
         assert client is not None
         self._mapper.begin_turn()
         prompt_id = prompt_id or str(uuid.uuid4())
-        message = _user_message(prompt, prompt_id)
+        message = _user_message(prompt, prompt_id, images)
         # Closed with this one (a turn abandoned midway leaves the CLI dirty at once).
         reading = self._reading(prompt_id, send=partial(client.query, message))
         async with contextlib.aclosing(reading) as events:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from app.agents.base import (
@@ -28,6 +28,7 @@ from app.agents.base import (
     TurnDone,
     Usage,
 )
+from app.attachments import Image
 from app.handoff import NOTE_PREFIX
 from app.summary import NEW_REQUEST
 from app.tools import SAVE_HANDOFF
@@ -90,7 +91,13 @@ class DemoAgent:
     async def close(self) -> None:
         """Nothing to stop."""
 
-    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+    def turn_with_images(
+        self, prompt: str, images: Sequence[Image], prompt_id: str | None = None
+    ) -> AsyncIterator[AgentEvent]:
+        """Answer one prompt; the answer says how many images came with it and of what type."""
+        return self.turn(prompt, images)
+
+    async def turn(self, prompt: str, images: Sequence[Image] = ()) -> AsyncIterator[AgentEvent]:
         """Answer one prompt."""
         began = time.monotonic()
         self._interrupted = False
@@ -128,7 +135,7 @@ class DemoAgent:
         if "save a handoff" in lowered:
             async for event in self._save_handoff():
                 yield event
-        pieces = reply_pieces(prompt, slow="slow" in lowered)
+        pieces = reply_pieces(prompt, slow="slow" in lowered, images=images)
         self._messages += 1
         message_id = f"demo-msg-{self.spec.conversation_id}-{self._messages}"
         written: list[str] = []
@@ -169,21 +176,25 @@ class DemoAgent:
         yield Activity(tool_id, "Bash", "result", summary=command, output=output, is_error=is_error)
 
 
-def reply_text(prompt: str) -> str:
-    """The demo's whole answer to a prompt."""
+def reply_text(prompt: str, images: Sequence[Image] = ()) -> str:
+    """The demo's whole answer to a prompt (and its images)."""
     quoted = " ".join(prompt.split())
     if len(quoted) > 200:
         quoted = quoted[:199] + "…"
+    seen = ""
+    if images:
+        kinds = ", ".join(image.media_type for image in images)
+        seen = f"With {len(images)} image{'s' if len(images) > 1 else ''} ({kinds}).\n\n"
     return (
-        f"You said: “{isolate(quoted)}”\n\n"
+        f"You said: “{isolate(quoted)}”\n\n{seen}"
         "I am the **demo** agent: I run offline and quote what you send. "
         "Try a message with *use a tool*, *ask permission* or *slow*."
     )
 
 
-def reply_pieces(prompt: str, *, slow: bool = False) -> list[str]:
+def reply_pieces(prompt: str, *, slow: bool = False, images: Sequence[Image] = ()) -> list[str]:
     """The answer cut into the pieces it streams in (many more when slow)."""
-    text = reply_text(prompt)
+    text = reply_text(prompt, images)
     if slow:
         text += "\n\n" + " ".join(f"word{n}" for n in range(1, 201))
     words = text.split(" ")

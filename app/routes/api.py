@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from app import store
 from app.agents.base import PermissionDecision
+from app.attachment_store import AttachmentError
 from app.config import PERMISSION_MODES, Settings
 from app.context import context_view
 from app.handoff import is_clear_command, parse_handoff
@@ -275,7 +276,10 @@ async def send_message(
 ) -> Any:
     """Store a message and queue it for the agent; `/compact` alone compacts instead."""
     limit = _settings(request).max_message_bytes
-    command = is_compact_command(body.text) or is_clear_command(body.text)
+    # With images, /compact and /clear are text for the agent (SPEC §2: commands alone).
+    command = not body.attachments and (
+        is_compact_command(body.text) or is_clear_command(body.text)
+    )
     problem = _text_problem(body.text, limit)
     if not command and problem is None:
         # One writer job reads the conversation, titles it and stores the message: no read
@@ -283,11 +287,11 @@ async def send_message(
         title = _title_from(body.text)  # (it has a visible character: _text_problem)
         try:
             entry = await supervisor.storage.write(
-                supervisor.send, conversation_id, body.text, title
+                supervisor.send, conversation_id, body.text, title, body.attachments
             )
         except LookupError:
             raise HTTPException(404, f"No conversation {conversation_id}.") from None
-        except ConversationError as error:
+        except (ConversationError, AttachmentError) as error:
             raise HTTPException(409, str(error)) from None
         return entry_view(entry)
     conversation = await fetch_conversation(supervisor, conversation_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,11 @@ from sqlmodel import Session
 
 from app import steer, store
 from app.agents.base import PermissionDecision, WarmsUp
+from app.attachment_store import AttachmentError, describe, release
 from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
+from app.providers import TRAITS, takes_images
 from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
@@ -60,7 +62,9 @@ class Commands(SupervisorState):
         self.publish_conversation(conversation)
         return conversation
 
-    def submit(self, conversation: Conversation, text: str) -> Entry:
+    def submit(
+        self, conversation: Conversation, text: str, attachments: Sequence[int] = ()
+    ) -> Entry:
         """Store a user message (queued), then hand it to the conversation's runner."""
         if conversation.status != "active":
             raise ConversationError("This conversation is archived; it can be read, not written.")
@@ -69,13 +73,20 @@ class Commands(SupervisorState):
         with self.session() as session:
             session.add(conversation)
             self._still_active(session, conversation)
-            return self._queue_message(session, conversation, text)
+            return self._queue_message(session, conversation, text, attachments)
 
-    def send(self, conversation_id: int, text: str, title: str | None = None) -> Entry:
+    def send(
+        self,
+        conversation_id: int,
+        text: str,
+        title: str | None = None,
+        attachments: Sequence[int] = (),
+    ) -> Entry:
         """Store a user message by the conversation's id: the route's read, the title and the
         message in one writer job (LookupError: no such conversation).
 
         title: the conversation's title if this is its first message (it has no other yet).
+        attachments: images uploaded to the conversation, sent with the text (AttachmentError).
         """
         if self.cluster is not None:  # its lease is claimed before the message is stored
             with self.session() as session:
@@ -86,7 +97,7 @@ class Commands(SupervisorState):
                 raise LookupError(f"No conversation {conversation_id}.")
             if title is not None and conversation.status == "active" and _untitled(conversation):
                 self.update_conversation(conversation, title=title)
-            return self.submit(conversation, text)
+            return self.submit(conversation, text, attachments)
         with self.session() as session:
             # Read in the writer's turn, after every earlier job (a /compact among them).
             found = store.lock_conversation(session=session, conversation_id=conversation_id)
@@ -99,14 +110,29 @@ class Commands(SupervisorState):
             if title is not None and _untitled(found):
                 store.update_conversation(session=session, conversation=found, title=title)
                 self.publish_conversation(found)
-            return self._queue_message(session, found, text)
+            return self._queue_message(session, found, text, attachments)
 
-    def _queue_message(self, session: Session, conversation: Conversation, text: str) -> Entry:
+    def _queue_message(
+        self,
+        session: Session,
+        conversation: Conversation,
+        text: str,
+        attachments: Sequence[int] = (),
+    ) -> Entry:
         """Store a user message (queued) in the job's session; its turn begins here if idle."""
         cid = conversation.id or 0
         if cid in self.deleting:  # (its delete's later jobs come after this one's in the writer)
             raise ConversationError(DELETING)
-        entry = self._add(session, conversation, "user", text, state="queued")
+        data = None
+        if attachments:
+            if not takes_images(conversation.provider):
+                name = TRAITS[conversation.provider].name
+                raise AttachmentError(f"{name} does not take images: send the text alone.")
+            images = describe(session=session, conversation_id=cid, ids=attachments)
+            data = {"attachments": images}
+        entry = self._add(
+            session, conversation, "user", text, state="queued", data=data, claim=attachments
+        )
         self._wake(cid)
         runner = self.runners.get(cid)
         idle = runner is not None and (runner.task is None or runner.task.done())
@@ -240,7 +266,9 @@ class Commands(SupervisorState):
             if line is not None:
                 line.data = {**line.data, "resent": True}
                 session.add(line)
-            data = {"resent_from": entry.id}
+            data: dict[str, Any] = {"resent_from": entry.id}
+            if "attachments" in entry.data:  # sent again with it (the rows stay the first's)
+                data["attachments"] = entry.data["attachments"]
             new = self._add(session, conversation, "user", entry.text, state="queued", data=data)
             self._save(session, conversation, entry)
             if line is not None:
@@ -266,6 +294,8 @@ class Commands(SupervisorState):
             entry = _user_message(session, conversation, entry_id)
             if entry.state != "queued":
                 raise ConversationError(WITHDRAWN_TOO_LATE)
+            if entry.data.get("attachments"):  # back in the composer with its text
+                release(session.connection(), entry_id)
             self._remove(session, conversation, entry)
             self._announce_queued(session, conversation)
         return entry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
+from collections.abc import Collection, Container
 from typing import Any
 
 from sqlmodel import Session
@@ -129,6 +129,7 @@ class Timeline(SupervisorState):
         *,
         state: str = "done",
         data: dict[str, Any] | None = None,
+        claim: Collection[int] = (),
     ) -> Entry:
         cid = conversation.id or 0  # read before a failed flush expires it
         seq = self.hub.next_seq(cid)
@@ -141,6 +142,7 @@ class Timeline(SupervisorState):
                 text=text,
                 state=state,
                 data=data,
+                claim=claim,
             )
         except Exception:
             session.rollback()

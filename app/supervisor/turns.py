@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app import store
+from app import attachment_store, store
 from app.agents.base import (
     Agent,
     AgentEvent,
@@ -21,6 +21,7 @@ from app.agents.base import (
     PermissionDecision,
     PermissionRequest,
     Receipts,
+    SeesImages,
     TurnDone,
 )
 from app.cluster.leases import LeaseLost
@@ -271,6 +272,8 @@ class Turns(SupervisorState):
         # The prompt's id is stored before it goes out: after a crash the agent's own record
         # tells whether it arrived (Receipts). The row's changes: in the same UPDATE.
         runner.prompt_id = data["prompt_uuid"] = str(uuid.uuid4())
+        attached = [image["id"] for image in data.get("attachments", ())]
+        runner.images = attachment_store.images(session=session, ids=attached) if attached else []
         self._save(session, conversation, entry, move=True, row=changes, state="sent", data=data)
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
@@ -309,7 +312,10 @@ class Turns(SupervisorState):
         if runner.stop_requested or self._closing:  # Stop, or shutdown, came while it started
             await self.storage.write(self._stop_before_delivery, runner)
             return
-        if isinstance(agent, Receipts) and runner.prompt_id:
+        images, runner.images = runner.images, []
+        if images and isinstance(agent, SeesImages):
+            turn = agent.turn_with_images(prompt, images, prompt_id=runner.prompt_id)
+        elif isinstance(agent, Receipts) and runner.prompt_id:
             turn = agent.turn(prompt, prompt_id=runner.prompt_id)
         else:
             turn = agent.turn(prompt)
@@ -460,6 +466,7 @@ class Turns(SupervisorState):
         runner.state = TurnState.RUNNING  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
         runner.prompt_id = None  # (a Stop for this turn that comes late stops no other)
+        runner.images = []
         runner.carried_summary = None
         runner.last_used = time.monotonic()
         # A background subagent's question (lasting) stays open: its agent may go on.

@@ -1,0 +1,95 @@
+"""Images attached to messages: uploaded before the message, served back for its bubble."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import Path as PathParam
+
+from app import attachment_store
+from app.attachment_store import AttachmentError
+from app.attachments import upload_problem
+from app.models import Attachment
+from app.providers import TRAITS, takes_images
+from app.routes.api import ConversationId, SupervisorDep
+from app.routes.deps import fetch_conversation
+from app.supervisor import Supervisor
+
+router = APIRouter(prefix="/api")
+AttachmentId = Annotated[int, PathParam(ge=1, le=2**63 - 1)]
+# An image is shown, never run or sniffed as something else (the type is the stored one, one
+# of attachments.MEDIA_TYPES, checked from the bytes at upload).
+SERVED_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "private, max-age=86400, immutable",  # an attachment never changes
+    "Content-Disposition": "inline",
+}
+
+
+def _view(attachment: Attachment) -> dict[str, Any]:
+    return {"id": attachment.id, "media_type": attachment.media_type, "size": attachment.size}
+
+
+@router.post("/conversations/{conversation_id}/attachments", status_code=201)
+async def upload(
+    conversation_id: ConversationId, request: Request, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Store an image (the request's whole body: PNG, JPEG, GIF or WebP bytes) for a message."""
+    conversation = await fetch_conversation(supervisor, conversation_id)
+    if conversation.status != "active":
+        raise HTTPException(409, "This conversation is archived; it can be read, not written.")
+    if not takes_images(conversation.provider):
+        name = TRAITS[conversation.provider].name
+        raise HTTPException(409, f"{name} does not take images: send the text alone.")
+    content = await request.body()
+    problem = upload_problem(content)
+    if problem is not None:
+        raise HTTPException(*problem)
+    try:
+        stored = await supervisor.storage.write(_add, supervisor, conversation_id, content)
+    except AttachmentError as error:
+        raise HTTPException(409, str(error)) from None
+    return _view(stored)
+
+
+def _add(supervisor: Supervisor, conversation_id: int, content: bytes) -> Attachment:
+    with supervisor.session() as session:
+        return attachment_store.add_attachment(
+            session=session, conversation_id=conversation_id, content=content
+        )
+
+
+@router.delete("/conversations/{conversation_id}/attachments/{attachment_id}", status_code=204)
+async def remove(
+    conversation_id: ConversationId, attachment_id: AttachmentId, supervisor: SupervisorDep
+) -> Response:
+    """Remove an image not sent yet (the composer's ✕)."""
+    await fetch_conversation(supervisor, conversation_id)
+    if not await supervisor.storage.write(_remove, supervisor, conversation_id, attachment_id):
+        raise HTTPException(404, f"No unsent image {attachment_id} in this conversation.")
+    return Response(status_code=204)
+
+
+def _remove(supervisor: Supervisor, conversation_id: int, attachment_id: int) -> bool:
+    with supervisor.session() as session:
+        return attachment_store.remove_unsent(
+            session=session, conversation_id=conversation_id, attachment_id=attachment_id
+        )
+
+
+@router.get("/attachments/{attachment_id}")
+async def image(attachment_id: AttachmentId, supervisor: SupervisorDep) -> Response:
+    """An attached image's bytes, as its type."""
+    found = await supervisor.storage.read(_get, supervisor, attachment_id)
+    if found is None:
+        raise HTTPException(404, f"No image {attachment_id}.")
+    media_type, content = found
+    return Response(content, media_type=media_type, headers=SERVED_HEADERS)
+
+
+def _get(supervisor: Supervisor, attachment_id: int) -> tuple[str, bytes] | None:
+    with supervisor.session() as session:
+        found = attachment_store.get_attachment(session=session, attachment_id=attachment_id)
+        return None if found is None else (found.media_type, found.content)
