@@ -74,6 +74,17 @@ def claim(
         raise AttachmentError(GONE)
 
 
+def unsent(*, session: Session, conversation_id: int) -> list[dict[str, Any]]:
+    """The images uploaded to a conversation and not sent yet, oldest first."""
+    rows = session.exec(
+        select(Attachment.id, Attachment.media_type, Attachment.size)
+        .where(Attachment.conversation_id == conversation_id)
+        .where(col(Attachment.entry_id).is_(None))
+        .order_by(col(Attachment.id))
+    ).all()
+    return [{"id": row[0], "media_type": row[1], "size": row[2]} for row in rows]
+
+
 def get_attachment(*, session: Session, attachment_id: int) -> Attachment | None:
     """One attachment, bytes included."""
     return session.get(Attachment, attachment_id)

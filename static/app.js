@@ -11,6 +11,7 @@ import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
 import { ModeControl, ModelControl } from './mode.js';
+import { Attachments } from './attach.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -186,6 +187,14 @@ const modeControl = new ModeControl({
   },
   refused: (message) => toast(`The permission mode was not changed: ${message}`),
 }, dialogs);
+
+const attachments = new Attachments({
+  list: byId('attachments'),
+  button: byId('attach-button'),
+  picker: byId('attach-input'),
+  onError: (message) => showComposerError(message),
+  onChange: () => updateComposer(),
+});
 
 const modelControl = new ModelControl({
   current: () => (state.current && state.current.loaded ? state.current.conv : null),
@@ -812,6 +821,8 @@ function renderChrome() {
   input.readOnly = archived;
   modeControl.show(conv);
   modelControl.show(conv);
+  const provider = state.providers.find((p) => p.id === conv.provider);
+  attachments.show(conv.id, !archived && Boolean(provider && provider.images));
   byId('timeline').classList.toggle('readonly', archived);
   updateComposer();
 }
@@ -982,7 +993,7 @@ function updateComposer() {
   const label = busy ? 'Queue' : 'Send';
   if (send.textContent !== label) send.textContent = label;
   send.title = busy ? 'The agent is busy: the message waits its turn' : '';
-  send.disabled = !cur || !cur.loaded || isArchived(cur.conv) || !input.value.trim();
+  send.disabled = !cur || !cur.loaded || isArchived(cur.conv) || !input.value.trim() || attachments.uploading > 0;
   // Only for what may become /compact (the one command that should wait for an idle agent).
   const typed = input.value.trim();
   byId('compact-hint').hidden = !(busy && typed.startsWith('/') && '/compact'.startsWith(typed));
@@ -1002,8 +1013,18 @@ function hideComposerError() {
 function trySend() {
   const cur = state.current;
   const text = input.value;
-  if (!cur || !cur.loaded || isArchived(cur.conv) || !text.trim()) return;
+  if (!cur || !cur.loaded || isArchived(cur.conv) || !text.trim() || attachments.uploading) return;
   closeMenu();
+  // With images, /compact and /clear are text for the agent (only alone are they commands).
+  const images = attachments.take();
+  if (images.length) {
+    input.value = '';
+    state.drafts.delete(cur.id);
+    autosize();
+    updateComposer();
+    enqueue(cur.id, text, true, images);
+    return;
+  }
   if (text.trim() === '/compact') {
     compactPreview.open(cur.id); // the preview: the exact carry-over, editable (steer.js)
     return;
@@ -1021,24 +1042,26 @@ function trySend() {
   enqueue(cur.id, text, true);
 }
 
-/** Send a message after those on their way (fromComposer: taken from the composer). */
-function enqueue(id, text, fromComposer = false) {
-  outbox.push({ id, text, fromComposer });
+/** Send a message after those on their way (fromComposer: taken from the composer, with
+ * images: the attachments it goes with). */
+function enqueue(id, text, fromComposer = false, images = []) {
+  outbox.push({ id, text, fromComposer, images });
   if (outbox.length === 1) sendOutbox(); // else the loop below is at work
 }
 
 async function sendOutbox() {
   while (outbox.length) {
-    const { id, text, fromComposer } = outbox[0];
-    const taken = await postMessage(text, id, fromComposer);
+    const { id, text, fromComposer, images } = outbox[0];
+    const taken = await postMessage(text, id, fromComposer, images);
     outbox.shift();
     if (taken) continue;
     // Not taken: it and the ones after it go back to their composers, in order, unsent (a
     // button's /clear or /handoff goes nowhere: the button is still there).
     const back = new Map();
-    for (const message of [{ id, text, fromComposer }, ...outbox.splice(0)]) {
+    for (const message of [{ id, text, fromComposer, images }, ...outbox.splice(0)]) {
       if (!message.fromComposer) continue;
       back.set(message.id, [...(back.get(message.id) || []), message.text]);
+      attachments.giveBack(successorOf(message.id), message.images);
     }
     for (const [where, texts] of back) giveBack(where, texts.join('\n'));
   }
@@ -1046,10 +1069,11 @@ async function sendOutbox() {
 
 // True once the relay took the message. fromComposer: the composer gave it (and was emptied;
 // sendOutbox gives it back if it was not taken).
-async function postMessage(text, id, fromComposer) {
+async function postMessage(text, id, fromComposer, images = []) {
   hideComposerError();
   try {
-    const { data } = await api(`/api/conversations/${id}/messages`, { method: 'POST', body: { text } });
+    const body = images.length ? { text, attachments: images.map((image) => image.id) } : { text };
+    const { data } = await api(`/api/conversations/${id}/messages`, { method: 'POST', body });
     if (!fromComposer) state.drafts.delete(id); // (the composer's was emptied as it was sent)
     if (state.current && state.current.id === id) {
       if (!fromComposer && input.value === text) input.value = '';
@@ -1120,6 +1144,7 @@ async function withdraw(entry) {
   withdrawing.add(entry.id);
   try {
     const { data } = await api(`/api/conversations/${cur.id}/messages/${entry.id}`, { method: 'DELETE' });
+    attachments.giveBack(cur.id, data.data && data.data.attachments);
     if (state.current !== cur) return giveBack(cur.id, data.text);
     timeline.remove(entry.id); // (its entry_removed may come after the answer)
     giveBack(cur.id, data.text);
@@ -1309,6 +1334,21 @@ input.addEventListener('input', () => {
   updateComposer();
 });
 input.addEventListener('blur', closeMenu);
+// An image pasted (a screenshot) or dropped on the composer is attached; text pastes as text.
+input.addEventListener('paste', (e) => {
+  const files = [...(e.clipboardData?.files || [])].filter((file) => file.type.startsWith('image/'));
+  if (!files.length || !attachments.enabled) return;
+  e.preventDefault();
+  attachments.add(files);
+});
+byId('composer').addEventListener('dragover', (e) => {
+  if (attachments.enabled && Attachments.hasFiles(e.dataTransfer)) e.preventDefault();
+});
+byId('composer').addEventListener('drop', (e) => {
+  if (!attachments.enabled || !Attachments.hasFiles(e.dataTransfer)) return;
+  e.preventDefault();
+  attachments.add([...e.dataTransfer.files]);
+});
 // The caret moved without typing (a click, ← →, Home, End): the menu follows it.
 input.addEventListener('click', updateMenu);
 input.addEventListener('keyup', (e) => {

@@ -3,6 +3,7 @@
 import { h, byId, fmtExact, fmtResult, isBusy } from './util.js';
 import { handoffCard, withContextNote } from './handoff.js';
 import { withDetails } from './compaction.js';
+import { sentImages } from './attach.js';
 
 const NEAR_BOTTOM = 80; // px from the bottom that still count as "at the bottom"
 const USER_SCROLL_MS = 1000; // a scroll this soon after the user's wheel, key or drag is theirs
@@ -19,7 +20,8 @@ const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Bool
 function userEntry(entry, old, timeline) {
   const queued = isQueued(entry);
   return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
-    h('div', { class: 'bubble' }, h('div', { class: 'plain', dir: 'auto', text: entry.text })),
+    h('div', { class: 'bubble' }, sentImages(entry.data && entry.data.attachments),
+      h('div', { class: 'plain', dir: 'auto', text: entry.text })),
     queued ? h('div', { class: 'queued-foot' },
       timeline ? withdrawControl(entry, timeline) : null,
       h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' })) : null);

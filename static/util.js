@@ -70,10 +70,14 @@ export function toLogin() {
   location.assign(/^\/c\/[1-9][0-9]*$/.test(here) ? `/login?next=${here}` : '/login');
 }
 
-/** Call the relay's API (same origin, cookie auth); answers {status, data}, throws ApiError. */
+/** Call the relay's API (same origin, cookie auth); answers {status, data}, throws ApiError.
+ * body is sent as JSON; a Blob (a file) is sent as its own bytes, with its type. */
 export async function api(path, { method = 'GET', body } = {}) {
   const init = { method, headers: { Accept: 'application/json' } };
-  if (body !== undefined) {
+  if (body instanceof Blob) {
+    init.headers['Content-Type'] = body.type || 'application/octet-stream';
+    init.body = body;
+  } else if (body !== undefined) {
     init.headers['Content-Type'] = 'application/json';
     init.body = JSON.stringify(body);
   }

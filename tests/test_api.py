@@ -137,7 +137,7 @@ def test_providers_shape(relay: LiveRelay) -> None:
     by_id = {p["id"]: p for p in body["providers"]}
     assert (response.status_code, sorted(body)) == (200, ["default", "providers"])
     assert {tuple(sorted(p)) for p in body["providers"]} == {
-        ("available", "compact_window", "id", "name", "reason")
+        ("available", "compact_window", "id", "images", "name", "reason")
     }
     assert [name for name in ("claude", "deepseek", "demo") if name in by_id] == [
         "claude",
@@ -150,7 +150,9 @@ def test_providers_shape(relay: LiveRelay) -> None:
         "available": True,
         "reason": "",
         "compact_window": True,
+        "images": True,
     }
+    assert {p["id"] for p in body["providers"] if p["images"]} == {"claude", "demo"}
     assert body["default"] == ("claude" if by_id["claude"]["available"] else "demo")
     assert [p["id"] for p in body["providers"] if not p["available"] and not p["reason"]] == []
 

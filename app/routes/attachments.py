@@ -61,6 +61,18 @@ def _add(supervisor: Supervisor, conversation_id: int, content: bytes) -> Attach
         )
 
 
+@router.get("/conversations/{conversation_id}/attachments")
+async def waiting(conversation_id: ConversationId, supervisor: SupervisorDep) -> dict[str, Any]:
+    """The images uploaded to the conversation and not sent yet (the composer shows them)."""
+    await fetch_conversation(supervisor, conversation_id)
+    return {"attachments": await supervisor.storage.read(_unsent, supervisor, conversation_id)}
+
+
+def _unsent(supervisor: Supervisor, conversation_id: int) -> list[dict[str, Any]]:
+    with supervisor.session() as session:
+        return attachment_store.unsent(session=session, conversation_id=conversation_id)
+
+
 @router.delete("/conversations/{conversation_id}/attachments/{attachment_id}", status_code=204)
 async def remove(
     conversation_id: ConversationId, attachment_id: AttachmentId, supervisor: SupervisorDep
