@@ -80,6 +80,12 @@ def markdown_part(conversation: Conversation, entries: Iterator[Entry]) -> str:
     for entry in entries:
         if entry.kind in SPEAKERS:
             lines += [f"## {SPEAKERS[entry.kind]}", "", closed_fences(entry.text.rstrip()), ""]
+            if images := entry.data.get("attachments"):  # (their bytes stay in the relay)
+                kinds = ", ".join(str(image.get("media_type")) for image in images)
+                lines += [
+                    f"*With {len(images)} image{'s' if len(images) > 1 else ''}: {kinds}.*",
+                    "",
+                ]
         elif entry.kind == "activity":
             fence = _fence(entry.text)
             lines += [f"{fence}tool", entry.text.rstrip(), fence, ""]

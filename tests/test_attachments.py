@@ -189,3 +189,12 @@ def test_an_agent_that_takes_no_images_is_never_sent_one(relay: LiveRelay, provi
     refused = upload(relay, cid, png())
     assert refused.status_code == 409
     assert refused.json()["detail"] == "Copilot does not take images: send the text alone."
+
+
+def test_an_export_says_which_images_a_message_had(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    ids = [uploaded(relay, cid, png()), uploaded(relay, cid, GIF)]
+    assert send(relay, cid, "two pictures", ids).status_code == 202
+    relay.wait_idle(cid)
+    exported = relay.http.get(f"/api/conversations/{cid}/export", params={"format": "md"}).text
+    assert "## You\n\ntwo pictures\n\n*With 2 images: image/png, image/gif.*\n" in exported
