@@ -33,8 +33,8 @@ class Traits:
 TRAITS: dict[str, Traits] = {
     "claude": Traits("Claude Code", compact_window=True, compaction="line", images=True),
     "deepseek": Traits("DeepSeek", compact_window=True, compaction="line"),
-    "copilot": Traits("Copilot", compact_window=False, compaction="activity"),
-    "openai": Traits("OpenAI-compatible", compact_window=False, compaction="activity"),
+    "copilot": Traits("Copilot", compact_window=False, compaction="activity", images=True),
+    "openai": Traits("OpenAI-compatible", compact_window=False, compaction="activity", images=True),
     "demo": Traits("Demo (offline)", compact_window=True, compaction="line", images=True),
 }
 WINDOW_PROVIDERS = tuple(name for name, traits in TRAITS.items() if traits.compact_window)

@@ -180,17 +180,6 @@ def test_a_deleted_conversation_takes_its_images(relay: LiveRelay) -> None:
         assert relay.http.get(f"/api/attachments/{image}").status_code == 404
 
 
-@pytest.mark.parametrize("provider", ["copilot"])
-def test_an_agent_that_takes_no_images_is_never_sent_one(relay: LiveRelay, provider: str) -> None:
-    created = relay.http.post("/api/conversations", json={"provider": provider})
-    if created.status_code != 201:
-        pytest.skip(f"{provider} cannot be created here: {created.text}")
-    cid = created.json()["id"]
-    refused = upload(relay, cid, png())
-    assert refused.status_code == 409
-    assert refused.json()["detail"] == "Copilot does not take images: send the text alone."
-
-
 def test_an_export_says_which_images_a_message_had(relay: LiveRelay) -> None:
     cid = relay.create()["id"]
     ids = [uploaded(relay, cid, png()), uploaded(relay, cid, GIF)]
@@ -198,3 +187,17 @@ def test_an_export_says_which_images_a_message_had(relay: LiveRelay) -> None:
     relay.wait_idle(cid)
     exported = relay.http.get(f"/api/conversations/{cid}/export", params={"format": "md"}).text
     assert "## You\n\ntwo pictures\n\n*With 2 images: image/png, image/gif.*\n" in exported
+
+
+def test_deepseek_is_never_sent_an_image(relay: LiveRelay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSeek's API takes no images: the relay refuses them before storing anything."""
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
+    cid = relay.create(provider="deepseek")["id"]
+    refused = upload(relay, cid, png())
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == "DeepSeek does not take images: send the text alone."
+    other = relay.create()["id"]
+    sent = send(relay, cid, "look", [uploaded(relay, other, png())])
+    assert sent.status_code == 409
+    assert sent.json()["detail"] == "DeepSeek does not take images: send the text alone."
+    assert relay.get(cid)["timeline"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from app.compaction import finished_text
 from app.summary import compose_first_message
 from tests.fake_openai import FakeOpenAI, content_text
+from tests.images import png
 from tests.relay import LiveRelay, make_settings
 
 
@@ -48,6 +50,7 @@ def test_provider_is_offered_with_its_settings(relay: LiveRelay) -> None:
         "available": True,
         "reason": "",
         "compact_window": False,
+        "images": True,
     }
 
 
@@ -178,3 +181,23 @@ def test_stop_interrupts_a_turn_that_began_right_after_another(relay: LiveRelay)
     view = relay.wait_idle(cid, timeout=60)
     assert [e["text"] for e in of_kind(view, "line")] == ["Interrupted by the user."]
     assert len(of_kind(view, "agent")[-1]["text"].split()) < 400
+
+
+def test_an_attached_image_reaches_the_model(relay: LiveRelay, fake: FakeOpenAI) -> None:
+    """The engine sends images as the SDK's inline blob attachments: the model's request
+    carries each as a data URL beside the text."""
+    cid = relay.create(provider="openai")["id"]
+    image = png()
+    stored = relay.http.post(
+        f"/api/conversations/{cid}/attachments",
+        content=image,
+        headers={"Content-Type": "image/png"},
+    )
+    assert stored.status_code == 201, stored.text
+    body = {"text": "What colour is this?", "attachments": [stored.json()["id"]]}
+    assert relay.http.post(f"/api/conversations/{cid}/messages", json=body).status_code == 202
+    relay.wait_idle(cid, timeout=60)
+    (content,) = [m["content"] for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "user"]
+    url = f"data:image/png;base64,{base64.b64encode(image).decode()}"
+    assert {"type": "image_url", "image_url": {"url": url}} in content
+    assert any("What colour is this?" in part.get("text", "") for part in content)

@@ -15,6 +15,7 @@ unpacks itself (~235 MB) under $HOME/.cache once per version.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -24,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from app.agents.common import (
     summarize,
 )
 from app.agents.lifetime import die_with_relay
+from app.attachments import Image
 from app.tools import RelayTool
 from app.window import engine_window
 
@@ -132,6 +134,21 @@ def permission_request(raw: Mapping[str, Any], tool_names: Mapping[str, str]) ->
     if intention and "description" not in tool_input:
         tool_input["description"] = intention
     return PermissionRequest(str(name), tool_input, tool_id)
+
+
+def _blobs(images: Sequence[Image]) -> list[Any] | None:
+    """The images as the SDK's inline attachments (its BlobAttachment: base64), or None."""
+    if not images:
+        return None
+    return [
+        {
+            "type": "blob",
+            "data": base64.b64encode(image.content).decode("ascii"),
+            "mimeType": image.media_type,
+            "displayName": f"image-{n}.{image.media_type.split('/')[1]}",
+        }
+        for n, image in enumerate(images, 1)
+    ]
 
 
 class EventMapper:
@@ -501,10 +518,16 @@ class CopilotAgent(TurnFlags):
         A plain method: a Stop from this call on stops the turn, even one that comes before
         its first event is asked for (the relay reads it in a task of its own, a step later).
         """
-        self._in_turn, self._stop_early = True, False
-        return self._turn(prompt)
+        return self.turn_with_images(prompt, ())
 
-    async def _turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+    def turn_with_images(
+        self, prompt: str, images: Sequence[Image], prompt_id: str | None = None
+    ) -> AsyncIterator[AgentEvent]:
+        """As turn(), the images sent with the prompt (the SDK's inline blob attachments)."""
+        self._in_turn, self._stop_early = True, False
+        return self._turn(prompt, images)
+
+    async def _turn(self, prompt: str, images: Sequence[Image] = ()) -> AsyncIterator[AgentEvent]:
         began = time.monotonic()
         finished = False
         try:
@@ -532,7 +555,7 @@ class CopilotAgent(TurnFlags):
             self._tool_names.clear()
             try:
                 async with asyncio.timeout(SEND_TIMEOUT):
-                    await self._session.send(prompt)
+                    await self._session.send(prompt, attachments=_blobs(images))
             except Exception as e:
                 log.warning("sending to Copilot failed", exc_info=True)
                 finished = True
