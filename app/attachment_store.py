@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, update
+from sqlalchemy import Connection, delete, func, or_, update
 from sqlmodel import Session, col, select
 
-from app.attachments import MAX_UNSENT, Image, sniff
-from app.models import Attachment
+from app.attachments import MAX_UNSENT, Image
+from app.models import Attachment, Conversation
 
 GONE = "An attached image is no longer there (removed, or sent already): attach it again."
 
@@ -18,8 +18,15 @@ class AttachmentError(Exception):
     """An attachment cannot be stored or sent; the message says why."""
 
 
-def add_attachment(*, session: Session, conversation_id: int, content: bytes) -> Attachment:
-    """Store an uploaded image (checked by attachments.upload_problem) for a later message."""
+def add_attachment(
+    *, session: Session, conversation_id: int, media_type: str, content: bytes
+) -> Attachment:
+    """Store an uploaded image (of the type attachments.media_type_of read) for a message."""
+    # The conversation's row locked (PostgreSQL; SQLite has one writer): two nodes' uploads
+    # count and add one at a time.
+    session.exec(
+        select(Conversation.id).where(Conversation.id == conversation_id).with_for_update()
+    ).first()
     unsent = session.exec(
         select(func.count())
         .select_from(Attachment)
@@ -31,8 +38,6 @@ def add_attachment(*, session: Session, conversation_id: int, content: bytes) ->
             f"This conversation already has {MAX_UNSENT} images waiting to be sent:"
             " send them or remove some first."
         )
-    media_type = sniff(content)
-    assert media_type is not None  # (checked before)
     attachment = Attachment(
         conversation_id=conversation_id, media_type=media_type, size=len(content), content=content
     )
@@ -116,6 +121,19 @@ def images(*, session: Session, ids: Sequence[int]) -> list[Image]:
 def delete_for_conversation(connection: Connection, conversation_id: int) -> None:
     """A deleted conversation's images go with it (in its transaction)."""
     connection.execute(delete(Attachment).where(col(Attachment.conversation_id) == conversation_id))
+
+
+def move(connection: Connection, old: int, new: int, entry_ids: Collection[int]) -> None:
+    """Messages moved from conversation old to new (by /compact) take their images, and the
+    images waiting unsent in old wait in new (in the move's transaction)."""
+    waiting = col(Attachment.entry_id).is_(None)
+    moved = col(Attachment.entry_id).in_(list(entry_ids)) if entry_ids else None
+    connection.execute(
+        update(Attachment)
+        .where(col(Attachment.conversation_id) == old)
+        .where(waiting if moved is None else or_(waiting, moved))
+        .values(conversation_id=new)
+    )
 
 
 def release(connection: Connection, entry_id: int) -> None:

@@ -6,6 +6,7 @@ Pure functions; storing them is app/store.py's, their routes app/routes/attachme
 from __future__ import annotations
 
 import base64
+import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,17 +14,19 @@ from typing import Any
 
 # The Messages API refuses an image whose base64 text is over 5 MiB: 3.75 MiB of bytes.
 MAX_IMAGE_BYTES = 5 * 1024 * 1024 * 3 // 4
-MAX_PER_MESSAGE = 5  # 5 images at their largest stay under the API's 32 MB request
+MAX_PER_MESSAGE = 5  # images one message takes
 MAX_UNSENT = 10  # uploaded to a conversation and not sent yet (each can be removed)
 UPLOAD_PATH = re.compile(r"/api/conversations/[0-9]+/attachments")
 # The raster types the Messages API reads. Never SVG: it is a document that can run script.
-MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
 TYPES_TEXT = "PNG, JPEG, GIF or WebP"
+MAX_SIDE = 8000  # pixels: the Messages API refuses an image wider or taller
+TOO_WIDE = f"The image is over {MAX_SIDE} pixels wide or tall (the Messages API's limit)."
 
 
-def body_limit(path: str, default: int) -> int:
-    """The largest request body for path: an image's on the upload route, else default."""
-    return MAX_IMAGE_BYTES if UPLOAD_PATH.fullmatch(path) else default
+def body_limit(method: str, path: str, default: int) -> int:
+    """The largest request body: an image's for a POST to the upload route, else default."""
+    return MAX_IMAGE_BYTES if method == "POST" and UPLOAD_PATH.fullmatch(path) else default
 
 
 def is_image_upload(path: str, content_type: str) -> bool:
@@ -43,28 +46,39 @@ class Image:
     content: bytes
 
 
-def sniff(content: bytes) -> str | None:
-    """The image type the bytes are (their signature), or None: the declared type is not trusted."""
-    if content.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if content.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if content.startswith((b"GIF87a", b"GIF89a")):
-        return "image/gif"
-    if len(content) >= 12 and content[:4] == b"RIFF" and content[8:12] == b"WEBP":
-        return "image/webp"
-    return None
+class ImageRefused(Exception):
+    """An upload that is not an image the relay takes: status and message for the answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-def upload_problem(content: bytes) -> tuple[int, str] | None:
-    """Why an upload is refused (status, message), or None."""
+def media_type_of(content: bytes) -> str:
+    """The image's type, read by Pillow from its bytes (the declared type is not trusted);
+    ImageRefused when it is empty, too big, not one of the four types, or cannot be read."""
     if not content:
-        return 422, "The image is empty."
+        raise ImageRefused(422, "The image is empty.")
     if len(content) > MAX_IMAGE_BYTES:
-        return 413, f"The image is over the limit of {MAX_IMAGE_BYTES} bytes."
-    if sniff(content) is None:
-        return 415, f"Only {TYPES_TEXT} images can be attached."
-    return None
+        raise ImageRefused(413, f"The image is over the limit of {MAX_IMAGE_BYTES} bytes.")
+    import PIL.Image  # (here: the relay starts without it, most never see an upload)
+
+    kind: str | None = None
+    try:
+        with PIL.Image.open(io.BytesIO(content)) as image:
+            kind, size = FORMATS.get(image.format or ""), image.size
+            if kind is None:
+                raise ImageRefused(415, f"Only {TYPES_TEXT} images can be attached.")
+            image.verify()  # (a PNG's every chunk and checksum: a cut one fails)
+    except PIL.Image.DecompressionBombError:
+        raise ImageRefused(422, TOO_WIDE) from None
+    except (PIL.UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        if kind is None:  # not an image Pillow knows (SVG, text, anything else)
+            raise ImageRefused(415, f"Only {TYPES_TEXT} images can be attached.") from None
+        raise ImageRefused(422, "The image cannot be read: it is damaged or cut short.") from None
+    if max(size) > MAX_SIDE or min(size) < 1:
+        raise ImageRefused(422, TOO_WIDE)
+    return kind
 
 
 def content_blocks(text: str, images: Sequence[Image]) -> str | list[dict[str, Any]]:

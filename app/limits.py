@@ -81,7 +81,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length, chunked = _declared_body(scope)
-        max_body = body_limit_for(scope["path"], self.max_body)
+        max_body = body_limit_for(scope.get("method", "GET"), scope["path"], self.max_body)
         if length is not None and length > max_body:
             await _answer(send, 413, body_limit_detail(max_body))
             return

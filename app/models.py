@@ -310,7 +310,9 @@ class MessageCreate(SQLModel):
 
     text: Text
     # Images uploaded to this conversation (POST …/attachments), sent with the text.
-    attachments: list[int] = Field(default_factory=list, max_length=5)
+    attachments: list[Annotated[int, Field(ge=1, le=2**63 - 1)]] = Field(
+        default_factory=list, max_length=5
+    )
 
     _text_nul = field_validator("text")(_no_nul)
     _text_edges = field_validator("text")(without_blank_edges)

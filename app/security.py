@@ -311,7 +311,7 @@ class Guard:
             length = headers.get("content-length")
             if length is not None and not length.strip().isdigit():
                 return 400, "Invalid Content-Length header.", []
-            limit = body_limit(path, self.max_body)
+            limit = body_limit(method, path, self.max_body)
             if length is not None and int(length) > limit:
                 return 413, f"Request body over the limit of {limit} bytes.", []
             if length is None and "transfer-encoding" in headers:
@@ -438,9 +438,7 @@ def _with_headers(send: Send) -> Send:
                 # Conversations, the token page, API answers: never kept in a browser's or a
                 # proxy's cache (the static files say no-cache themselves: kept, revalidated).
                 headers.append(NO_STORE)
-            # A response's own (an attachment's stricter CSP) stands: each header once.
-            own = {name.lower() for name, _ in headers}
-            message["headers"] = headers + [h for h in SECURITY_HEADERS if h[0] not in own]
+            message["headers"] = headers + SECURITY_HEADERS
         await send(message)
 
     return wrapped

@@ -589,6 +589,9 @@ def compact_conversation(
     for name, value in (("status", "archived"), ("compacted_into_id", new.id), ("updated_at", now)):
         set_committed_value(old, name, value)  # as stored; nothing more to write
     queued = entries_in_state(session=session, conversation_id=old.id or 0, state="queued")
+    attachment_store.move(
+        session.connection(), old.id or 0, new.id or 0, [entry.id or 0 for entry in queued]
+    )
     for seq, entry in enumerate(queued, start=1):
         entry.conversation_id, entry.seq = new.id or 0, seq
         session.add(entry)

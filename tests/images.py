@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
+
+import PIL.Image
 
 
 def png(width: int = 2, height: int = 2, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -29,3 +32,10 @@ GIF = (
     b"!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
 )
 SVG = b'<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>'
+
+
+def encoded(fmt: str, size: tuple[int, int] = (4, 3)) -> bytes:
+    """An image of that size in a format Pillow writes (JPEG, WEBP, BMP...)."""
+    out = io.BytesIO()
+    PIL.Image.new("RGB", size, (10, 120, 60)).save(out, format=fmt)
+    return out.getvalue()

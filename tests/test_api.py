@@ -152,7 +152,12 @@ def test_providers_shape(relay: LiveRelay) -> None:
         "compact_window": True,
         "images": True,
     }
-    assert {p["id"] for p in body["providers"] if p["images"]} == {"claude", "demo"}
+    assert {p["id"] for p in body["providers"] if p["images"]} == {
+        "claude",
+        "copilot",
+        "demo",
+        "openai",
+    }
     assert body["default"] == ("claude" if by_id["claude"]["available"] else "demo")
     assert [p["id"] for p in body["providers"] if not p["available"] and not p["reason"]] == []
 

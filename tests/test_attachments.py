@@ -12,11 +12,13 @@ from app.attachments import (
     MAX_IMAGE_BYTES,
     MAX_UNSENT,
     Image,
+    ImageRefused,
     content_blocks,
-    sniff,
-    upload_problem,
+    media_type_of,
 )
-from tests.images import GIF, SVG, png
+from app.db import get_session
+from app.models import Attachment, Entry
+from tests.images import GIF, SVG, encoded, png
 from tests.relay import LiveRelay
 
 
@@ -41,21 +43,32 @@ def agent_texts(view: dict[str, Any]) -> list[str]:
     return [e["text"] for e in view["timeline"] if e["kind"] == "agent"]
 
 
-def test_the_type_is_read_from_the_bytes() -> None:
-    assert sniff(png()) == "image/png"
-    assert sniff(b"\xff\xd8\xff\xe0rest") == "image/jpeg"
-    assert sniff(GIF) == "image/gif"
-    assert sniff(b"RIFF\x10\x00\x00\x00WEBPVP8 ") == "image/webp"
-    assert sniff(SVG) is None
-    assert sniff(b"RIFF\x10\x00\x00\x00WAVE") is None  # a RIFF that is not WebP
-    assert upload_problem(b"") == (422, "The image is empty.")
-    assert upload_problem(SVG) == (415, "Only PNG, JPEG, GIF or WebP images can be attached.")
-    too_big = png() + b"\x00" * MAX_IMAGE_BYTES
-    assert upload_problem(too_big) == (
-        413,
-        f"The image is over the limit of {MAX_IMAGE_BYTES} bytes.",
+def refused(content: bytes) -> tuple[int, str]:
+    with pytest.raises(ImageRefused) as caught:
+        media_type_of(content)
+    return caught.value.status, str(caught.value)
+
+
+def test_the_type_is_read_from_the_image_itself() -> None:
+    assert media_type_of(png()) == "image/png"
+    assert media_type_of(encoded("JPEG")) == "image/jpeg"
+    assert media_type_of(GIF) == "image/gif"
+    assert media_type_of(encoded("WEBP")) == "image/webp"
+    only_types = (415, "Only PNG, JPEG, GIF or WebP images can be attached.")
+    assert refused(SVG) == only_types
+    assert refused(encoded("BMP")) == only_types  # an image, not one the API reads
+    assert refused(b"\x89PNG\r\n\x1a\n" + b"not a png at all") == only_types  # a signature only
+    cut = png(64, 64)
+    assert refused(cut[: len(cut) - 20]) == (
+        422,
+        "The image cannot be read: it is damaged or cut short.",
     )
-    assert upload_problem(png()) is None
+    too_wide = (422, "The image is over 8000 pixels wide or tall (the Messages API's limit).")
+    assert refused(png(8001, 1)) == too_wide
+    assert media_type_of(png(8000, 1)) == "image/png"
+    assert refused(b"") == (422, "The image is empty.")
+    too_big = png() + b"\x00" * MAX_IMAGE_BYTES
+    assert refused(too_big) == (413, f"The image is over the limit of {MAX_IMAGE_BYTES} bytes.")
 
 
 def test_images_go_before_the_text_as_base64() -> None:
@@ -100,7 +113,11 @@ def test_an_image_is_uploaded_sent_with_a_message_and_served(relay: LiveRelay) -
     assert served.content == image
     assert served.headers["content-type"] == "image/png"
     assert served.headers["x-content-type-options"] == "nosniff"
-    assert served.headers["content-security-policy"] == "default-src 'none'; sandbox"
+    assert served.headers["cache-control"] == "no-store"  # off a shared computer's disk
+    # Its own policy beside the relay's: a browser holds both (the stricter wins).
+    policies = served.headers.get_list("content-security-policy")
+    assert "default-src 'none'; sandbox" in policies
+    assert any("frame-ancestors 'none'" in policy for policy in policies)
     # Sent once: the same image cannot go with another message.
     again = send(relay, cid, "and again", [stored["id"]])
     assert again.status_code == 409
@@ -201,3 +218,115 @@ def test_deepseek_is_never_sent_an_image(relay: LiveRelay, monkeypatch: pytest.M
     assert sent.status_code == 409
     assert sent.json()["detail"] == "DeepSeek does not take images: send the text alone."
     assert relay.get(cid)["timeline"] == []
+
+
+def test_a_refused_message_changes_nothing_not_even_the_title(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    title = relay.get(cid)["title"]
+    gone = send(relay, cid, "A secret plan for the refused message", [123456])
+    assert gone.status_code == 409
+    twice = uploaded(relay, cid, png())
+    assert send(relay, cid, "Twice", [twice, twice]).json()["detail"] == (
+        "The same image is attached twice."
+    )
+    huge = send(relay, cid, "hi", [2**63])  # past any id: refused, not a 500
+    assert huge.status_code == 422
+    view = relay.get(cid)
+    assert (view["title"], view["timeline"]) == (title, [])
+
+
+def test_images_move_with_the_queue_into_a_compacted_conversation(relay: LiveRelay) -> None:
+    old = relay.create()["id"]
+    assert relay.send(old, "slow").status_code == 202  # running: the next message waits
+    queued_image, waiting = uploaded(relay, old, png()), uploaded(relay, old, GIF)
+    queued = send(relay, old, "what is in this image?", [queued_image]).json()
+    compacted = relay.http.post(f"/api/conversations/{old}/messages", json={"text": "/compact"})
+    assert compacted.status_code == 201, compacted.text
+    new = compacted.json()["compacted_into"]["id"]
+    # The image left unsent waits in the new conversation's composer.
+    listed = relay.http.get(f"/api/conversations/{new}/attachments").json()["attachments"]
+    assert [image["id"] for image in listed] == [waiting]
+    relay.wait_idle(old, timeout=60)
+    # The old conversation deleted: the moved message's image is the new one's, it stays.
+    assert relay.http.delete(f"/api/conversations/{old}").status_code == 204
+    assert relay.http.get(f"/api/attachments/{queued_image}").status_code == 200
+    view = relay.wait_idle(new, timeout=60)
+    assert [e["id"] for e in view["timeline"] if e["kind"] == "user"] == [queued["id"]]
+    assert "With 1 image (image/png)." in agent_texts(view)[-1]
+
+
+def test_a_moved_message_taken_back_can_be_sent_again(relay: LiveRelay) -> None:
+    old = relay.create()["id"]
+    assert relay.send(old, "slow").status_code == 202
+    assert relay.send(old, "slow too").status_code == 202  # moved too: it runs there first
+    image = uploaded(relay, old, png())
+    queued = send(relay, old, "this one", [image]).json()
+    compacted = relay.http.post(f"/api/conversations/{old}/messages", json={"text": "/compact"})
+    new = compacted.json()["compacted_into"]["id"]
+    back = relay.http.delete(f"/api/conversations/{new}/messages/{queued['id']}")
+    assert back.status_code == 200, back.text
+    listed = relay.http.get(f"/api/conversations/{new}/attachments").json()["attachments"]
+    assert [i["id"] for i in listed] == [image]
+    assert send(relay, new, "this one", [image]).status_code == 202
+
+
+def test_a_resent_message_goes_with_its_images_and_edit_gives_them_back(
+    relay: LiveRelay,
+) -> None:
+    cid = relay.create()["id"]
+    image = uploaded(relay, cid, png())
+    first = send(relay, cid, "look again", [image]).json()
+    relay.wait_idle(cid)
+    with get_session(relay.app.state.engine) as session:  # as a relay restart leaves it
+        entry = session.get(Entry, first["id"])
+        assert entry is not None
+        entry.data = {**entry.data, "cut": "unknown"}
+        session.add(entry)
+        session.commit()
+    assert relay.send(cid, "slow").status_code == 202  # the resend waits behind it
+    resent = relay.http.post(f"/api/conversations/{cid}/messages/{first['id']}/resend")
+    assert resent.status_code == 202, resent.text
+    assert resent.json()["data"]["attachments"] == first["data"]["attachments"]
+    back = relay.http.delete(f"/api/conversations/{cid}/messages/{resent.json()['id']}")
+    assert back.status_code == 200, back.text
+    assert send(relay, cid, "look again", [image]).status_code == 202  # unsent again
+    view = relay.wait_idle(cid, timeout=60)
+    assert "With 1 image (image/png)." in agent_texts(view)[-1]
+
+
+def test_an_image_is_claimed_by_one_message_only() -> None:
+    """Two nodes may check the same image at once; the second claim finds it taken."""
+    from sqlmodel import Session, SQLModel, create_engine
+
+    from app import attachment_store
+    from app.attachment_store import AttachmentError
+    from app.models import Conversation
+
+    engine = create_engine("sqlite://")
+    SQLModel.metadata.create_all(engine)
+    with Session(engine) as session:
+        conversation = Conversation(title="t", provider="demo", cwd="/", permission_mode="default")
+        session.add(conversation)
+        session.commit()
+        cid = conversation.id or 0
+        stored = attachment_store.add_attachment(
+            session=session, conversation_id=cid, media_type="image/png", content=png()
+        )
+        ids = [stored.id or 0]
+        attachment_store.claim(session.connection(), cid, ids, 7)
+        with pytest.raises(AttachmentError):
+            attachment_store.claim(session.connection(), cid, ids, 8)
+
+
+def test_a_message_whose_image_is_gone_says_so(relay: LiveRelay) -> None:
+    cid = relay.create()["id"]
+    assert relay.send(cid, "slow").status_code == 202
+    image = uploaded(relay, cid, png())
+    assert send(relay, cid, "and this", [image]).status_code == 202
+    with get_session(relay.app.state.engine) as session:  # gone behind the relay's back
+        session.delete(session.get(Attachment, image))
+        session.commit()
+    view = relay.wait_idle(cid, timeout=60)
+    lines = [e["text"] for e in view["timeline"] if e["kind"] == "line"]
+    assert "1 image(s) of this message no longer exist; it was sent without them." in lines
+    assert "With 1 image" not in agent_texts(view)[-1]

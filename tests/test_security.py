@@ -16,6 +16,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from app.security import host_name, is_loopback, load_or_create_token, token_error
+from tests.images import png
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -439,7 +440,14 @@ def test_security_headers(relay: LiveRelay) -> None:
 def test_nothing_but_the_static_files_is_kept_in_a_cache(relay: LiveRelay) -> None:
     # Conversations and the token's page on a shared computer's disk (a hostile review); the
     # static files are kept and revalidated (an upgrade never mixes old modules).
+    cid = relay.create()["id"]
+    image = relay.http.post(
+        f"/api/conversations/{cid}/attachments",
+        content=png(),
+        headers={"Content-Type": "image/png"},
+    ).json()["id"]
     paths = ["/", "/c/1", "/login", "/api/conversations", "/api/conversations/9", "/healthz"]
+    paths.append(f"/api/attachments/{image}")  # a screenshot too
     answers = [relay.http.get(path).headers.get("cache-control") for path in paths]
     assert answers == ["no-store"] * len(paths)
     assert relay.http.get("/static/app.js").headers["cache-control"] == "no-cache"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -9,7 +10,7 @@ from fastapi import Path as PathParam
 
 from app import attachment_store
 from app.attachment_store import AttachmentError
-from app.attachments import upload_problem
+from app.attachments import ImageRefused, media_type_of
 from app.models import Attachment
 from app.providers import TRAITS, takes_images
 from app.routes.api import ConversationId, SupervisorDep
@@ -20,10 +21,11 @@ router = APIRouter(prefix="/api")
 AttachmentId = Annotated[int, PathParam(ge=1, le=2**63 - 1)]
 # An image is shown, never run or sniffed as something else (the type is the stored one, one
 # of attachments.MEDIA_TYPES, checked from the bytes at upload).
+# Beside the relay's own headers (nosniff, its CSP: both policies hold, the stricter wins);
+# no-store as every answer but the static files (a screenshot stays off a shared disk).
 SERVED_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; sandbox",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "private, max-age=86400, immutable",  # an attachment never changes
+    "Cache-Control": "no-store",
     "Content-Disposition": "inline",
 }
 
@@ -44,20 +46,25 @@ async def upload(
         name = TRAITS[conversation.provider].name
         raise HTTPException(409, f"{name} does not take images: send the text alone.")
     content = await request.body()
-    problem = upload_problem(content)
-    if problem is not None:
-        raise HTTPException(*problem)
+    try:  # (Pillow reads the header off the loop)
+        media_type = await asyncio.to_thread(media_type_of, content)
+    except ImageRefused as refused:
+        raise HTTPException(refused.status, str(refused)) from None
     try:
-        stored = await supervisor.storage.write(_add, supervisor, conversation_id, content)
+        stored = await supervisor.storage.write(
+            _add, supervisor, conversation_id, media_type, content
+        )
     except AttachmentError as error:
         raise HTTPException(409, str(error)) from None
     return _view(stored)
 
 
-def _add(supervisor: Supervisor, conversation_id: int, content: bytes) -> Attachment:
+def _add(
+    supervisor: Supervisor, conversation_id: int, media_type: str, content: bytes
+) -> Attachment:
     with supervisor.session() as session:
         return attachment_store.add_attachment(
-            session=session, conversation_id=conversation_id, content=content
+            session=session, conversation_id=conversation_id, media_type=media_type, content=content
         )
 
 

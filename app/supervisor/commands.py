@@ -93,6 +93,8 @@ class Commands(SupervisorState):
                 conversation = store.get_conversation(
                     session=session, conversation_id=conversation_id
                 )
+                if conversation is not None:  # checked before the title changes
+                    self._images_of(session, conversation, attachments)
             if conversation is None:
                 raise LookupError(f"No conversation {conversation_id}.")
             if title is not None and conversation.status == "active" and _untitled(conversation):
@@ -107,10 +109,11 @@ class Commands(SupervisorState):
                 raise ConversationError(
                     "This conversation is archived; it can be read, not written."
                 )
+            data = self._images_of(session, found, attachments)  # before the title changes
             if title is not None and _untitled(found):
                 store.update_conversation(session=session, conversation=found, title=title)
                 self.publish_conversation(found)
-            return self._queue_message(session, found, text, attachments)
+            return self._queue_message(session, found, text, attachments, data)
 
     def _queue_message(
         self,
@@ -118,18 +121,17 @@ class Commands(SupervisorState):
         conversation: Conversation,
         text: str,
         attachments: Sequence[int] = (),
+        data: dict[str, Any] | None = None,
     ) -> Entry:
-        """Store a user message (queued) in the job's session; its turn begins here if idle."""
+        """Store a user message (queued) in the job's session; its turn begins here if idle.
+
+        data: what _images_of said of its attachments already in this job (else asked here).
+        """
         cid = conversation.id or 0
         if cid in self.deleting:  # (its delete's later jobs come after this one's in the writer)
             raise ConversationError(DELETING)
-        data = None
-        if attachments:
-            if not takes_images(conversation.provider):
-                name = TRAITS[conversation.provider].name
-                raise AttachmentError(f"{name} does not take images: send the text alone.")
-            images = describe(session=session, conversation_id=cid, ids=attachments)
-            data = {"attachments": images}
+        if data is None:
+            data = self._images_of(session, conversation, attachments)
         entry = self._add(
             session, conversation, "user", text, state="queued", data=data, claim=attachments
         )
@@ -159,6 +161,19 @@ class Commands(SupervisorState):
         if runner.upcoming is None:  # else _begin_turn told the tabs (queued 0), once
             self._announce_queued(session, conversation)
         return entry
+
+    def _images_of(
+        self, session: Session, conversation: Conversation, attachments: Sequence[int]
+    ) -> dict[str, Any] | None:
+        """A message's data for its images (None without any); AttachmentError when they
+        cannot go with it (its agent takes none; one is gone, another's, or named twice)."""
+        if not attachments:
+            return None
+        if not takes_images(conversation.provider):
+            name = TRAITS[conversation.provider].name
+            raise AttachmentError(f"{name} does not take images: send the text alone.")
+        cid = conversation.id or 0
+        return {"attachments": describe(session=session, conversation_id=cid, ids=attachments)}
 
     def _announce_queued(self, session: Session, conversation: Conversation) -> None:
         """Tell the tabs the turn state (with the queue's length) and the sidebar's row."""
@@ -269,7 +284,12 @@ class Commands(SupervisorState):
             data: dict[str, Any] = {"resent_from": entry.id}
             if "attachments" in entry.data:  # sent again with it (the rows stay the first's)
                 data["attachments"] = entry.data["attachments"]
-            new = self._add(session, conversation, "user", entry.text, state="queued", data=data)
+            claim = [image["id"] for image in data.get("attachments", ())]
+            if claim:  # the new message claims them, in its transaction (Edit gives them back)
+                release(session.connection(), entry.id or 0)
+            new = self._add(
+                session, conversation, "user", entry.text, state="queued", data=data, claim=claim
+            )
             self._save(session, conversation, entry)
             if line is not None:
                 self._save(session, conversation, line)

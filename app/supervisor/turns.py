@@ -55,6 +55,9 @@ RETRY_MAX_SECONDS = 30.0
 ANNOUNCE_WAIT = 5.0  # the longest a question waits for the row of the call it is about
 
 
+IMAGES_GONE = "{} image(s) of this message no longer exist; it was sent without them."
+
+
 class Turns(SupervisorState):
     """The delivery of queued messages, one turn at a time (mixed into Supervisor)."""
 
@@ -238,6 +241,8 @@ class Turns(SupervisorState):
             return  # nowhere to go: they stay visible, queued, in the archive
         for entry in queued:  # each move is one transaction: a crash midway loses nothing
             entry_id = entry.id
+            connection = session.connection()  # its images go with it (and those unsent)
+            attachment_store.move(connection, archived.id or 0, successor.id or 0, [entry_id or 0])
             self._save(session, successor, entry, move=True, conversation_id=successor.id or 0)
             self.hub.emit(archived.id or 0, {"type": "entry_removed", "entry_id": entry_id})
         self._wake(successor.id or 0)
@@ -275,6 +280,9 @@ class Turns(SupervisorState):
         attached = [image["id"] for image in data.get("attachments", ())]
         runner.images = attachment_store.images(session=session, ids=attached) if attached else []
         self._save(session, conversation, entry, move=True, row=changes, state="sent", data=data)
+        if len(runner.images) < len(attached):  # (deleted with the conversation that held them)
+            gone = len(attached) - len(runner.images)
+            self._line(session, conversation, IMAGES_GONE.format(gone), level="warning")
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
         _turn_begins(runner)
