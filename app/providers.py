@@ -46,9 +46,12 @@ ROOT_BYPASS = (
 )
 
 
-def takes_images(provider: str) -> bool:
-    """Whether a provider's agent is sent the images attached to a message."""
-    return provider in TRAITS and TRAITS[provider].images
+def images_refused(provider: str) -> str | None:
+    """Why a provider's conversation takes no images (its agent is never sent any), or None."""
+    if provider in TRAITS and TRAITS[provider].images:
+        return None
+    name = TRAITS[provider].name if provider in TRAITS else provider
+    return f"{name} does not take images: send the text alone."
 
 
 def compaction_style(provider: str) -> Style:

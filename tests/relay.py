@@ -18,8 +18,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.cli import server_options
 from app.config import Settings
+from app.db import get_session
 from app.main import create_app
 from app.migrate import upgrade
+from app.models import Entry
 from tests import postgres
 
 TOKEN = "test-token-0123456789"
@@ -123,6 +125,25 @@ class LiveRelay:
         response = self.http.post("/api/conversations", json=body)
         assert response.status_code == 201, response.text
         return response.json()
+
+    def attach(self, conversation_id: int, content: bytes, kind: str = "image/png") -> int:
+        """Upload an image for the conversation's next message; its id."""
+        response = self.http.post(
+            f"/api/conversations/{conversation_id}/attachments",
+            content=content,
+            headers={"Content-Type": kind},
+        )
+        assert response.status_code == 201, response.text
+        return int(response.json()["id"])
+
+    def mark_cut(self, entry_id: int) -> None:
+        """Mark a sent message as a relay restart leaves one whose turn it cut."""
+        with get_session(self.app.state.engine) as session:
+            entry = session.get(Entry, entry_id)
+            assert entry is not None
+            entry.data = {**entry.data, "cut": "unknown"}
+            session.add(entry)
+            session.commit()
 
     def send(self, conversation_id: int, text: str) -> httpx.Response:
         """Post a message."""

@@ -17,7 +17,7 @@ from app.attachments import (
     media_type_of,
 )
 from app.db import get_session
-from app.models import Attachment, Entry
+from app.models import Attachment
 from tests.images import GIF, SVG, encoded, png
 from tests.relay import LiveRelay
 
@@ -29,9 +29,7 @@ def upload(relay: LiveRelay, cid: int, content: bytes, kind: str = "image/png") 
 
 
 def uploaded(relay: LiveRelay, cid: int, content: bytes, kind: str = "image/png") -> int:
-    response = upload(relay, cid, content, kind)
-    assert response.status_code == 201, response.text
-    return int(response.json()["id"])
+    return relay.attach(cid, content, kind)
 
 
 def send(relay: LiveRelay, cid: int, text: str, attachments: list[int]) -> httpx.Response:
@@ -277,12 +275,7 @@ def test_a_resent_message_goes_with_its_images_and_edit_gives_them_back(
     image = uploaded(relay, cid, png())
     first = send(relay, cid, "look again", [image]).json()
     relay.wait_idle(cid)
-    with get_session(relay.app.state.engine) as session:  # as a relay restart leaves it
-        entry = session.get(Entry, first["id"])
-        assert entry is not None
-        entry.data = {**entry.data, "cut": "unknown"}
-        session.add(entry)
-        session.commit()
+    relay.mark_cut(first["id"])
     assert relay.send(cid, "slow").status_code == 202  # the resend waits behind it
     resent = relay.http.post(f"/api/conversations/{cid}/messages/{first['id']}/resend")
     assert resent.status_code == 202, resent.text

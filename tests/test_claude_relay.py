@@ -1479,13 +1479,7 @@ def test_an_attached_image_reaches_the_model(start: StartRelay, fake: FakeAnthro
     live = start()
     cid = create_claude(live)
     image = png()
-    stored = live.http.post(
-        f"/api/conversations/{cid}/attachments",
-        content=image,
-        headers={"Content-Type": "image/png"},
-    )
-    assert stored.status_code == 201, stored.text
-    body = {"text": "What colour is this?", "attachments": [stored.json()["id"]]}
+    body = {"text": "What colour is this?", "attachments": [live.attach(cid, image)]}
     sent = live.http.post(f"/api/conversations/{cid}/messages", json=body)
     assert sent.status_code == 202, sent.text
     live.wait_idle(cid, timeout=TIMEOUT)

@@ -188,13 +188,7 @@ def test_an_attached_image_reaches_the_model(relay: LiveRelay, fake: FakeOpenAI)
     carries each as a data URL beside the text."""
     cid = relay.create(provider="openai")["id"]
     image = png()
-    stored = relay.http.post(
-        f"/api/conversations/{cid}/attachments",
-        content=image,
-        headers={"Content-Type": "image/png"},
-    )
-    assert stored.status_code == 201, stored.text
-    body = {"text": "What colour is this?", "attachments": [stored.json()["id"]]}
+    body = {"text": "What colour is this?", "attachments": [relay.attach(cid, image)]}
     assert relay.http.post(f"/api/conversations/{cid}/messages", json=body).status_code == 202
     relay.wait_idle(cid, timeout=60)
     (content,) = [m["content"] for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "user"]

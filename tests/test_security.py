@@ -441,11 +441,7 @@ def test_nothing_but_the_static_files_is_kept_in_a_cache(relay: LiveRelay) -> No
     # Conversations and the token's page on a shared computer's disk (a hostile review); the
     # static files are kept and revalidated (an upgrade never mixes old modules).
     cid = relay.create()["id"]
-    image = relay.http.post(
-        f"/api/conversations/{cid}/attachments",
-        content=png(),
-        headers={"Content-Type": "image/png"},
-    ).json()["id"]
+    image = relay.attach(cid, png())
     paths = ["/", "/c/1", "/login", "/api/conversations", "/api/conversations/9", "/healthz"]
     paths.append(f"/api/attachments/{image}")  # a screenshot too
     answers = [relay.http.get(path).headers.get("cache-control") for path in paths]

@@ -12,7 +12,7 @@ from app import attachment_store
 from app.attachment_store import AttachmentError
 from app.attachments import ImageRefused, media_type_of
 from app.models import Attachment
-from app.providers import TRAITS, takes_images
+from app.providers import images_refused
 from app.routes.api import ConversationId, SupervisorDep
 from app.routes.deps import fetch_conversation
 from app.supervisor import Supervisor
@@ -42,9 +42,8 @@ async def upload(
     conversation = await fetch_conversation(supervisor, conversation_id)
     if conversation.status != "active":
         raise HTTPException(409, "This conversation is archived; it can be read, not written.")
-    if not takes_images(conversation.provider):
-        name = TRAITS[conversation.provider].name
-        raise HTTPException(409, f"{name} does not take images: send the text alone.")
+    if (refused := images_refused(conversation.provider)) is not None:
+        raise HTTPException(409, refused)
     content = await request.body()
     try:  # (Pillow reads the header off the loop)
         media_type = await asyncio.to_thread(media_type_of, content)

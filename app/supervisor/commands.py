@@ -18,7 +18,7 @@ from app.attachment_store import AttachmentError, describe, release
 from app.backups import PRECOMPACT_MANUAL
 from app.handoff import HandoffText, parse_handoff, saved_text
 from app.models import Conversation, Entry, Handoff
-from app.providers import TRAITS, takes_images
+from app.providers import images_refused
 from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
@@ -169,9 +169,8 @@ class Commands(SupervisorState):
         cannot go with it (its agent takes none; one is gone, another's, or named twice)."""
         if not attachments:
             return None
-        if not takes_images(conversation.provider):
-            name = TRAITS[conversation.provider].name
-            raise AttachmentError(f"{name} does not take images: send the text alone.")
+        if (refused := images_refused(conversation.provider)) is not None:
+            raise AttachmentError(refused)
         cid = conversation.id or 0
         return {"attachments": describe(session=session, conversation_id=cid, ids=attachments)}
 
