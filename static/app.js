@@ -11,7 +11,7 @@ import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
 import { ModeControl, ModelControl } from './mode.js';
-import { Attachments } from './attach.js';
+import { Attachments, hasFiles, imageFiles } from './attach.js';
 
 const IDLE = { state: 'idle', queued: 0 };
 const COMMANDS = [
@@ -192,7 +192,7 @@ const attachments = new Attachments({
   list: byId('attachments'),
   button: byId('attach-button'),
   picker: byId('attach-input'),
-  onError: (message) => showComposerError(message),
+  onError: (message, id) => (state.current && state.current.id === id ? showComposerError(message) : toast(message)),
   onChange: () => updateComposer(),
 });
 
@@ -382,6 +382,7 @@ function onConversationEvent(message) {
     case 'agent': setAgent(message.agent); break;
     case 'conversation': onConversation(message.conversation); break;
     case 'pins': pins.set(cur.id, message.pins || []); break;
+    case 'attachments': attachments.set(cur.id, message.attachments || []); break;
     case 'compacted':
       if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       onConversation(message.into);
@@ -1013,7 +1014,12 @@ function hideComposerError() {
 function trySend() {
   const cur = state.current;
   const text = input.value;
-  if (!cur || !cur.loaded || isArchived(cur.conv) || !text.trim() || attachments.uploading) return;
+  if (!cur || !cur.loaded || isArchived(cur.conv)) return;
+  if (attachments.uploading) return showComposerError('Wait a moment: an image is still uploading.');
+  if (!text.trim()) {
+    if (attachments.enabled && attachments.waiting.length) showComposerError('Add a few words to go with the images.');
+    return;
+  }
   closeMenu();
   // With images, /compact and /clear are text for the agent (only alone are they commands).
   const images = attachments.take();
@@ -1334,20 +1340,26 @@ input.addEventListener('input', () => {
   updateComposer();
 });
 input.addEventListener('blur', closeMenu);
-// An image pasted (a screenshot) or dropped on the composer is attached; text pastes as text.
+// An image pasted alone (a screenshot, a copied image) is attached; a paste that has text too
+// (cells of a spreadsheet, a selection of a document, which also offer a picture of it) pastes
+// its text, as everywhere else.
 input.addEventListener('paste', (e) => {
-  const files = [...(e.clipboardData?.files || [])].filter((file) => file.type.startsWith('image/'));
-  if (!files.length || !attachments.enabled) return;
+  const data = e.clipboardData;
+  const files = imageFiles(data);
+  if (!files.length || !attachments.enabled || [...(data.types || [])].includes('text/plain')) return;
   e.preventDefault();
   attachments.add(files);
 });
-byId('composer').addEventListener('dragover', (e) => {
-  if (attachments.enabled && Attachments.hasFiles(e.dataTransfer)) e.preventDefault();
+// Files dropped anywhere on the page never replace it (a browser opens a dropped file in the
+// tab): dropped on the conversation they are attached, where images can go.
+document.addEventListener('dragover', (e) => {
+  if (hasFiles(e.dataTransfer)) e.preventDefault();
 });
-byId('composer').addEventListener('drop', (e) => {
-  if (!attachments.enabled || !Attachments.hasFiles(e.dataTransfer)) return;
+document.addEventListener('drop', (e) => {
+  if (!hasFiles(e.dataTransfer)) return;
   e.preventDefault();
-  attachments.add([...e.dataTransfer.files]);
+  if (!attachments.enabled || !state.current || !e.target.closest('.main')) return;
+  attachments.add(imageFiles(e.dataTransfer));
 });
 // The caret moved without typing (a click, ← →, Home, End): the menu follows it.
 input.addEventListener('click', updateMenu);

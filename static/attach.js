@@ -7,6 +7,12 @@ export const MAX_BYTES = 5 * 1024 * 1024 * 3 / 4; // app/attachments.py MAX_IMAG
 export const MAX_PER_MESSAGE = 5; // app/attachments.py MAX_PER_MESSAGE
 const TYPES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp'];
 
+/** True when dt (a paste's or a drag's DataTransfer) carries files. */
+export const hasFiles = (dt) => Boolean(dt) && [...(dt.types || [])].includes('Files');
+
+/** Files dragged or pasted (a DataTransfer) that are images. */
+export const imageFiles = (dt) => [...((dt && dt.files) || [])].filter((file) => file.type.startsWith('image/'));
+
 /** An attached image's URL (its bytes, served with a sandboxing CSP). */
 export const imageUrl = (id) => `/api/attachments/${encodeURIComponent(id)}`;
 
@@ -19,14 +25,14 @@ export function sentImages(images) {
 }
 
 export class Attachments {
-  /** list: the thumbnails' <ul>; button: 📎; picker: its <input type=file>; onError(message);
-   * onChange(): the composer's state changed (uploading, or the list). */
+  /** list: the thumbnails' <ul>; button: 📎; picker: its <input type=file>; onError(message, id):
+   * something went wrong for conversation id; onChange(): the composer's state changed. */
   constructor({ list, button, picker, onError, onChange }) {
     Object.assign(this, { list, button, picker, onError, onChange });
-    this.byConversation = new Map(); // id → [{id, media_type, size}], oldest first
+    this.byConversation = new Map(); // id → [{id, media_type, size}], oldest first (the relay's)
+    this.uploads = new Map(); // id → uploads on their way to that conversation
     this.current = null; // the conversation shown
     this.enabled = false; // its agent takes images, and it is not archived
-    this.uploading = 0;
     button.addEventListener('click', () => picker.click());
     picker.addEventListener('change', () => {
       const files = [...picker.files];
@@ -37,6 +43,7 @@ export class Attachments {
 
   /** The composer now shows conversation id; enabled: images can go with its messages. */
   show(id, enabled) {
+    if (id === this.current && enabled === this.enabled) return; // (drawn: focus stays)
     this.current = id;
     this.enabled = enabled;
     this.button.hidden = !enabled;
@@ -48,11 +55,15 @@ export class Attachments {
   async load(id) {
     try {
       const { data } = await api(`/api/conversations/${id}/attachments`);
-      this.byConversation.set(id, data.attachments || []);
-    } catch {
-      return; // shown again on the next visit
-    }
+      this.set(id, data.attachments || []);
+    } catch { /* shown again on the next visit */ }
+  }
+
+  /** The relay's list for a conversation (an `attachments` event: another tab, a send). */
+  set(id, images) {
+    this.byConversation.set(id, images);
     if (id === this.current) this.draw();
+    this.onChange();
   }
 
   /** The images waiting in the shown conversation. */
@@ -60,9 +71,9 @@ export class Attachments {
     return this.byConversation.get(this.current) || [];
   }
 
-  /** True when dt (a paste's or a drop's DataTransfer) carries files. */
-  static hasFiles(dt) {
-    return Boolean(dt) && [...(dt.types || [])].includes('Files');
+  /** Uploads on their way to the shown conversation. */
+  get uploading() {
+    return this.uploads.get(this.current) || 0;
   }
 
   /** Upload files to the shown conversation, one after the other; what is not an image, or is
@@ -71,27 +82,32 @@ export class Attachments {
     const id = this.current;
     if (!this.enabled || id == null) return;
     for (const file of files) {
+      const name = file.name || 'The image';
       if (!TYPES.includes(file.type)) {
-        this.onError(`${file.name || 'That file'} is not a PNG, JPEG, GIF or WebP image.`);
+        this.onError(`${name} is not a PNG, JPEG, GIF or WebP image.`, id);
         continue;
       }
       if (file.size > MAX_BYTES) {
-        this.onError(`${file.name || 'The image'} is over the limit of ${MAX_BYTES} bytes.`);
+        this.onError(`${name} is over the limit of 3.75 MiB.`, id);
         continue;
       }
-      this.uploading += 1;
-      this.onChange();
+      this.counted(id, 1);
       try {
         const { data } = await api(`/api/conversations/${id}/attachments`, { method: 'POST', body: file });
-        this.byConversation.set(id, [...(this.byConversation.get(id) || []), data]);
+        const known = this.byConversation.get(id) || [];
+        if (!known.some((image) => image.id === data.id)) this.byConversation.set(id, [...known, data]);
       } catch (err) {
-        this.onError(err.message);
+        this.onError(err.message, id);
       } finally {
-        this.uploading -= 1;
-        if (id === this.current) this.draw();
-        this.onChange();
+        this.counted(id, -1);
       }
     }
+  }
+
+  counted(id, step) {
+    this.uploads.set(id, (this.uploads.get(id) || 0) + step);
+    if (id === this.current) this.draw();
+    this.onChange();
   }
 
   /** Take the shown conversation's images for a message being sent (at most MAX_PER_MESSAGE:
@@ -104,36 +120,36 @@ export class Attachments {
     return taken;
   }
 
-  /** Images of a message that did not go (or was taken back) wait again, first. */
+  /** Images of a message that did not go, or was taken back, wait again: the relay's list is
+   * read again (it holds them unsent; /compact may have moved them). */
   giveBack(id, images) {
-    if (!images || !images.length) return;
-    const known = new Set(images.map((image) => image.id));
-    const rest = (this.byConversation.get(id) || []).filter((image) => !known.has(image.id));
-    this.byConversation.set(id, [...images, ...rest]);
-    if (id === this.current) this.draw();
-    this.onChange();
+    if (images && images.length) this.load(id);
   }
 
-  async remove(image) {
+  async remove(image, n) {
     const id = this.current;
     try {
       await api(`/api/conversations/${id}/attachments/${image.id}`, { method: 'DELETE' });
     } catch (err) {
-      if (err.status !== 404) return this.onError(err.message); // 404: sent or removed already
+      if (err.status !== 404) return this.onError(err.message, id); // 404: sent or removed already
     }
     this.byConversation.set(id, (this.byConversation.get(id) || []).filter((i) => i.id !== image.id));
-    if (id === this.current) this.draw();
+    if (id !== this.current) return;
+    this.draw();
     this.onChange();
+    // The focus goes to the next image's ✕ (the one before it at the end), else the message box.
+    const buttons = this.list.querySelectorAll('.attached-remove');
+    (buttons[Math.min(n, buttons.length - 1)] || document.getElementById('message-input')).focus();
   }
 
   draw() {
     const images = this.enabled ? this.waiting : [];
     this.list.replaceChildren(...images.map((image, n) => h('li', { class: 'attached', testid: 'attached' },
-      h('img', { src: imageUrl(image.id), alt: `Image ${n + 1}` }),
+      h('img', { src: imageUrl(image.id), alt: `Image ${n + 1} (${image.media_type.slice(6).toUpperCase()})` }),
       h('button', {
         type: 'button', class: 'attached-remove', testid: 'attached-remove', text: '✕',
         'aria-label': `Remove image ${n + 1}`, title: 'Remove this image',
-        onclick: () => this.remove(image),
+        onclick: () => this.remove(image, n),
       }))));
     if (this.uploading && this.enabled) {
       this.list.append(h('li', { class: 'attached uploading', testid: 'attached-uploading', text: 'Uploading…' }));

@@ -3,32 +3,43 @@
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Locator, Page, expect
 
 from tests.browser import Pages, by_id, user_bubble
 from tests.images import GIF, png
 from tests.relay import LiveRelay
 
-# A paste or a drop as the browser makes them: a DataTransfer holding a file.
-GIVE_FILE = """([kind, b64, name, type]) => {
+# A paste or a drop as the browser makes them: a DataTransfer holding a file (and text, when
+# given). A drop comes after a dragover, which must be taken (else the browser opens the file).
+GIVE_FILE = """([kind, b64, name, type, text]) => {
   const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
   const data = new DataTransfer();
   data.items.add(new File([bytes], name, { type }));
-  const box = document.getElementById('message-input');
-  const target = kind === 'paste' ? box : document.getElementById('composer');
-  const event = kind === 'paste'
-    ? new ClipboardEvent('paste', { clipboardData: data, bubbles: true, cancelable: true })
-    : new DragEvent('drop', { dataTransfer: data, bubbles: true, cancelable: true });
-  target.dispatchEvent(event);
-  return event.defaultPrevented;
+  if (text) data.setData('text/plain', text);
+  const init = { bubbles: true, cancelable: true };
+  if (kind === 'paste') {
+    const event = new ClipboardEvent('paste', { clipboardData: data, ...init });
+    document.getElementById('message-input').dispatchEvent(event);
+    return event.defaultPrevented;
+  }
+  const where = document.getElementById(kind === 'drop' ? 'timeline' : 'sidebar') || document.body;
+  const over = new DragEvent('dragover', { dataTransfer: data, ...init });
+  where.dispatchEvent(over);
+  const drop = new DragEvent('drop', { dataTransfer: data, ...init });
+  where.dispatchEvent(drop);
+  return over.defaultPrevented && drop.defaultPrevented;
 }"""
 
 
-def give(page: Page, kind: str, content: bytes, name: str, media_type: str) -> bool:
+def give(page: Page, kind: str, content: bytes, name: str, media_type: str, text: str = "") -> bool:
+    """Paste, drop (on the timeline) or drop-elsewhere (on the sidebar) a file; whether the
+    page took the events (a browser did not handle them itself)."""
     b64 = base64.b64encode(content).decode()
-    return bool(page.evaluate(GIVE_FILE, [kind, b64, name, media_type]))
+    return bool(page.evaluate(GIVE_FILE, [kind, b64, name, media_type, text]))
 
 
 def loaded(images: Locator) -> None:
@@ -108,16 +119,13 @@ def test_what_is_not_an_image_is_said_and_text_pastes_as_text(
         "notes.txt is not a PNG, JPEG, GIF or WebP image."
     )
     expect(by_id(page, "attached")).to_have_count(0)
-    # A paste without an image is the browser's own: the text goes in the box.
-    pasted = page.evaluate("""() => {
-      const data = new DataTransfer();
-      data.setData('text/plain', 'plain words');
-      const init = { clipboardData: data, bubbles: true, cancelable: true };
-      const event = new ClipboardEvent('paste', init);
-      document.getElementById('message-input').dispatchEvent(event);
-      return event.defaultPrevented;
-    }""")
-    assert pasted is False
+    # A paste with text too (a spreadsheet's cells also offer a picture of them) is text.
+    assert give(page, "paste", png(), "cells.png", "image/png", text="a\tb") is False
+    expect(by_id(page, "attached")).to_have_count(0)
+    # A file dropped outside the conversation is taken, not opened in place of the page.
+    assert give(page, "elsewhere", png(), "stray.png", "image/png")
+    expect(by_id(page, "attached")).to_have_count(0)
+    assert page.url.endswith(f"/c/{_cid}")
     pages.assert_clean()
 
 
@@ -136,4 +144,69 @@ def test_a_message_taken_back_brings_its_image_back(pages: Pages, relay: LiveRel
     queued.get_by_test_id("withdraw").click()
     expect(box).to_have_value("look at this")
     expect(by_id(page, "attached")).to_have_count(1)  # back with its text
+    pages.assert_clean()
+
+
+def test_every_tab_shows_the_images_waiting(pages: Pages, relay: LiveRelay) -> None:
+    cid = relay.create(title="Two tabs")["id"]
+    first = pages.open(relay, f"/c/{cid}")
+    second = pages.open(relay, f"/c/{cid}")
+    for page in (first, second):
+        expect(by_id(page, "title")).to_have_text("Two tabs")
+    give(first, "paste", png(), "shot.png", "image/png")
+    give(first, "paste", GIF, "dot.gif", "image/gif")
+    expect(by_id(second, "attached")).to_have_count(2)  # told, not reloaded
+    remove = by_id(second, "attached-remove").first
+    remove.focus()
+    remove.press("Enter")
+    expect(by_id(first, "attached")).to_have_count(1)
+    # The focus stays on the images: the next one's ✕ (this one was removed).
+    expect(by_id(second, "attached-remove")).to_be_focused()
+    # The other tab sends it: this one no longer offers it.
+    box = by_id(second, "message-input")
+    box.fill("with the gif")
+    box.press("Enter")
+    expect(by_id(first, "attached")).to_have_count(0)
+    expect(user_bubble(first, "with the gif").get_by_test_id("sent-image")).to_have_count(1)
+    pages.assert_clean()
+
+
+def test_a_message_the_relay_refuses_gives_its_images_back(pages: Pages, relay: LiveRelay) -> None:
+    page, _cid = opened(pages, relay)
+    give(page, "paste", png(), "shot.png", "image/png")
+    expect(by_id(page, "attached")).to_have_count(1)
+    box = by_id(page, "message-input")
+    box.fill("no words either")
+    page.route(
+        re.compile(r"/api/conversations/\d+/messages$"),
+        lambda route: route.fulfill(status=409, json={"detail": "Refused for the test."}),
+    )
+    box.press("Enter")
+    expect(by_id(page, "composer-error")).to_have_text("Refused for the test.")
+    expect(box).to_have_value("no words either")
+    expect(by_id(page, "attached")).to_have_count(1)
+    loaded(by_id(page, "attached").locator("img"))
+    page.unroute(re.compile(r"/api/conversations/\d+/messages$"))
+    # Images and no words: said, not sent silently nor ignored.
+    box.fill("")
+    box.press("Enter")
+    expect(by_id(page, "composer-error")).to_have_text("Add a few words to go with the images.")
+    pages.assert_clean("409")
+
+
+def test_no_clip_where_the_agent_takes_no_images(
+    pages: Pages, relay: LiveRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
+    cid = relay.create(provider="deepseek", title="No images")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("No images")
+    expect(by_id(page, "provider-badge")).to_have_text("DeepSeek")
+    expect(by_id(page, "attach-button")).to_be_hidden()
+    assert (
+        give(page, "paste", png(), "shot.png", "image/png") is False
+    )  # pasted as the browser does
+    assert give(page, "drop", png(), "shot.png", "image/png")  # taken: the page stays
+    expect(by_id(page, "attached")).to_have_count(0)
+    assert relay.http.get(f"/api/conversations/{cid}/attachments").json()["attachments"] == []
     pages.assert_clean()

@@ -1127,6 +1127,7 @@ def test_providers_offer_deepseek_only_with_its_key(
         "available": False,
         "reason": "Set DEEPSEEK_API_KEY first.",
         "compact_window": True,
+        "images": False,
     }
     refused = live.http.post("/api/conversations", json={"provider": "deepseek"})
     assert refused.status_code == 409
@@ -1137,6 +1138,7 @@ def test_providers_offer_deepseek_only_with_its_key(
         "available": True,
         "reason": "",
         "compact_window": True,
+        "images": False,
     }
     assert live.http.post("/api/conversations", json={"provider": "deepseek"}).status_code == 201
 

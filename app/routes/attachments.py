@@ -62,9 +62,11 @@ def _add(
     supervisor: Supervisor, conversation_id: int, media_type: str, content: bytes
 ) -> Attachment:
     with supervisor.session() as session:
-        return attachment_store.add_attachment(
+        added = attachment_store.add_attachment(
             session=session, conversation_id=conversation_id, media_type=media_type, content=content
         )
+        supervisor.publish_attachments(session, conversation_id)
+        return added
 
 
 @router.get("/conversations/{conversation_id}/attachments")
@@ -92,9 +94,12 @@ async def remove(
 
 def _remove(supervisor: Supervisor, conversation_id: int, attachment_id: int) -> bool:
     with supervisor.session() as session:
-        return attachment_store.remove_unsent(
+        removed = attachment_store.remove_unsent(
             session=session, conversation_id=conversation_id, attachment_id=attachment_id
         )
+        if removed:
+            supervisor.publish_attachments(session, conversation_id)
+        return removed
 
 
 @router.get("/attachments/{attachment_id}")

@@ -135,6 +135,8 @@ class Commands(SupervisorState):
         entry = self._add(
             session, conversation, "user", text, state="queued", data=data, claim=attachments
         )
+        if attachments:  # no longer waiting in the composers
+            self.publish_attachments(session, cid)
         self._wake(cid)
         runner = self.runners.get(cid)
         idle = runner is not None and (runner.task is None or runner.task.done())
@@ -313,9 +315,12 @@ class Commands(SupervisorState):
             entry = _user_message(session, conversation, entry_id)
             if entry.state != "queued":
                 raise ConversationError(WITHDRAWN_TOO_LATE)
-            if entry.data.get("attachments"):  # back in the composer with its text
+            released = bool(entry.data.get("attachments"))
+            if released:  # back in the composer with its text
                 release(session.connection(), entry_id)
             self._remove(session, conversation, entry)
+            if released:
+                self.publish_attachments(session, conversation.id or 0)
             self._announce_queued(session, conversation)
         return entry
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app import store
+from app import attachment_store, store
 from app.models import Conversation, Entry
 from app.store import PENDING
 from app.supervisor.base import SupervisorState
@@ -254,6 +254,11 @@ class Timeline(SupervisorState):
         else:
             turn = self.turn_view(conversation_id, session)
         self.hub.emit(conversation_id, {"type": "turn", "turn": turn})
+
+    def publish_attachments(self, session: Session, conversation_id: int) -> None:
+        """Tell every tab the images waiting unsent in the conversation (its composers)."""
+        waiting = attachment_store.unsent(session=session, conversation_id=conversation_id)
+        self.hub.emit(conversation_id, {"type": "attachments", "attachments": waiting})
 
     def _publish_turn(self, conversation_id: int) -> None:
         with self.session() as session:
