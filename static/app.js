@@ -1023,6 +1023,8 @@ function trySend() {
   closeMenu();
   // With images, /compact and /clear are text for the agent (only alone are they commands).
   const images = attachments.take();
+  const left = attachments.waiting.length;
+  if (left) toast(`${images.length} images go with this message; ${left} more wait for the next one.`);
   if (images.length) {
     input.value = '';
     state.drafts.delete(cur.id);

@@ -210,3 +210,20 @@ def test_no_clip_where_the_agent_takes_no_images(
     expect(by_id(page, "attached")).to_have_count(0)
     assert relay.http.get(f"/api/conversations/{cid}/attachments").json()["attachments"] == []
     pages.assert_clean()
+
+
+def test_five_images_go_with_a_message_and_the_rest_wait(pages: Pages, relay: LiveRelay) -> None:
+    page, _cid = opened(pages, relay)
+    for n in range(7):
+        give(page, "paste", png(2 + n, 2), f"shot{n}.png", "image/png")
+    expect(by_id(page, "attached")).to_have_count(7)
+    box = by_id(page, "message-input")
+    box.fill("the first five")
+    box.press("Enter")
+    expect(page.locator("#toast")).to_have_text(
+        "5 images go with this message; 2 more wait for the next one."
+    )
+    bubble = user_bubble(page, "the first five")
+    expect(bubble.get_by_test_id("sent-image")).to_have_count(5)
+    expect(by_id(page, "attached")).to_have_count(2)
+    pages.assert_clean()
