@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from app.agents.base import Agent, Notice, PermissionDecision
-from app.attachments import Image
 from app.live_render import LiveRender
 from app.models import Conversation, Entry
 
@@ -133,7 +132,7 @@ class Runner:
     reported_agent: Agent | None = None  # the agent process the last report came from
     lines_shown: set[str] = field(default_factory=set)  # this turn's notice lines
     prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
-    images: list[Image] = field(default_factory=list)  # the images the prompt is sent with
+    image_ids: list[int] = field(default_factory=list)  # the images the prompt goes with
     retry_line: Entry | None = None  # this turn's API-retry line, updated at each attempt
     last_used: float = field(default_factory=time.monotonic)
     stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)

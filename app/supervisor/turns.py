@@ -24,6 +24,7 @@ from app.agents.base import (
     SeesImages,
     TurnDone,
 )
+from app.attachments import Image
 from app.cluster.leases import LeaseLost
 from app.db import WRITE_PATIENCE, write_lock_free
 from app.edits import edit_change
@@ -277,12 +278,9 @@ class Turns(SupervisorState):
         # The prompt's id is stored before it goes out: after a crash the agent's own record
         # tells whether it arrived (Receipts). The row's changes: in the same UPDATE.
         runner.prompt_id = data["prompt_uuid"] = str(uuid.uuid4())
-        attached = [image["id"] for image in data.get("attachments", ())]
-        runner.images = attachment_store.images(session=session, ids=attached) if attached else []
+        # Their bytes are read as the turn starts, in a reader thread (not in this job).
+        runner.image_ids = [image["id"] for image in data.get("attachments", ())]
         self._save(session, conversation, entry, move=True, row=changes, state="sent", data=data)
-        if len(runner.images) < len(attached):  # (deleted with the conversation that held them)
-            gone = len(attached) - len(runner.images)
-            self._line(session, conversation, IMAGES_GONE.format(gone), level="warning")
         if "pending_summary" in changes:
             self.publish_conversation(conversation)
         _turn_begins(runner)
@@ -317,10 +315,11 @@ class Turns(SupervisorState):
             return
         finally:
             runner.turn_conversation = None
+        ids, runner.image_ids = runner.image_ids, []
+        images = await self._read_images(runner, ids) if ids else []
         if runner.stop_requested or self._closing:  # Stop, or shutdown, came while it started
             await self.storage.write(self._stop_before_delivery, runner)
             return
-        images, runner.images = runner.images, []
         if images and isinstance(agent, SeesImages):
             turn = agent.turn_with_images(prompt, images, prompt_id=runner.prompt_id)
         elif isinstance(agent, Receipts) and runner.prompt_id:
@@ -328,6 +327,19 @@ class Turns(SupervisorState):
         else:
             turn = agent.turn(prompt)
         await self._stream_turn(runner, agent, turn)
+
+    async def _read_images(self, runner: Runner, ids: list[int]) -> list[Image]:
+        """A message's images (up to 5 × 3.75 MiB), read off the writer thread; those gone
+        meanwhile are left out, with a line that says so."""
+        images = await self.storage.read(self._images, ids)
+        if len(images) < len(ids):
+            text = IMAGES_GONE.format(len(ids) - len(images))
+            await self._patiently(self._write_line, runner, text, "warning")
+        return images
+
+    def _images(self, ids: list[int]) -> list[Image]:
+        with self.session() as session:
+            return attachment_store.images(session=session, ids=ids)
 
     def _own_turn_began(self, runner: Runner) -> None:
         """Its agent began a turn by itself (OwnTurns: a background task ended...): it runs
@@ -474,7 +486,7 @@ class Turns(SupervisorState):
         runner.state = TurnState.RUNNING  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
         runner.prompt_id = None  # (a Stop for this turn that comes late stops no other)
-        runner.images = []
+        runner.image_ids = []
         runner.carried_summary = None
         runner.last_used = time.monotonic()
         # A background subagent's question (lasting) stays open: its agent may go on.
