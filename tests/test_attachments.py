@@ -130,6 +130,8 @@ def test_what_is_not_an_image_is_refused_and_nothing_is_stored(relay: LiveRelay)
     assert svg.json()["detail"] == "Only PNG, JPEG, GIF or WebP images can be attached."
     text = upload(relay, cid, png(), "text/plain")  # not an image type: refused at the door
     assert text.status_code == 415
+    # A type a browser sends for a file it does not know: taken, the bytes decide.
+    assert upload(relay, cid, GIF, "application/octet-stream").json()["media_type"] == "image/gif"
     big = upload(relay, cid, png() + b"\x00" * MAX_IMAGE_BYTES)
     assert big.status_code == 413
     assert big.json()["detail"] == f"Request body over the limit of {MAX_IMAGE_BYTES} bytes."
@@ -208,6 +210,7 @@ def test_deepseek_is_never_sent_an_image(relay: LiveRelay, monkeypatch: pytest.M
     """DeepSeek's API takes no images: the relay refuses them before storing anything."""
     monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
     cid = relay.create(provider="deepseek")["id"]
+    title = relay.get(cid)["title"]
     refused = upload(relay, cid, png())
     assert refused.status_code == 409
     assert refused.json()["detail"] == "DeepSeek does not take images: send the text alone."
@@ -215,7 +218,8 @@ def test_deepseek_is_never_sent_an_image(relay: LiveRelay, monkeypatch: pytest.M
     sent = send(relay, cid, "look", [uploaded(relay, other, png())])
     assert sent.status_code == 409
     assert sent.json()["detail"] == "DeepSeek does not take images: send the text alone."
-    assert relay.get(cid)["timeline"] == []
+    view = relay.get(cid)
+    assert (view["title"], view["timeline"]) == (title, [])
 
 
 def test_a_refused_message_changes_nothing_not_even_the_title(relay: LiveRelay) -> None:
@@ -323,3 +327,12 @@ def test_a_message_whose_image_is_gone_says_so(relay: LiveRelay) -> None:
     lines = [e["text"] for e in view["timeline"] if e["kind"] == "line"]
     assert "1 image(s) of this message no longer exist; it was sent without them." in lines
     assert "With 1 image" not in agent_texts(view)[-1]
+
+
+def test_an_archived_conversation_takes_no_image(relay: LiveRelay) -> None:
+    old = relay.create()["id"]
+    compacted = relay.http.post(f"/api/conversations/{old}/messages", json={"text": "/compact"})
+    assert compacted.status_code == 201, compacted.text
+    refused = upload(relay, old, png())
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == "This conversation is archived; it can be read, not written."

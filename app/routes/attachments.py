@@ -16,6 +16,7 @@ from app.providers import images_refused
 from app.routes.api import ConversationId, SupervisorDep
 from app.routes.deps import fetch_conversation
 from app.supervisor import Supervisor
+from app.supervisor.runner import READ_ONLY
 
 router = APIRouter(prefix="/api")
 AttachmentId = Annotated[int, PathParam(ge=1, le=2**63 - 1)]
@@ -41,7 +42,7 @@ async def upload(
     """Store an image (the request's whole body: PNG, JPEG, GIF or WebP bytes) for a message."""
     conversation = await fetch_conversation(supervisor, conversation_id)
     if conversation.status != "active":
-        raise HTTPException(409, "This conversation is archived; it can be read, not written.")
+        raise HTTPException(409, READ_ONLY)
     if (refused := images_refused(conversation.provider)) is not None:
         raise HTTPException(409, refused)
     content = await request.body()

@@ -22,7 +22,7 @@ from app.providers import images_refused
 from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
-from app.supervisor.runner import DELETING, ConversationError, Runner, TurnState, _settle
+from app.supervisor.runner import DELETING, READ_ONLY, ConversationError, Runner, TurnState, _settle
 from app.titles import compacted_title
 from app.tools import ToolResult
 from app.views import conversation_view
@@ -67,7 +67,7 @@ class Commands(SupervisorState):
     ) -> Entry:
         """Store a user message (queued), then hand it to the conversation's runner."""
         if conversation.status != "active":
-            raise ConversationError("This conversation is archived; it can be read, not written.")
+            raise ConversationError(READ_ONLY)
         if self.cluster is not None:  # this node runs it if nobody does
             self.cluster.claim_here(conversation.id or 0, conversation.cwd)
         with self.session() as session:
@@ -106,9 +106,7 @@ class Commands(SupervisorState):
             if found is None:
                 raise LookupError(f"No conversation {conversation_id}.")
             if found.status != "active":
-                raise ConversationError(
-                    "This conversation is archived; it can be read, not written."
-                )
+                raise ConversationError(READ_ONLY)
             data = self._images_of(session, found, attachments)  # before the title changes
             if title is not None and _untitled(found):
                 store.update_conversation(session=session, conversation=found, title=title)
@@ -255,12 +253,12 @@ class Commands(SupervisorState):
         # another node moves this message with the queue or comes after it.
         store.refresh_locked(session=session, conversation=conversation)
         if conversation.status != "active":
-            raise ConversationError("This conversation is archived; it can be read, not written.")
+            raise ConversationError(READ_ONLY)
 
     def resend(self, conversation: Conversation, entry_id: int) -> Entry:
         """Queue a cut turn's message again as a new message; the cut one remembers it."""
         if conversation.status != "active":
-            raise ConversationError("This conversation is archived; it can be read, not written.")
+            raise ConversationError(READ_ONLY)
         if conversation.id in self.deleting:
             raise ConversationError(DELETING)
         with self.session() as session:

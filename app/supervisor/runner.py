@@ -29,6 +29,7 @@ class ConversationError(Exception):
 
 
 DELETING = "This conversation is being deleted."
+READ_ONLY = "This conversation is archived; it can be read, not written."
 
 
 class Locked(Exception):
