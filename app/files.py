@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import signal
-import subprocess
 import threading
 import time
 from collections import OrderedDict
@@ -14,14 +12,12 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from app.git import GitMissing, GitTimeout, run_git
+
 MAX_FILES = 50_000  # listed per working directory; a bigger tree is cut (``truncated``)
 CACHE_SECONDS = 10.0  # one listing serves a burst of keystrokes
 CACHE_SIZE = 16  # working directories kept listed
-GIT_TIMEOUT = 5.0
 WALK_SECONDS = 3.0  # a walk stops here (``truncated``): a huge tree, a hung mount
-# Nothing in a repository's own config may run a command: fsmonitor is the one ls-files calls.
-GIT_OPTIONS = ("-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false")
-GIT_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # not the relay's secrets
 # Never walked into without git (git's own ignore rules do better where there is a repo).
 SKIPPED_DIRS = frozenset(
     {"node_modules", "__pycache__", "venv", "dist", "build", "target", "site-packages"}
@@ -77,31 +73,14 @@ def list_files(
 
 
 def _git_files(root: Path, ceiling: Iterable[Path], limit: int) -> tuple[list[str], bool] | None:
-    command = ["git", *GIT_OPTIONS, "--no-optional-locks", "ls-files", "--cached", "--others"]
-    command += ["--exclude-standard", "-z"]
-    env = {name: os.environ[name] for name in GIT_ENV_NAMES if name in os.environ}
-    env["GIT_CEILING_DIRECTORIES"] = os.pathsep.join(str(top.parent) for top in ceiling)
+    command = ["ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     try:
-        process = subprocess.Popen(
-            command,
-            cwd=root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # killed with whatever it started
-        )
-    except OSError:  # no git
+        found = run_git(command, root, ceiling=ceiling)
+    except (GitMissing, GitTimeout):
         return None
-    try:
-        out, _ = process.communicate(timeout=GIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+    if found.code != 0:  # not a git work tree
         return None
-    if process.returncode != 0:  # not a git work tree
-        return None
-    names = (n.decode("utf-8", "strict") for n in out.split(b"\0") if n and _utf8(n))
+    names = (n.decode("utf-8", "strict") for n in found.out.split(b"\0") if n and _utf8(n))
     unique = list(dict.fromkeys(names))  # (a file in conflict is listed once per stage)
     return unique[:limit], len(unique) > limit
 

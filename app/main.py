@@ -36,6 +36,7 @@ from app.routes import (
     api,
     attachments,
     backups,
+    changes,
     files,
     imports,
     pages,
@@ -192,6 +193,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api.router)
     app.include_router(search.router)
     app.include_router(files.router)
+    app.include_router(changes.router)
     app.include_router(attachments.router)
     app.include_router(backups.router)
     app.include_router(imports.router)
