@@ -5,6 +5,7 @@ import { Timeline } from './timeline.js';
 import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
 import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
+import { Changes } from './changes.js';
 import { Search } from './search.js';
 import { ConvActions, convDescription, convMeta, setPageTitle, showNeeds } from './keep.js';
 import { Imports, renderResume } from './import.js';
@@ -216,6 +217,9 @@ const backups = new Backups({
     navigate(conv.id, { focus: true });
   },
 }, dialogs);
+
+// The header's Changes: what git sees changed in the conversation's repository.
+const changes = new Changes(dialogs);
 
 // Find and keep (SPEC §9): the search box, and each sidebar item's ⋯ menu.
 const search = new Search({ onOpen: (hit) => openAt(hit) });
@@ -663,6 +667,7 @@ function leaveConversation() {
   state.current = null;
   if (contextModal.isOpen) contextModal.close();
   backups.close();
+  changes.close();
   // The /compact and /clear questions act on the conversation left (Back, a link): closed too.
   for (const dialog of [compactPreview.dialog, clearDialog.dialog]) {
     if (dialog.open) dialogs.close(dialog);
@@ -836,7 +841,9 @@ function setConvLink(link, id) {
 function setTurn(turn) {
   const cur = state.current;
   if (!cur) return;
+  const was = isBusy(cur.turn);
   cur.turn = turn || IDLE;
+  if (was && !isBusy(cur.turn)) changes.turnEnded(cur.id); // what the turn changed shows
   const stop = byId('stop-button');
   stop.hidden = !isBusy(cur.turn);
   stop.disabled = false;
@@ -1568,6 +1575,10 @@ function wire() {
   });
   byId('title').addEventListener('click', startRename);
   byId('stop-button').addEventListener('click', interrupt);
+  byId('changes-button').addEventListener('click', () => {
+    const cur = state.current;
+    if (cur && cur.loaded) changes.open(cur.id);
+  });
   byId('context-button').addEventListener('click', () => {
     const cur = state.current;
     if (cur && cur.loaded) {

@@ -108,13 +108,15 @@ function agentEntry(entry) {
     foot.length ? h('div', { class: 'msg-foot', testid: 'agent-footer', text: foot.join(' · ') }) : null);
 }
 
-/** An edit's unified diff (app/edits.py), each line coloured by its first character; text only. */
-function diffBlock(edit) {
+/** A unified diff (an edit's, app/edits.py; a file's, app/changes.py), each line coloured by
+ * its first character; text only. A bare "@@" (an edit's break) shows as "…". */
+export function diffBlock(edit) {
   const pre = h('pre', { class: 'diff', testid: 'diff', dir: 'ltr' });
   const kinds = { '+': 'add', '-': 'del', '@': 'hunk' };
   for (const line of Array.isArray(edit.diff) ? edit.diff : []) {
     const kind = kinds[String(line)[0]] || 'ctx';
-    pre.append(h('span', { class: `diff-line ${kind}`, text: kind === 'hunk' ? '…' : visible(String(line)).shown }));
+    const text = String(line) === '@@' ? '…' : visible(String(line)).shown;
+    pre.append(h('span', { class: `diff-line ${kind}`, text }));
   }
   if (edit.more > 0) pre.append(h('span', { class: 'diff-line hunk', text: `… ${edit.more} more lines` }));
   return pre;

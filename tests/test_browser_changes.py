@@ -1,0 +1,121 @@
+"""The header's Changes view in Chromium: the files git sees changed, and their diffs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser import Pages, by_id, own_relay, send_text
+from tests.relay import LiveRelay
+from tests.test_changes import change, repo
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def test_the_changes_since_the_last_commit_and_a_file_s_diff(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    root = repo(relay.settings.roots[0] / "work" / "project")
+    change(root)
+    odd = '<img src=x onerror="document.title=1">.txt'  # a name is text, never markup
+    (root / odd).write_text("a\n")
+    cid = relay.create(cwd=str(root), title="Changed")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Changed")
+    by_id(page, "changes-button").click()
+    dialog = by_id(page, "changes-dialog")
+    expect(dialog).to_be_visible()
+    expect(by_id(page, "changes-meta")).to_have_text("On branch main · 8 files changed · +7 −2")
+    expect(by_id(page, "changes-root")).to_have_text(str(root.resolve()))
+    paths = by_id(page, "change-path")
+    expect(paths).to_have_text(
+        [
+            "a.txt",
+            "gone.txt",
+            "logo.bin",
+            "new.py",
+            "old.txt → renamed.txt",
+            ".gitignore",
+            odd,
+            "notes/todo.md",
+        ]
+    )
+    expect(by_id(page, "change-status")).to_have_text(["M", "D", "M", "A", "R", "?", "?", "?"])
+    expect(by_id(page, "change-counts")).to_have_text(
+        ["+2 −1", "+0 −1", "binary", "+1 −0", "+0 −0", "+1", "+1", "+2"]
+    )
+    assert page.evaluate("() => document.title") != "1"
+    first = by_id(page, "change-toggle").first
+    first.click()  # a.txt's diff, each line coloured by its kind
+    expect(first).to_have_attribute("aria-expanded", "true")
+    lines = by_id(page, "change-diff").first.locator(".diff-line")
+    expect(lines).to_have_text(["@@ -1,3 +1,4 @@", "one", "-two", "+2", "three", "+four"])
+    expect(lines.nth(2)).to_have_class(re.compile(r"\bdel\b"))
+    expect(lines.nth(3)).to_have_class(re.compile(r"\badd\b"))
+    by_id(page, "change-toggle").nth(2).click()
+    expect(by_id(page, "change-diff").nth(2)).to_have_text("A binary file: no lines to show.")
+    by_id(page, "change-toggle").nth(4).click()
+    expect(by_id(page, "change-diff").nth(4)).to_have_text("Moved, no line changed.")
+
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    expect(by_id(page, "changes-button")).to_be_focused()  # focus goes back
+
+
+def test_a_turn_that_ends_refreshes_the_open_view(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path, demo_delay=0.03)  # "slow" streams 200 words: about 6 s
+    try:
+        root = repo(relay.settings.roots[0] / "work" / "project")
+        (root / "a.txt").write_text("one\n")
+        cid = relay.create(cwd=str(root), title="Working")["id"]
+        page = pages.open(relay, f"/c/{cid}")
+        expect(by_id(page, "title")).to_have_text("Working")
+        send_text(page, "slow please")
+        expect(by_id(page, "stop-button")).to_be_visible()  # the turn runs
+        by_id(page, "changes-button").click()
+        expect(by_id(page, "change-path")).to_have_text(["a.txt"])
+        by_id(page, "change-toggle").click()
+        expect(by_id(page, "change-diff").locator(".diff-line")).to_have_count(4)
+        (root / "later.txt").write_text("new\n")  # what the agent writes meanwhile
+        (root / "a.txt").write_text("ONE\n")
+        expect(by_id(page, "change-path")).to_have_text(["a.txt", "later.txt"], timeout=30_000)
+        expect(by_id(page, "stop-button")).to_be_hidden()
+        # The open diff stays open, read again.
+        expect(by_id(page, "change-diff").first.locator(".diff-line")).to_have_text(
+            ["@@ -1,3 +1 @@", "-one", "-two", "-three", "+ONE"]
+        )
+    finally:
+        relay.stop()
+
+
+def test_outside_a_repository_and_after_the_directory_went(pages: Pages, relay: LiveRelay) -> None:
+    plain = relay.settings.roots[0] / "work" / "plain"
+    plain.mkdir(parents=True)
+    cid = relay.create(cwd=str(plain), title="Plain")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Plain")
+    by_id(page, "changes-button").click()
+    expect(by_id(page, "changes-meta")).to_have_text(
+        "The working directory is not in a git repository."
+    )
+    expect(by_id(page, "change-item")).to_have_count(0)
+    shutil.rmtree(plain)
+    by_id(page, "changes-refresh").click()
+    expect(by_id(page, "changes-error")).to_have_text(
+        f"The working directory {plain} does not exist."
+    )
+
+
+def test_a_clean_work_tree(pages: Pages, relay: LiveRelay) -> None:
+    root = repo(relay.settings.roots[0] / "work" / "clean")
+    cid = relay.create(cwd=str(root), title="Clean")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Clean")
+    by_id(page, "changes-button").click()
+    expect(by_id(page, "changes-meta")).to_have_text(
+        "On branch main · No changes since the last commit."
+    )
