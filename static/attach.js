@@ -30,6 +30,7 @@ export class Attachments {
   constructor({ list, button, picker, onError, onChange }) {
     Object.assign(this, { list, button, picker, onError, onChange });
     this.byConversation = new Map(); // id → [{id, media_type, size}], oldest first (the relay's)
+    this.changes = new Map(); // id → how many times its list changed: a list read before is old
     this.uploads = new Map(); // id → uploads on their way to that conversation
     this.current = null; // the conversation shown
     this.enabled = false; // its agent takes images, and it is not archived
@@ -53,17 +54,26 @@ export class Attachments {
 
   /** Read what the relay keeps unsent for a conversation. */
   async load(id) {
+    const asked = this.changes.get(id) || 0;
     try {
       const { data } = await api(`/api/conversations/${id}/attachments`);
-      this.set(id, data.attachments || []);
+      // An event (an upload, a send) changed the list while this answer was on its way: it is
+      // the newer one.
+      if ((this.changes.get(id) || 0) === asked) this.set(id, data.attachments || []);
     } catch { /* shown again on the next visit */ }
   }
 
   /** The relay's list for a conversation (an `attachments` event: another tab, a send). */
   set(id, images) {
-    this.byConversation.set(id, images);
+    this.keep(id, images);
     if (id === this.current) this.draw();
     this.onChange();
+  }
+
+  /** Keep a conversation's list (each change counted: see load). */
+  keep(id, images) {
+    this.byConversation.set(id, images);
+    this.changes.set(id, (this.changes.get(id) || 0) + 1);
   }
 
   /** The images waiting in the shown conversation. */
@@ -95,7 +105,7 @@ export class Attachments {
       try {
         const { data } = await api(`/api/conversations/${id}/attachments`, { method: 'POST', body: file });
         const known = this.byConversation.get(id) || [];
-        if (!known.some((image) => image.id === data.id)) this.byConversation.set(id, [...known, data]);
+        if (!known.some((image) => image.id === data.id)) this.keep(id, [...known, data]);
       } catch (err) {
         this.onError(err.message, id);
       } finally {
@@ -115,7 +125,7 @@ export class Attachments {
   take() {
     const all = this.waiting;
     const taken = all.slice(0, MAX_PER_MESSAGE);
-    this.byConversation.set(this.current, all.slice(MAX_PER_MESSAGE));
+    this.keep(this.current, all.slice(MAX_PER_MESSAGE));
     this.draw();
     return taken;
   }
@@ -133,7 +143,7 @@ export class Attachments {
     } catch (err) {
       if (err.status !== 404) return this.onError(err.message, id); // 404: sent or removed already
     }
-    this.byConversation.set(id, (this.byConversation.get(id) || []).filter((i) => i.id !== image.id));
+    this.keep(id, (this.byConversation.get(id) || []).filter((i) => i.id !== image.id));
     if (id !== this.current) return;
     this.draw();
     this.onChange();

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import APIResponse, Locator, Page, Route, expect
 
 from tests.browser import Pages, by_id, user_bubble
 from tests.images import GIF, png
@@ -227,3 +227,28 @@ def test_five_images_go_with_a_message_and_the_rest_wait(pages: Pages, relay: Li
     expect(bubble.get_by_test_id("sent-image")).to_have_count(5)
     expect(by_id(page, "attached")).to_have_count(2)
     pages.assert_clean()
+
+
+def test_a_list_answered_late_does_not_undo_a_newer_one(pages: Pages, relay: LiveRelay) -> None:
+    """The composer's first read of the images waiting, answered after an upload's event had
+    already shown the newer list, put the older one back (found by a review)."""
+    cid = relay.create(title="Late list")["id"]
+    listed = re.compile(rf"/api/conversations/{cid}/attachments$")
+    held: list[tuple[Route, APIResponse]] = []
+    page = pages.open(relay)  # logged in; the conversation is opened below
+
+    def hold(route: Route) -> None:
+        held.append((route, route.fetch()))  # the relay's answer now (nothing waits), kept back
+
+    page.route(listed, hold)
+    page.goto(f"{relay.base}/c/{cid}")
+    expect(by_id(page, "title")).to_have_text("Late list")
+    while not held:
+        page.wait_for_timeout(20)
+    relay.attach(cid, png())  # its event shows it
+    expect(by_id(page, "attached")).to_have_count(1)
+    route, old = held[0]
+    with page.expect_response(listed):
+        route.fulfill(response=old)  # the list from before the upload: empty
+    page.evaluate("() => new Promise((done) => setTimeout(done, 100))")
+    expect(by_id(page, "attached")).to_have_count(1)
