@@ -16,12 +16,20 @@ export const imageFiles = (dt) => [...((dt && dt.files) || [])].filter((file) =>
 /** An attached image's URL (its bytes, served with a sandboxing CSP). */
 export const imageUrl = (id) => `/api/attachments/${encodeURIComponent(id)}`;
 
+/** An image that cannot be shown (gone, unreadable) says so in words, not with the browser's
+ * broken-image icon. */
+function unavailable(e) {
+  const img = e.target;
+  const box = img.closest('a') || img;
+  box.replaceWith(h('span', { class: 'image-gone', testid: 'image-gone', role: 'img', 'aria-label': img.alt, text: 'Image unavailable' }));
+}
+
 /** The thumbnails of a sent message's images, each a link to the whole image. */
 export function sentImages(images) {
   if (!Array.isArray(images) || !images.length) return null;
   return h('div', { class: 'sent-images', testid: 'sent-images' }, images.map((image, n) =>
     h('a', { href: imageUrl(image.id), target: '_blank', rel: 'noopener noreferrer' },
-      h('img', { src: imageUrl(image.id), alt: `Image ${n + 1}`, loading: 'lazy', testid: 'sent-image' }))));
+      h('img', { src: imageUrl(image.id), alt: `Image ${n + 1}`, loading: 'lazy', testid: 'sent-image', onerror: unavailable }))));
 }
 
 export class Attachments {
@@ -155,7 +163,7 @@ export class Attachments {
   draw() {
     const images = this.enabled ? this.waiting : [];
     this.list.replaceChildren(...images.map((image, n) => h('li', { class: 'attached', testid: 'attached' },
-      h('img', { src: imageUrl(image.id), alt: `Image ${n + 1} (${image.media_type.slice(6).toUpperCase()})` }),
+      h('img', { src: imageUrl(image.id), alt: `Image ${n + 1} (${image.media_type.slice(6).toUpperCase()})`, onerror: unavailable }),
       h('button', {
         type: 'button', class: 'attached-remove', testid: 'attached-remove', text: '✕',
         'aria-label': `Remove image ${n + 1}`, title: 'Remove this image',

@@ -252,3 +252,22 @@ def test_a_list_answered_late_does_not_undo_a_newer_one(pages: Pages, relay: Liv
         route.fulfill(response=old)  # the list from before the upload: empty
     page.evaluate("() => new Promise((done) => setTimeout(done, 100))")
     expect(by_id(page, "attached")).to_have_count(1)
+
+
+def test_an_image_that_cannot_be_read_says_so(pages: Pages, relay: LiveRelay) -> None:
+    """Not the browser's broken-image icon: words, in a sent message and above the box."""
+    page, cid = opened(pages, relay)
+    sent = relay.attach(cid, png())
+    response = relay.http.post(
+        f"/api/conversations/{cid}/messages", json={"text": "look", "attachments": [sent]}
+    )
+    assert response.status_code == 202, response.text
+    relay.attach(cid, GIF)  # waiting
+    page.route(re.compile(r"/api/attachments/\d+$"), lambda route: route.fulfill(status=404))
+    page.reload()
+    bubble = user_bubble(page, "look")
+    expect(bubble.get_by_test_id("image-gone")).to_have_text("Image unavailable")
+    expect(bubble.get_by_test_id("sent-image")).to_have_count(0)
+    expect(by_id(page, "attached").get_by_test_id("image-gone")).to_have_count(1)
+    expect(by_id(page, "attached-remove")).to_have_count(1)  # still removable
+    pages.assert_clean("404")
