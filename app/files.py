@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from app.git import GitMissing, GitTimeout, run_git
+from app.git import GitError, repository, run_git
 
 MAX_FILES = 50_000  # listed per working directory; a bigger tree is cut (``truncated``)
 CACHE_SECONDS = 10.0  # one listing serves a burst of keystrokes
@@ -75,8 +75,12 @@ def list_files(
 def _git_files(root: Path, ceiling: Iterable[Path], limit: int) -> tuple[list[str], bool] | None:
     command = ["ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     try:
+        # Not a repository that reads elsewhere (a `.git` file pointing out of the roots):
+        # its names would be another project's. Walked instead.
+        if repository(root, ceiling) is None:
+            return None
         found = run_git(command, root, ceiling=ceiling)
-    except (GitMissing, GitTimeout):
+    except GitError:
         return None
     if found.code != 0:  # not a git work tree
         return None

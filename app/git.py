@@ -27,19 +27,32 @@ GIT_OPTIONS = (
     "core.fsmonitor=false",
     "-c",
     "core.untrackedCache=false",
+    # No transport at all: a partial clone's missing object would be fetched through the
+    # repository's remote (its `uploadpack`, `core.sshCommand`, an `ext::` URL run commands).
+    "-c",
+    "protocol.allow=never",
     "--no-optional-locks",
     "--no-pager",
 )
+MAX_FILTERS = 64  # filter drivers switched off by name; a config naming more is refused
 GIT_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # not the relay's secrets
 FILTER_KEYS = ("clean", "smudge", "process")
 
 
-class GitMissing(Exception):
-    """git is not installed (or cannot be run)."""
+class GitError(Exception):
+    """git could not do what was asked (the message says why)."""
 
 
-class GitTimeout(Exception):
+class GitMissing(GitError):
+    """git is not installed (or may not be run)."""
+
+
+class GitTimeout(GitError):
     """git ran past its time."""
+
+
+class OutsideRoots(GitError):
+    """The repository lies (in part) outside the workspace roots."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +65,13 @@ class GitResult:
     cut: bool = False
 
     def reason(self) -> str:
-        """git's own first error line, for a message."""
+        """git's own error line (its first `fatal:` or `error:` one, else its first), for a
+        message."""
         lines = [line.strip() for line in self.err.splitlines() if line.strip()]
-        return lines[0].removeprefix("fatal: ") if lines else f"git exited with {self.code}"
+        errors = [line for line in lines if line.startswith(("fatal: ", "error: "))]
+        if not lines:
+            return f"git exited with {self.code}"
+        return (errors or lines)[0].removeprefix("fatal: ").removeprefix("error: ")
 
 
 def git_env(ceiling: Iterable[Path] = ()) -> dict[str, str]:
@@ -64,6 +81,7 @@ def git_env(ceiling: Iterable[Path] = ()) -> dict[str, str]:
     env["GIT_CEILING_DIRECTORIES"] = os.pathsep.join(str(top.parent) for top in ceiling)
     env["GIT_LITERAL_PATHSPECS"] = "1"  # a path is a path: no ":(glob)" or ":!" magic
     env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GIT_NO_LAZY_FETCH"] = "1"  # (git 2.44 and later; protocol.allow=never before)
     return env
 
 
@@ -90,8 +108,10 @@ def run_git(
             stderr=subprocess.PIPE,
             start_new_session=True,  # killed with whatever it started
         )
-    except OSError as error:
+    except (FileNotFoundError, PermissionError) as error:
         raise GitMissing(str(error)) from None
+    except OSError as error:  # a command line too long, out of processes...
+        raise GitError(f"git could not be run: {error}") from None
     expired = threading.Event()
 
     def kill() -> None:
@@ -133,11 +153,50 @@ def filter_overrides(cwd: Path, ceiling: Iterable[Path] = ()) -> list[str]:
         head, _, field = key.rpartition(".")
         if head.startswith("filter.") and field in (*FILTER_KEYS, "required"):
             names.add(head.removeprefix("filter."))
+    if len(names) > MAX_FILTERS:
+        raise GitError(
+            f"The repository's config names {len(names)} filter drivers; at most {MAX_FILTERS} "
+            "can be switched off."
+        )
     options: list[str] = []
     for name in sorted(names):
         if "=" in name or "\n" in name:  # cannot be named on a command line: refused
-            raise ValueError(f"git cannot be told to skip the filter {name!r}")
+            raise GitError(f"git cannot be told to skip the filter {name!r}.")
         for field in FILTER_KEYS:
             options += ["-c", f"filter.{name}.{field}="]
         options += ["-c", f"filter.{name}.required=false"]
     return options
+
+
+def _inside(path: Path, roots: Iterable[Path]) -> bool:
+    return any(path.is_relative_to(root.resolve()) for root in roots)
+
+
+def repository(cwd: Path, roots: Iterable[Path]) -> Path | None:
+    """The top of the work tree holding cwd (None: not in one, or git is not there).
+
+    OutsideRoots when the work tree, its git directory (a `.git` file may point anywhere), the
+    common one of a linked work tree, or an object store it borrows from (alternates) is not
+    inside the workspace roots: git would read that repository's files and history.
+    """
+    roots = tuple(roots)
+    command = ["rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir"]
+    found = run_git(command, cwd, ceiling=roots)
+    lines = found.out.decode("utf-8", "surrogateescape").split("\n")
+    if found.code != 0 and "not a git repository" in found.err:
+        return None
+    if found.code != 0 or len(lines) < 3:  # dubious ownership, a broken .git...
+        raise GitError(f"git could not read the repository: {found.reason()}")
+    top, git_dir = Path(lines[0]).resolve(), Path(lines[1]).resolve()
+    common = (cwd / lines[2]).resolve()  # (printed relative to cwd, or absolute)
+    places = [top, git_dir, common]
+    try:
+        borrowed = (common / "objects" / "info" / "alternates").read_text("utf-8", "replace")
+    except OSError:
+        borrowed = ""
+    store = common / "objects"
+    lent = [line for line in borrowed.splitlines() if line.strip() and not line.startswith("#")]
+    places += [(store / line).resolve() for line in lent]
+    if roots and not all(_inside(place, roots) for place in places):  # (no roots: no check)
+        raise OutsideRoots(f"The repository at {top} uses files outside the workspace roots.")
+    return top

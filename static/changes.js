@@ -1,7 +1,7 @@
 // changes.js — the header's Changes view: the files git sees changed in the conversation's
 // repository since the last commit, each opening onto its diff (app/changes.py).
 import { h, api, byId, fmtExact } from './util.js';
-import { diffBlock } from './timeline.js';
+import { diffBlock, visible } from './timeline.js';
 
 const STATUS = {
   modified: ['M', 'Modified'],
@@ -20,7 +20,7 @@ const plural = (n, one, many) => `${fmtExact(n)} ${n === 1 ? one : many}`;
 export function changesSummary(view) {
   if (!view.repo) return 'The working directory is not in a git repository.';
   const where = view.branch
-    ? `On branch ${view.branch}${view.head ? '' : ', no commits yet'}`
+    ? `On branch ${visible(view.branch).shown}${view.head ? '' : ', no commits yet'}`
     : `HEAD detached at ${view.head}`;
   const files = view.files || [];
   if (!files.length) return `${where} · No changes since the last commit.`;
@@ -32,6 +32,7 @@ export function changesSummary(view) {
 }
 
 function counts(file) {
+  if (file.directory) return 'folder';
   if (file.binary) return 'binary';
   const parts = [];
   if (file.added != null) parts.push(`+${fmtExact(file.added)}`);
@@ -46,6 +47,7 @@ export class Changes {
     this.dialog = byId('changes-dialog');
     this.convId = null; // the conversation the dialog shows
     this.asked = 0; // the last list asked for: an older answer arriving late is dropped
+    this.shownFor = null; // the conversation whose list the view shows
     this.openPaths = new Set(); // the files whose diff is shown, kept across a refresh
     dialogs.register(this.dialog, () => { this.convId = null; });
     byId('changes-close').addEventListener('click', () => dialogs.close(this.dialog));
@@ -55,7 +57,10 @@ export class Changes {
   get isOpen() { return this.dialog.open; }
 
   open(convId) {
-    if (this.convId !== convId) this.openPaths.clear();
+    if (this.shownFor !== convId) { // another conversation's list is never shown meanwhile
+      this.openPaths.clear();
+      this.clear('Loading…');
+    }
     this.convId = convId;
     this.dialogs.open(this.dialog, byId('changes-refresh'));
     this.load();
@@ -68,27 +73,37 @@ export class Changes {
     if (this.isOpen && this.convId === convId) this.load();
   }
 
+  /** Empty the view: its summary line says meta. */
+  clear(meta) {
+    this.shownFor = null;
+    byId('changes-meta').textContent = meta;
+    byId('changes-root').textContent = '';
+    byId('changes-list').replaceChildren();
+  }
+
   async load() {
     const convId = this.convId;
     if (convId == null) return;
     const asked = ++this.asked;
     const error = byId('changes-error');
-    byId('changes-dialog').setAttribute('aria-busy', 'true');
+    this.dialog.setAttribute('aria-busy', 'true'); // (the list dims meanwhile)
     let view;
     try {
       ({ data: view } = await api(`/api/conversations/${convId}/changes`));
     } catch (err) {
       if (asked !== this.asked) return;
-      byId('changes-dialog').removeAttribute('aria-busy');
+      this.dialog.removeAttribute('aria-busy');
+      this.clear(''); // an error under an older list would read as that list's
       error.textContent = err.message;
       error.hidden = false;
       return;
     }
     if (asked !== this.asked || convId !== this.convId) return;
-    byId('changes-dialog').removeAttribute('aria-busy');
+    this.dialog.removeAttribute('aria-busy');
     error.hidden = true;
+    this.shownFor = convId;
     byId('changes-meta').textContent = changesSummary(view);
-    byId('changes-root').textContent = view.root || '';
+    byId('changes-root').textContent = visible(view.root || '').shown;
     const paths = new Set((view.files || []).map((f) => f.path));
     for (const path of [...this.openPaths]) if (!paths.has(path)) this.openPaths.delete(path);
     byId('changes-list').replaceChildren(...(view.files || []).map((f) => this.item(convId, f)));
@@ -96,7 +111,7 @@ export class Changes {
 
   item(convId, file) {
     const [letter, label] = STATUS[file.status] || ['M', file.status];
-    const name = file.old_path ? `${file.old_path} → ${file.path}` : file.path;
+    const name = visible(file.old_path ? `${file.old_path} → ${file.path}` : file.path).shown;
     const body = h('div', { class: 'change-diff', testid: 'change-diff', hidden: true });
     const toggle = h('button', {
       type: 'button', class: 'change-toggle', testid: 'change-toggle', 'aria-expanded': 'false', title: label,
@@ -109,21 +124,27 @@ export class Changes {
       body.hidden = !open;
       if (open) {
         this.openPaths.add(file.path);
-        this.loadDiff(convId, file.path, body);
+        this.loadDiff(convId, file, body);
       } else {
         this.openPaths.delete(file.path);
       }
     };
     toggle.addEventListener('click', () => show(body.hidden));
-    if (this.openPaths.has(file.path)) show(true);
+    if (this.openPaths.has(file.path)) show(true); // (kept open across a refresh)
     return h('li', { class: 'change-item', testid: 'change-item' }, toggle, body);
   }
 
-  async loadDiff(convId, path, body) {
-    body.replaceChildren(h('p', { class: 'muted', text: 'Loading…' }));
+  async loadDiff(convId, file, body) {
+    if (file.directory) {
+      body.replaceChildren(h('p', { class: 'muted', text: 'A folder git does not look into (a repository of its own): its changes are not shown here.' }));
+      return;
+    }
+    if (!body.firstChild) body.append(h('p', { class: 'muted', text: 'Loading…' })); // (a refresh keeps the old diff meanwhile)
+    const query = new URLSearchParams({ path: file.path });
+    if (file.old_path) query.set('old_path', file.old_path);
     let diff;
     try {
-      ({ data: diff } = await api(`/api/conversations/${convId}/changes/diff?path=${encodeURIComponent(path)}`));
+      ({ data: diff } = await api(`/api/conversations/${convId}/changes/diff?${query}`));
     } catch (err) {
       body.replaceChildren(h('p', { class: 'dialog-error', text: err.message }));
       return;

@@ -152,7 +152,7 @@ function toolEntry(entry, old) {
 const INVISIBLE = /\p{Cf}/gu;
 
 /** text with every invisible character shown as ⟨U+XXXX⟩ (and whether it held any). */
-function visible(text) {
+export function visible(text) {
   let found = false;
   const shown = String(text).replace(INVISIBLE, (c) => {
     found = true;

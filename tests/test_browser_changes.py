@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Route, expect
 
 from tests.browser import Pages, by_id, own_relay, send_text
 from tests.relay import LiveRelay
-from tests.test_changes import change, repo
+from tests.test_changes import change, git, repo
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -119,3 +119,36 @@ def test_a_clean_work_tree(pages: Pages, relay: LiveRelay) -> None:
     expect(by_id(page, "changes-meta")).to_have_text(
         "On branch main · No changes since the last commit."
     )
+
+
+def test_another_conversation_s_list_is_never_shown(pages: Pages, relay: LiveRelay) -> None:
+    """Found by a review: opened for a second conversation, the view showed the first one's
+    files until the new list came (and an error under them when it failed)."""
+    first = repo(relay.settings.roots[0] / "work" / "first")
+    (first / "a.txt").write_text("changed\n")
+    second = repo(relay.settings.roots[0] / "work" / "second")
+    (second / "sub").mkdir()
+    git(second / "sub", "init", "-q")  # a repository of its own inside: a folder
+    (second / "\u202egpj.exe").write_text("x\n")  # bidi controls are shown, not obeyed
+    one = relay.create(cwd=str(first), title="First")["id"]
+    two = relay.create(cwd=str(second), title="Second")["id"]
+    page = pages.open(relay, f"/c/{one}")
+    expect(by_id(page, "title")).to_have_text("First")
+    by_id(page, "changes-button").click()
+    expect(by_id(page, "change-path")).to_have_text(["a.txt"])
+    page.keyboard.press("Escape")
+    held: list[Route] = []
+    page.route(re.compile(rf"/api/conversations/{two}/changes$"), lambda r: held.append(r))
+    page.get_by_test_id("conversation-item").filter(has_text="Second").click()
+    expect(by_id(page, "title")).to_have_text("Second")
+    by_id(page, "changes-button").click()
+    expect(by_id(page, "changes-meta")).to_have_text("Loading…")
+    expect(by_id(page, "change-item")).to_have_count(0)
+    expect(by_id(page, "changes-root")).to_have_text("")
+    while not held:
+        page.wait_for_timeout(20)
+    held[0].continue_()
+    expect(by_id(page, "change-path")).to_have_text(["sub/", "⟨U+202E⟩gpj.exe"])
+    expect(by_id(page, "change-counts")).to_have_text(["folder", "+1"])
+    by_id(page, "change-toggle").first.click()
+    expect(by_id(page, "change-diff").first).to_contain_text("a repository of its own")

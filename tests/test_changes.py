@@ -3,6 +3,7 @@ repository whose own config tries to run commands."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app import changes
+from app import changes, files
 from app.changes import (
     ChangesError,
     changes_view,
@@ -21,6 +22,7 @@ from app.changes import (
     parse_name_status,
     parse_numstat,
 )
+from app.git import GitResult
 from tests.relay import LiveRelay
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -104,6 +106,7 @@ def test_every_kind_of_change_is_listed_with_its_lines(tmp_path: Path) -> None:
         "added": 2,
         "removed": 1,
         "binary": False,
+        "directory": False,
     }
     assert (found["gone.txt"]["status"], found["gone.txt"]["removed"]) == ("deleted", 1)
     assert found["logo.bin"]["binary"] is True and found["logo.bin"]["added"] is None
@@ -127,7 +130,9 @@ def test_a_file_s_diff_from_the_last_commit(tmp_path: Path) -> None:
         "+- b",
         "\\ No newline at end of file",
     ]
-    assert file_diff(found, "renamed.txt")["diff"] == []  # moved whole: no line changed
+    assert file_diff(found, "renamed.txt", "old.txt")["diff"] == []  # moved whole: no change
+    alone = file_diff(found, "renamed.txt")  # without its old path: a file added
+    assert (alone["status"], alone["diff"][0]) == ("added", "@@ -0,0 +1,20 @@")
     assert file_diff(found, "logo.bin")["binary"] is True
     assert file_diff(found, "gone.txt")["diff"] == ["@@ -1 +0,0 @@", "-bye"]
     with pytest.raises(changes.NoSuchChange):
@@ -296,3 +301,110 @@ def test_without_git_the_api_says_so(relay: LiveRelay, monkeypatch: pytest.Monke
     assert answer.json() == {
         "detail": "git is not installed on the relay's machine: the changes cannot be shown."
     }
+
+
+def test_a_missing_object_is_not_fetched_through_the_repository_s_remote(tmp_path: Path) -> None:
+    """Found by a review: a partial clone's missing object made git fetch it through the
+    remote the config names, whose `uploadpack` is a command: two files an agent can write
+    (.git/config, and a ref naming a commit that is not there) ran it."""
+    root = repo(tmp_path / "project")
+    ran = tmp_path / "ran"
+    with (root / ".git" / "config").open("a") as config:
+        config.write(
+            "[core]\n\trepositoryformatversion = 1\n[extensions]\n\tpartialClone = origin\n"
+            f'[remote "origin"]\n\turl = {root}\n\tpromisor = true\n'
+            f'\tuploadpack = "echo ran >> {ran}; false"\n'
+        )
+    (root / ".git" / "refs" / "heads" / "main").write_text("1" * 40 + "\n")
+    plain = ["git", "rev-parse", "-q", "--verify", "HEAD^{commit}"]
+    subprocess.run(plain, cwd=root, capture_output=True, check=False)
+    assert ran.exists()  # (the premise: plain git runs it)
+    ran.unlink()
+    with contextlib.suppress(ChangesError):  # (what git says of the missing commit)
+        changes_view(root, [tmp_path])
+    assert not ran.exists()
+
+
+def test_an_untracked_repository_inside_is_listed_as_a_folder(tmp_path: Path) -> None:
+    """Found by a review: git lists it as "sub/"; reading it as a file failed the whole view
+    (a 500) and left a file descriptor open each time."""
+    root = repo(tmp_path / "project")
+    (root / "sub").mkdir()
+    git(root / "sub", "init", "-q")
+    (root / "sub" / "f.txt").write_text("x\n")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        view = changes_view(root, [tmp_path])
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert view["files"] == [
+        {
+            "path": "sub/",
+            "status": "untracked",
+            "old_path": None,
+            "added": None,
+            "removed": None,
+            "binary": False,
+            "directory": True,
+        }
+    ]
+    found = open_repo(root, [tmp_path])
+    assert found is not None
+    assert file_diff(found, "sub/")["diff"] == []
+
+
+def test_a_git_directory_outside_the_roots_is_refused(tmp_path: Path) -> None:
+    """Found by a review: a `.git` file pointing at a repository outside the roots showed its
+    committed files (as deleted lines), and the @ list its names."""
+    secret = repo(tmp_path / "outside" / "secret")
+    inside = tmp_path / "roots" / "project"
+    inside.mkdir(parents=True)
+    (inside / ".git").write_text(f"gitdir: {secret / '.git'}\n")
+    roots = [tmp_path / "roots"]
+    with pytest.raises(ChangesError, match="outside the workspace roots"):
+        changes_view(inside, roots)
+    assert files.list_files(inside, roots) == ([".git"], False)  # walked: no names from there
+    borrowing = repo(tmp_path / "roots" / "borrowing")
+    alternates = borrowing / ".git" / "objects" / "info" / "alternates"
+    alternates.write_text(f"{secret / '.git' / 'objects'}\n")
+    with pytest.raises(ChangesError, match="outside the workspace roots"):
+        changes_view(borrowing, roots)
+
+
+def test_lists_cut_short_are_read_up_to_their_last_whole_record() -> None:
+    """Found by a review: a list cut at its size limit in the middle of a record failed the
+    whole view (a 500)."""
+    assert parse_name_status(b"M\0a\0R100\0old") == [("M", "a", None)]
+    assert parse_name_status(b"M\0a\0R100\0old\0new") == [("M", "a", None)]
+    assert parse_name_status(b"M\0a\0M\0b") == [("M", "a", None)]
+    assert parse_numstat(b"1\t2\ta\0" + b"3\t0") == {"a": (1, 2)}
+    assert parse_numstat(b"1\t2\ta\0" + b"3\t0\t\0old\0new") == {"a": (1, 2)}
+    assert parse_numstat(b"1\t2\ta\0x\ty\tb\0") == {"a": (1, 2)}
+
+
+def test_a_line_ends_only_at_a_newline() -> None:
+    """Found by a review: an added line holding U+2028 was shown as two, its second half a
+    fake removed line."""
+    out = "@@ -1 +1 @@\n-a\n+# ok\u2028-    check(user)\f\r\n".encode()
+    assert diff_lines(out) == (["@@ -1 +1 @@", "-a", "+# ok\u2028-    check(user)\f"], False)
+
+
+def test_odd_names_big_files_and_too_many_filters(tmp_path: Path) -> None:
+    root = repo(tmp_path / "project")
+    (root / "-").write_text("x\n")  # not git's standard input
+    (root / "big.txt").write_text("line\n" * 1_800_000)  # 9 MB: compared as binary
+    git(root, "add", "big.txt")
+    found = open_repo(root, [tmp_path])
+    assert found is not None
+    assert file_diff(found, "-")["diff"] == ["@@ -0,0 +1 @@", "+x"]
+    big = file_diff(found, "big.txt")
+    assert (big["binary"], big["diff"]) == (True, [])
+    for n in range(65):
+        git(root, "config", f"filter.f{n}.clean", "cat")
+    with pytest.raises(ChangesError, match="names 65 filter drivers; at most 64"):
+        open_repo(root, [tmp_path])
+
+
+def test_git_s_error_line_is_the_one_said() -> None:
+    said = GitResult(128, b"", "warning: lazy fetching disabled\nfatal: bad object HEAD\n")
+    assert said.reason() == "bad object HEAD"
+    assert GitResult(1, b"", "").reason() == "git exited with 1"
