@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -98,41 +99,43 @@ def run_git(
     Raises GitMissing without git, GitTimeout past timeout (the command and whatever it
     started are killed).
     """
-    try:
-        process = subprocess.Popen(
-            ["git", *GIT_OPTIONS, *args],
-            cwd=cwd,
-            env=git_env(ceiling),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # killed with whatever it started
-        )
-    except (FileNotFoundError, PermissionError) as error:
-        raise GitMissing(str(error)) from None
-    except OSError as error:  # a command line too long, out of processes...
-        raise GitError(f"git could not be run: {error}") from None
-    expired = threading.Event()
+    # Its errors go to a file: a pipe git filled while its output was being read would stop it.
+    with tempfile.TemporaryFile() as errors:
+        try:
+            process = subprocess.Popen(
+                ["git", *GIT_OPTIONS, *args],
+                cwd=cwd,
+                env=git_env(ceiling),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                start_new_session=True,  # killed with whatever it started
+            )
+        except (FileNotFoundError, PermissionError) as error:
+            raise GitMissing(str(error)) from None
+        except OSError as error:  # a command line too long, out of processes...
+            raise GitError(f"git could not be run: {error}") from None
+        expired = threading.Event()
 
-    def kill() -> None:
-        expired.set()
-        _kill(process)
-
-    timer = threading.Timer(timeout, kill)
-    timer.start()
-    try:
-        assert process.stdout is not None and process.stderr is not None
-        out = process.stdout.read() if max_bytes is None else process.stdout.read(max_bytes + 1)
-        cut = max_bytes is not None and len(out) > max_bytes
-        if cut:
+        def kill() -> None:
+            expired.set()
             _kill(process)
-            out = out[: max_bytes or 0]
-        err = process.stderr.read(8192).decode("utf-8", "replace")
-        code = process.wait()
-    finally:
-        timer.cancel()
-        process.stdout.close()
-        process.stderr.close()
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        assert process.stdout is not None
+        try:
+            out = process.stdout.read() if max_bytes is None else process.stdout.read(max_bytes + 1)
+            cut = max_bytes is not None and len(out) > max_bytes
+            if cut:
+                _kill(process)
+                out = out[: max_bytes or 0]
+            code = process.wait()
+        finally:
+            timer.cancel()
+            process.stdout.close()
+        errors.seek(0)
+        err = errors.read(8192).decode("utf-8", "replace")
     if expired.is_set():
         raise GitTimeout(f"git {args[0]} ran past {timeout:g} s")
     return GitResult(code, out, err, cut)

@@ -24,7 +24,7 @@ NOT_A_REPO = "The working directory is not in a git repository."
 
 
 async def _in_git(supervisor: SupervisorDep, conversation_id: int, read: Callable[..., T]) -> T:
-    """read(cwd, roots) in the file listings' threads; its failures as 409s with a message."""
+    """read(cwd, roots) in the view's threads; its failures as 409s with a message."""
     conversation = await fetch_conversation(supervisor, conversation_id)
     roots = supervisor.settings.roots
 
