@@ -88,6 +88,7 @@ def test_pasted_and_dropped_images_wait_until_sent_or_removed(
 ) -> None:
     page, cid = opened(pages, relay)
     assert give(page, "paste", png(), "screenshot.png", "image/png")  # not pasted as text
+    expect(by_id(page, "attached")).to_have_count(1)  # uploaded first (two uploads may cross)
     assert give(page, "drop", GIF, "dot.gif", "image/gif")
     expect(by_id(page, "attached")).to_have_count(2)
     loaded(by_id(page, "attached").locator("img"))

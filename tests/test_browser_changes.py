@@ -152,3 +152,22 @@ def test_another_conversation_s_list_is_never_shown(pages: Pages, relay: LiveRel
     expect(by_id(page, "change-counts")).to_have_text(["folder", "+1"])
     by_id(page, "change-toggle").first.click()
     expect(by_id(page, "change-diff").first).to_contain_text("a repository of its own")
+
+
+def test_on_a_phone_the_button_is_small_and_gives_way_to_stop(pages: Pages, tmp_path: Path) -> None:
+    relay = own_relay(tmp_path, demo_delay=0.02)  # "slow" streams 200 words: about 4 s
+    try:
+        cid = relay.create(title="On a phone")["id"]
+        phone = {"viewport": {"width": 360, "height": 640}, "is_mobile": True, "has_touch": True}
+        page = pages.open(relay, f"/c/{cid}", **phone)
+        button = by_id(page, "changes-button")
+        expect(button).to_be_visible()
+        assert button.bounding_box()["width"] < 48  # the ± alone (the word for screen readers)
+        expect(button).to_have_accessible_name("Changes")
+        send_text(page, "slow please")
+        expect(by_id(page, "stop-button")).to_be_visible()
+        expect(button).to_be_hidden()  # the title keeps its room
+        expect(by_id(page, "stop-button")).to_be_hidden(timeout=30_000)
+        expect(button).to_be_visible()
+    finally:
+        relay.stop()
