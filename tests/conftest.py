@@ -13,12 +13,11 @@ from sqlalchemy.engine import Engine
 
 from app.agents.copilot import INSTALL_HINT, copilot_cli_path
 from app.db import make_engine
-from app.migrate import upgrade
 from tests import postgres
 from tests.browser import Pages
 from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
-from tests.relay import LiveRelay, make_settings
+from tests.relay import LiveRelay, make_settings, migrated
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -50,7 +49,7 @@ def url(tmp_path: Path) -> str:
 @pytest.fixture
 def engine(url: str) -> Iterator[Engine]:
     """An engine on a fresh, migrated database of the kind under test (a file may override it)."""
-    upgrade(url)
+    migrated(url)
     engine = make_engine(url)
     try:
         yield engine
