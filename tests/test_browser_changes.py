@@ -7,13 +7,22 @@ import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Route, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.browser import Pages, by_id, own_relay, send_text
 from tests.relay import LiveRelay
 from tests.test_changes import change, git, repo
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def opened(pages: Pages, relay: LiveRelay, cwd: Path, title: str) -> Page:
+    """A conversation in cwd, its Changes view opened."""
+    cid = relay.create(cwd=str(cwd), title=title)["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    expect(by_id(page, "title")).to_have_text(title)
+    by_id(page, "changes-button").click()
+    return page
 
 
 def test_the_changes_since_the_last_commit_and_a_file_s_diff(
@@ -23,10 +32,7 @@ def test_the_changes_since_the_last_commit_and_a_file_s_diff(
     change(root)
     odd = '<img src=x onerror="document.title=1">.txt'  # a name is text, never markup
     (root / odd).write_text("a\n")
-    cid = relay.create(cwd=str(root), title="Changed")["id"]
-    page = pages.open(relay, f"/c/{cid}")
-    expect(by_id(page, "title")).to_have_text("Changed")
-    by_id(page, "changes-button").click()
+    page = opened(pages, relay, root, "Changed")
     dialog = by_id(page, "changes-dialog")
     expect(dialog).to_be_visible()
     expect(by_id(page, "changes-meta")).to_have_text("On branch main · 8 files changed · +7 −2")
@@ -97,10 +103,7 @@ def test_a_turn_that_ends_refreshes_the_open_view(pages: Pages, tmp_path: Path) 
 def test_outside_a_repository_and_after_the_directory_went(pages: Pages, relay: LiveRelay) -> None:
     plain = relay.settings.roots[0] / "work" / "plain"
     plain.mkdir(parents=True)
-    cid = relay.create(cwd=str(plain), title="Plain")["id"]
-    page = pages.open(relay, f"/c/{cid}")
-    expect(by_id(page, "title")).to_have_text("Plain")
-    by_id(page, "changes-button").click()
+    page = opened(pages, relay, plain, "Plain")
     expect(by_id(page, "changes-meta")).to_have_text(
         "The working directory is not in a git repository."
     )
@@ -114,10 +117,7 @@ def test_outside_a_repository_and_after_the_directory_went(pages: Pages, relay: 
 
 def test_a_clean_work_tree(pages: Pages, relay: LiveRelay) -> None:
     root = repo(relay.settings.roots[0] / "work" / "clean")
-    cid = relay.create(cwd=str(root), title="Clean")["id"]
-    page = pages.open(relay, f"/c/{cid}")
-    expect(by_id(page, "title")).to_have_text("Clean")
-    by_id(page, "changes-button").click()
+    page = opened(pages, relay, root, "Clean")
     expect(by_id(page, "changes-meta")).to_have_text(
         "On branch main · No changes since the last commit."
     )
