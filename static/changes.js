@@ -76,6 +76,7 @@ export class Changes {
   /** Empty the view: its summary line says meta. */
   clear(meta) {
     this.shownFor = null;
+    byId('changes-error').hidden = true;
     byId('changes-meta').textContent = meta;
     byId('changes-root').textContent = '';
     byId('changes-list').replaceChildren();

@@ -138,6 +138,10 @@ def test_another_conversation_s_list_is_never_shown(pages: Pages, relay: LiveRel
     expect(by_id(page, "title")).to_have_text("First")
     by_id(page, "changes-button").click()
     expect(by_id(page, "change-path")).to_have_text(["a.txt"])
+    shutil.rmtree(first)
+    by_id(page, "changes-refresh").click()
+    gone = f"The working directory {first} does not exist."
+    expect(by_id(page, "changes-error")).to_have_text(gone)
     page.keyboard.press("Escape")
     held: list[Route] = []
     page.route(re.compile(rf"/api/conversations/{two}/changes$"), lambda r: held.append(r))
@@ -145,6 +149,7 @@ def test_another_conversation_s_list_is_never_shown(pages: Pages, relay: LiveRel
     expect(by_id(page, "title")).to_have_text("Second")
     by_id(page, "changes-button").click()
     expect(by_id(page, "changes-meta")).to_have_text("Loading…")
+    expect(by_id(page, "changes-error")).to_be_hidden()  # the first one's
     expect(by_id(page, "change-item")).to_have_count(0)
     expect(by_id(page, "changes-root")).to_have_text("")
     while not held:
