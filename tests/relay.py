@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import gc
 import json
+import shutil
 import socket
 import sqlite3
 import tempfile
@@ -71,6 +73,7 @@ def migrated(url: str) -> None:
     with _template_lock:
         if _template is None:
             made = Path(tempfile.mkdtemp(prefix="oarlock-template-")) / "template.db"
+            atexit.register(shutil.rmtree, made.parent, True)
             upgrade(SQLITE + str(made))
             _template = made
     with (
