@@ -22,7 +22,7 @@ from app.changes import (
     parse_name_status,
     parse_numstat,
 )
-from app.git import GitResult
+from app.git import GitResult, GitTimeout
 from tests.relay import LiveRelay
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -408,3 +408,14 @@ def test_git_s_error_line_is_the_one_said() -> None:
     said = GitResult(128, b"", "warning: lazy fetching disabled\nfatal: bad object HEAD\n")
     assert said.reason() == "bad object HEAD"
     assert GitResult(1, b"", "").reason() == "git exited with 1"
+
+
+def test_one_answer_s_git_commands_share_a_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/api.md: all of one answer's git commands together run for at most
+    REQUEST_SECONDS; past it the next one is not started (a 409 through the API)."""
+    root = repo(tmp_path / "project")
+    monkeypatch.setattr(changes, "REQUEST_SECONDS", 0.0)
+    with pytest.raises(GitTimeout, match="ran past 0 s"):
+        changes_view(root, [tmp_path])
