@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -245,14 +246,15 @@ def test_the_new_conversation_dialog_fits_a_phone(pages: Pages, relay: LiveRelay
     pages.assert_clean()
 
 
-def two_pieces(first: str, second: str) -> Any:
-    """A script: first, rendered alone (a pause), then second, then the whole message."""
+def two_pieces(first: str, second: str, shown: threading.Event) -> Any:
+    """A script: first, then (once the page shows it rendered) second, then the whole message."""
 
     async def script(_agent: ScriptAgent, prompt: str) -> AsyncIterator[AgentEvent]:
         yield TextDelta(f"m-{prompt}", first)
-        # Rendered at once (a paragraph's last space dropped); the second piece comes within
-        # the pause before the next rendering (0.1 s at least): shown as plain text meanwhile.
-        await asyncio.sleep(0.05)
+        # Rendered at once (a paragraph's last space dropped); the second piece then shows as
+        # plain text until the next rendering. It was a fixed 0.05 s pause: on a loaded machine
+        # both pieces reached the page before the first rendering.
+        await asyncio.to_thread(shown.wait, 60)
         yield TextDelta(f"m-{prompt}", second)
         await asyncio.sleep(0.5)
         yield MessageDone(f"m-{prompt}", first + second)
@@ -275,7 +277,8 @@ def two_pieces(first: str, second: str) -> Any:
 def test_streamed_text_after_a_rendered_part_keeps_its_spacing(
     pages: Pages, relay: LiveRelay, first: str, second: str, whole: str, good: str, bad: str
 ) -> None:
-    use_script(relay, two_pieces(first, second))
+    shown = threading.Event()
+    use_script(relay, two_pieces(first, second, shown))
     cid = relay.create(title="Spaces")["id"]
     page = pages.open(relay, f"/c/{cid}")
     # Every state the streaming message's text passes through, as the page showed it.
@@ -287,6 +290,9 @@ def test_streamed_text_after_a_rendered_part_keeps_its_spacing(
       }).observe(document.body, { subtree: true, childList: true, characterData: true });
     }""")
     send_text(page, "go")
+    streaming = page.locator('[data-testid="entry-agent"][data-state="streaming"] .bubble')
+    expect(streaming.locator("p, pre")).to_have_count(1)  # the first piece, rendered
+    shown.set()
     expect(by_id(page, "entry-agent")).to_contain_text(whole)
     seen = page.evaluate("window.seen")
     assert any(good in text for text in seen), seen  # shown so while streaming
