@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from app.config import Settings
 from app.providers import (
@@ -13,6 +18,7 @@ from app.providers import (
     mode_refused,
     provider_infos,
 )
+from tests.crash import ROOT, RelayProcess, of_kind
 
 
 def test_compaction_style_of_claude_is_line() -> None:
@@ -63,3 +69,70 @@ def test_bypass_permissions_is_refused_for_claude_code_as_root_unless_sandboxed(
         assert mode_refused(provider, "acceptEdits", plain, euid=0, environ={}) is None
     for provider in ("demo", "copilot", "openai"):
         assert mode_refused(provider, "bypassPermissions", plain, euid=0, environ={}) is None
+
+
+LOAD = """
+import gc, sys
+from app.providers import PROVIDER_IMPORTS, load_provider, provider_loaded
+provider = sys.argv[1]
+assert not provider_loaded(provider)
+load_provider(provider)
+assert provider_loaded(provider)
+assert all(name in sys.modules for name in PROVIDER_IMPORTS[provider])
+sdk = sys.modules[sys.argv[2]]
+# Frozen: out of every generation the collector walks (gc.get_objects lists those).
+assert gc.get_freeze_count() > 0
+assert not any(o is sdk.__dict__ for o in gc.get_objects())
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    ("provider", "sdk"), [("claude", "claude_agent_sdk"), ("copilot", "copilot")]
+)
+def test_a_provider_is_loaded_once_and_what_it_built_frozen(provider: str, sdk: str) -> None:
+    # In a fresh interpreter: this one imported every SDK long ago.
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, provider, sdk],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
+
+
+WATCH_IMPORTS = """
+import asyncio, os, sys
+
+def watch(event, args):
+    if event == "import" and args[0] == "claude_agent_sdk":
+        with open(os.environ["IMPORTS_SEEN"], "a") as seen:
+            on_loop = asyncio._get_running_loop() is not None
+            seen.write("on the event loop\\n" if on_loop else "off the event loop\\n")
+
+sys.addaudithook(watch)
+"""
+
+
+def test_the_first_claude_agent_imports_its_sdk_off_the_event_loop(tmp_path: Path) -> None:
+    # Imported on the loop, the SDK (0.5 s) stalled every tab of every conversation.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(WATCH_IMPORTS)
+    seen = tmp_path / "imports.txt"
+    relay = RelayProcess(tmp_path / "data", env={"IMPORTS_SEEN": str(seen)})
+    try:
+        relay.start(
+            PYTHONPATH=f"{hooks}{os.pathsep}{ROOT}",
+            ANTHROPIC_BASE_URL="http://127.0.0.1:9",  # the provider can run; nothing is sent
+            OARLOCK_CLAUDE_CLI="/bin/false",  # the agent fails to start, after the import
+        )
+        cid = relay.create(provider="claude", title="First agent")
+        relay.send(cid, "hello")
+        view = relay.wait_for(cid, lambda v: of_kind(v, "line") and v["turn"]["state"] == "idle")
+        assert of_kind(view, "line")[0]["data"]["level"] == "error"
+        assert seen.read_text() == "off the event loop\n"
+    finally:
+        relay.close()

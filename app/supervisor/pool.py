@@ -24,7 +24,7 @@ from app.agents.base import (
 )
 from app.limits import give_back_memory
 from app.models import Conversation
-from app.providers import agent_env
+from app.providers import agent_env, load_provider, provider_loaded
 from app.questions import EXPIRED_AGENT, EXPIRED_SHUTDOWN
 from app.supervisor.base import SupervisorState
 from app.supervisor.runner import Runner, TurnState, failure_reason
@@ -80,6 +80,8 @@ class Pool(SupervisorState):
         # Checked again at each start (WorkspaceError: the turn's error line says why): the
         # roots may have changed, the directory gone, a symlink on its way pointed elsewhere.
         await asyncio.to_thread(usable_cwd, conversation.cwd, self.settings.roots)
+        if not provider_loaded(conversation.provider):  # its first agent: its SDK's import
+            await asyncio.to_thread(load_provider, conversation.provider)
         spec = self._agent_spec(conversation, runner)
         agent = self.agent_factory(conversation.provider, spec, self.settings)
         runner.starting = True
