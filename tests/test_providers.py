@@ -90,7 +90,7 @@ print("ok")
 @pytest.mark.parametrize(
     ("provider", "sdk"), [("claude", "claude_agent_sdk"), ("copilot", "copilot")]
 )
-def test_a_provider_is_loaded_once_and_what_it_built_frozen(provider: str, sdk: str) -> None:
+def test_a_provider_is_loaded_and_what_it_built_frozen(provider: str, sdk: str) -> None:
     # In a fresh interpreter: this one imported every SDK long ago.
     done = subprocess.run(
         [sys.executable, "-c", LOAD, provider, sdk],
