@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,23 @@ from tests import postgres
 from tests.browser import Pages
 from tests.claude_env import use_fake_anthropic
 from tests.fake_anthropic import FakeAnthropic
-from tests.relay import LiveRelay, make_settings, migrated
+from tests.relay import HANGS_ENV, LiveRelay, make_settings, migrated
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's file of relays that did not stop (report_hang), shared with the workers."""
+    if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+        hangs = Path(tempfile.mkdtemp(prefix="oarlock-hangs-")) / "hangs.txt"
+        os.environ[HANGS_ENV] = str(hangs)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Show where each relay that did not stop was stuck (the tests went on without it)."""
+    path = os.environ.get(HANGS_ENV)
+    if hasattr(config, "workerinput") or path is None or not Path(path).is_file():
+        return
+    terminalreporter.section("relays that did not stop")
+    terminalreporter.write(Path(path).read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="session", autouse=True)

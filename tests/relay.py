@@ -6,13 +6,17 @@ import asyncio
 import atexit
 import contextlib
 import gc
+import io
 import json
+import os
 import shutil
 import socket
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -159,6 +163,8 @@ class LiveRelay:
         self.http.close()
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        if self.thread.is_alive():  # (left running: the run's summary shows where it hangs)
+            report_hang(self)
         # Every database call ran off the event loop (app/storage.py counts those that did not).
         assert self.app.state.supervisor.storage.loop_io == 0, "database I/O on the event loop"
 
@@ -246,6 +252,38 @@ class LiveRelay:
         url = f"ws://127.0.0.1:{self.settings.port}/ws"
         with connect(url, additional_headers=headers, open_timeout=10) as ws:
             yield ws
+
+
+HANGS_ENV = "OARLOCK_TEST_HANGS"  # the file report_hang appends to (tests/conftest.py)
+
+
+def report_hang(relay: LiveRelay) -> None:
+    """A relay that did not stop: its tasks' and threads' stacks, for the run's summary.
+
+    Seen twice in session 38 (a cluster node after its control channel was taken away by an
+    ACL), never reproduced on demand; the harness went on without a word.
+    """
+    out = io.StringIO()
+    out.write(f"A relay on port {relay.settings.port} did not stop within 30 s.\n")
+    loop = relay.supervisor.storage.loop
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        out.write(f"-- task {task.get_name()}\n")
+        awaiting: Any = task.get_coro()
+        while awaiting is not None:  # the whole chain of awaits (print_stack shows its first)
+            frame = getattr(awaiting, "cr_frame", None) or getattr(awaiting, "ag_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                out.write(f"  {code.co_filename}:{frame.f_lineno} in {code.co_name}\n")
+            awaiting = getattr(awaiting, "cr_await", None) or getattr(awaiting, "ag_await", None)
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        out.write(f"-- thread {names.get(ident, ident)}\n{''.join(traceback.format_stack(frame))}")
+    path = os.environ.get(HANGS_ENV)
+    if path is None:
+        sys.__stderr__.write(out.getvalue())
+        return
+    with open(path, "a", encoding="utf-8") as report:
+        report.write(out.getvalue() + "\n")
 
 
 # Events of a frame not read yet, per socket; forgotten with the socket. (Keyed by id(ws), a
