@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -24,8 +25,9 @@ from tests.relay import HANGS_ENV, LiveRelay, make_settings, migrated
 def pytest_configure(config: pytest.Config) -> None:
     """The run's file of relays that did not stop (report_hang), shared with the workers."""
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
-        hangs = Path(tempfile.mkdtemp(prefix="oarlock-hangs-")) / "hangs.txt"
-        os.environ[HANGS_ENV] = str(hangs)
+        folder = tempfile.mkdtemp(prefix="oarlock-hangs-")
+        atexit.register(shutil.rmtree, folder, True)  # after the summary has shown it
+        os.environ[HANGS_ENV] = str(Path(folder) / "hangs.txt")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
