@@ -43,6 +43,7 @@ class LiveRender:
         self.dirty = False  # text arrived while a rendering ran
         self.closed = False
         self.timer: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the timer's (set with the first)
 
     def poke(self) -> None:
         """More text arrived: render now if due, else once due."""
@@ -55,7 +56,7 @@ class LiveRender:
             return
         wait = self.due - time.monotonic()
         if wait > 0:
-            self.timer = asyncio.get_running_loop().call_later(wait, self._fire)
+            self._arm(wait)
             return
         self._start()
 
@@ -68,11 +69,21 @@ class LiveRender:
         return self.timer is not None or (self.busy and self.dirty)
 
     def close(self) -> None:
-        """The message is done: render nothing more."""
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        """The message is done: render nothing more. From any thread (the storage writer's).
+
+        The timer is cancelled on its loop: uvloop's timers are not thread-safe, and one
+        cancelled from the writer thread corrupted the loop's timers (a relay crashed with a
+        segfault in a later, unrelated timer's cancel).
+        """
+        self.closed = True  # a timer that fires meanwhile renders nothing
+        timer, self.timer = self.timer, None
+        if timer is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(timer.cancel)
+
+    def _arm(self, wait: float) -> None:
+        """Render once `wait` seconds have passed (on the loop)."""
+        self.loop = loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(wait, self._fire)
 
     def _fire(self) -> None:
         self.timer = None
@@ -82,7 +93,7 @@ class LiveRender:
         text = self.text()
         wait = self.since + len(text) / RENDER_CHARS_PER_SECOND - time.monotonic()
         if wait > 0:  # the text grew faster than it may be rendered: later, if still streaming
-            self.timer = asyncio.get_running_loop().call_later(wait, self._fire)
+            self._arm(wait)
             return
         self.busy, self.dirty = True, False
         started = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import nh3
@@ -164,3 +165,42 @@ async def test_live_render_waits_as_long_as_the_text_it_would_render_needs() -> 
     assert sent[1][1] == 30_001
     assert sent[1][0] - first >= 30_001 / RENDER_CHARS_PER_SECOND
     live.close()
+
+
+class _CancelsNoted(asyncio.SelectorEventLoop):
+    """An event loop that notes the thread each of its timers is cancelled from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled_in: list[int] = []
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        self.cancelled_in.append(threading.get_ident())
+        super()._timer_handle_cancelled(handle)
+
+
+def test_a_message_ended_from_the_writer_thread_has_its_timer_cancelled_on_the_loop() -> None:
+    """The storage writer ends a streaming message (MessageDone) while its next rendering
+    waits on a timer. uvloop's timers are not thread-safe: cancelled from the writer thread,
+    one corrupted the loop, and relays crashed later with a segfault in another timer's cancel
+    (three CI runs). This loop is asyncio's, which notes where each cancel came from."""
+    loop = _CancelsNoted()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        emitted: list[int] = []
+        live = LiveRender(lambda: "a" * 30_000, lambda _html, upto: emitted.append(upto))
+        loop.call_soon_threadsafe(live.poke)  # too long to render at once: a timer
+        deadline = time.monotonic() + 10
+        while live.timer is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert live.timer is not None
+        live.close()  # from this thread, as the writer's
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(10)  # the loop went on
+        assert loop.cancelled_in == [thread.ident]
+        time.sleep(30_001 / RENDER_CHARS_PER_SECOND + RENDER_SECONDS)
+        assert emitted == []  # and nothing was rendered after the end
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
