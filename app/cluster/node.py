@@ -37,7 +37,7 @@ from app import store
 from app.agents.base import PermissionDecision
 from app.agents.transcript import config_dir
 from app.cluster import leases
-from app.cluster.events import PREFIX, TIMEOUT, ClusterHub
+from app.cluster.events import PREFIX, TIMEOUT, ClusterHub, cancel_all
 from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
 from app.config import Settings
@@ -156,12 +156,7 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop the tasks and give every lease back: other nodes take the work at once."""
-        tasks = [*self._tasks, *self._running, *([self._chores] if self._chores else [])]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_all([*self._tasks, *self._running, *([self._chores] if self._chores else [])])
         self.held.clear()
         with contextlib.suppress(Exception):
             await self.supervisor.storage.write(leases.release_all, self.engine, self.node)
@@ -435,8 +430,8 @@ class ClusterNode:
 
     async def _listen(self) -> None:
         while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(CONTROL)
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
@@ -448,6 +443,9 @@ class ClusterNode:
             except (redis.RedisError, OSError) as error:
                 log.warning("control channel lost (%s); listening again", error)
                 await asyncio.sleep(1)
+            finally:  # its connection, before a new one is made (each retry made one more)
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     async def _on_control(self, message: dict[str, Any]) -> None:
         op, cid = message.get("op"), message.get("cid")
