@@ -94,13 +94,15 @@ format: $(VENV)/.installed-test
 
 # Browser tests run in their own pytest process: Playwright's sync API keeps an event loop
 # running that the asyncio tests after it could not start theirs in.
+# The test relays run on tests/relay.py's CheckedLoop (a call made on the loop from another
+# thread fails the test: uvloop does not check, it crashes), the PostgreSQL run on uvloop.
 # Each run spreads its tests over TEST_WORKERS processes (pytest-xdist; one per core by
 # default; each process starts its own PostgreSQL and Redis): see README.md for the times.
 TEST_WORKERS ?= auto
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 test: $(VENV)/.installed-test chromium postgresql redis copilot-cli lint
 	$(PYTEST) --ignore-glob="tests/test_browser*.py"
-	OARLOCK_TEST_DB=postgres $(PYTEST) $(POSTGRES_TESTS)
+	OARLOCK_TEST_DB=postgres OARLOCK_TEST_LOOP=uvloop $(PYTEST) $(POSTGRES_TESTS)
 	$(PYTEST) tests/test_browser*.py
 
 bench: $(VENV)/.installed-test

@@ -58,6 +58,48 @@ class _PromptSleeps:
 
 
 uvicorn.server.asyncio = _PromptSleeps()  # type: ignore[attr-defined]
+
+LOOP_ENV = "OARLOCK_TEST_LOOP"  # "uvloop": test relays on uvicorn's loop (else CheckedLoop)
+
+
+class CheckedLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop, noting each call that is not thread-safe made from another thread.
+
+    uvloop does not check: a timer cancelled from the storage writer's thread corrupted its
+    timers, and relays crashed later with a segfault elsewhere. Here such a call is noted
+    (call_soon, which a future's or an event's setting makes too; call_later and call_at;
+    a timer's cancel), and the relay's stop fails the test.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread: int | None = None
+        self.wrong: list[str] = []
+
+    def run_forever(self) -> None:
+        self.thread = threading.get_ident()
+        super().run_forever()
+
+    def _note(self, what: str) -> None:
+        if self.thread is not None and threading.get_ident() != self.thread:
+            stack = "".join(traceback.format_stack(limit=12)[:-2])
+            self.wrong.append(f"{what} from thread {threading.current_thread().name}:\n{stack}")
+
+    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        self._note(f"call_soon({callback!r})")
+        return super().call_soon(callback, *args, context=context)
+
+    def call_at(
+        self, when: float, callback: Any, *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        self._note(f"call_at({callback!r})")
+        return super().call_at(when, callback, *args, context=context)
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        self._note(f"cancel of {handle!r}")
+        super()._timer_handle_cancelled(handle)  # type: ignore[misc]
+
+
 _template: Path | None = None
 _template_lock = threading.Lock()
 
@@ -114,6 +156,13 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
+def loop_option() -> dict[str, Any]:
+    """The test relays' event loop: CheckedLoop, or uvicorn's own (OARLOCK_TEST_LOOP=uvloop)."""
+    if os.environ.get(LOOP_ENV) == "uvloop":
+        return {}  # what `oarlock serve` runs on (make test's PostgreSQL run)
+    return {"loop": "tests.relay:CheckedLoop"}
+
+
 class LiveRelay:
     """A running relay and clients that talk to it."""
 
@@ -128,6 +177,7 @@ class LiveRelay:
                 port=settings.port,
                 log_level="warning",
                 **server_options(settings),  # the protocol and limits `oarlock serve` uses
+                **loop_option(),
             )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -167,6 +217,9 @@ class LiveRelay:
             report_hang(self)
         # Every database call ran off the event loop (app/storage.py counts those that did not).
         assert self.app.state.supervisor.storage.loop_io == 0, "database I/O on the event loop"
+        loop = self.app.state.supervisor.storage.loop
+        wrong = loop.wrong if isinstance(loop, CheckedLoop) else []
+        assert not wrong, "calls on the event loop from another thread:\n" + "\n".join(wrong)
 
     def login(self) -> str:
         """A new browser session: the Cookie header value a login by URL sets."""
