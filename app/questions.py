@@ -26,6 +26,7 @@ EXPIRED_ENDED = "the turn ended"
 EXPIRED_AGENT = "the agent was stopped"
 EXPIRED_SHUTDOWN = "the relay was shut down"
 EXPIRED_RESTART = "the relay restarted"  # after a crash
+EXPIRED_TAKEOVER = "the node running the turn stopped or stalled"  # a cluster's takeover
 
 
 def asked(tool_input: Any) -> list[str]:

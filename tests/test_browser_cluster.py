@@ -9,7 +9,7 @@ from typing import Any
 
 from playwright.sync_api import expect
 
-from app.supervisor import RESTART_LINE
+from app.supervisor import TAKEOVER_LINE
 from tests.browser import (
     Pages,
     agent_reply,
@@ -52,7 +52,7 @@ def test_pages_on_two_nodes_follow_a_turn_and_its_takeover(pages: Pages, tmp_pat
             # The lease runs out (3 s), then another node's scan takes it: a loaded machine
             # may take longer than the usual wait.
             # The cut turn: its streamed text says the agent had the message.
-            expect(line(page, RESTART_LINE)).to_be_visible(timeout=60_000)
+            expect(line(page, TAKEOVER_LINE)).to_be_visible(timeout=60_000)
             expect(agent_reply(page, "after the crash")).to_have_count(1)
             expect(agent_reply(page, "slow story please")).to_have_count(0)
             expect(user_bubble(page, "slow story please")).to_have_count(1)  # stored once

@@ -26,11 +26,14 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.cluster import ENGINE_DOWN
 from app.cluster.node import MOVED_LINE
+from app.questions import EXPIRED_TAKEOVER
 from app.supervisor import SHUTDOWN_LINE
 from tests.cluster import Nodes, cluster
 from tests.crash import ROOT, TIMEOUT, RelayProcess, entry, of_kind
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import TOKEN, receive, receive_until
+from tests.test_api import first as first_of
+from tests.test_api import has_pending_question, is_permission
 
 
 @pytest.fixture
@@ -175,9 +178,28 @@ def test_kill_9_of_the_owner_mid_turn_hands_the_conversation_to_another_node(
     assert not answered(view, "slow story please")
     assert not [e for e in view["timeline"] if e["state"] == "streaming"]
     lines = [e["text"] for e in of_kind(view, "line")]
-    assert any("restarted while this turn was running" in line for line in lines)
+    # Another node took it over: the lines say so (before: "The relay restarted…").
+    assert any(line.startswith("The node running this turn stopped or stalled") for line in lines)
+    assert not any("relay restarted" in line for line in lines), lines
     # The other node answers the same
     assert answered(second.get(cid), "after the crash")
+
+
+def test_a_question_open_when_its_owner_is_killed_expires_saying_the_node_stopped(
+    nodes: Nodes,
+) -> None:
+    """The node that took the conversation over says why the question expired: before, "the
+    relay restarted", which no relay had."""
+    first, _second, third = nodes.nodes
+    cid = third.create(provider="demo", title="Asked")
+    third.send(cid, "ask permission")
+    third.wait_for(cid, has_pending_question)
+    nodes.kill(third)
+    view = first.wait_for(
+        cid, lambda v: first_of(v, is_permission)["state"] != "pending", timeout=TIMEOUT
+    )
+    asked = first_of(view, is_permission)
+    assert (asked["state"], asked["data"]["expired"]) == ("expired", EXPIRED_TAKEOVER)
 
 
 def test_a_message_withdrawn_on_another_node_is_never_delivered_by_the_owner(
@@ -234,7 +256,9 @@ def test_tabs_see_the_turn_idle_once_another_node_closed_a_killed_owner_s_turn(
             return all(idle.values())
 
         receive_until(ws, over, timeout=TIMEOUT)
-    assert any("restarted while this turn was running" in line for line in lines), lines
+    # Another node took it over: the lines say so (before: "The relay restarted…").
+    assert any(line.startswith("The node running this turn stopped or stalled") for line in lines)
+    assert not any("relay restarted" in line for line in lines), lines
     assert first.get(cid)["turn"] == {"state": "idle", "queued": 0}
 
 

@@ -8,7 +8,13 @@ The Supervisor is put together in core.py from one part a module (docs/architect
 
 from app.supervisor.core import Supervisor
 from app.supervisor.events import SHUTDOWN_LINE
-from app.supervisor.recovery import MISSED_AGAIN_LINE, REDELIVERED_LINE, RESTART_LINE, UNKNOWN_LINE
+from app.supervisor.recovery import (
+    MISSED_AGAIN_LINE,
+    REDELIVERED_LINE,
+    RESTART_LINE,
+    TAKEOVER_LINE,
+    UNKNOWN_LINE,
+)
 from app.supervisor.runner import (
     COMPACT_COMMAND,
     ConversationError,
@@ -28,6 +34,7 @@ __all__ = [
     "REDELIVERED_LINE",
     "RESTART_LINE",
     "SHUTDOWN_LINE",
+    "TAKEOVER_LINE",
     "UNKNOWN_LINE",
     "ConversationError",
     "Locked",

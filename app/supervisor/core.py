@@ -32,7 +32,7 @@ from app.supervisor.backup_hooks import BackupHooks
 from app.supervisor.commands import Commands
 from app.supervisor.events import Events
 from app.supervisor.pool import SHUTDOWN_WORK_LINE, Pool
-from app.supervisor.recovery import Recovery
+from app.supervisor.recovery import TAKEN_OVER, Recovery
 from app.supervisor.runner import Runner, TurnState
 from app.supervisor.timeline import Timeline
 from app.supervisor.turns import Turns
@@ -182,8 +182,9 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         )
 
     def recover(self, session: Session, conversation: Conversation) -> None:
-        """Close what an earlier owner (or a crash) left open in a conversation, resume it."""
-        self._recover(session, conversation)
+        """Close what an earlier owner left open in a conversation (a cluster node taking it
+        over: its lines say the node stopped or stalled), and resume it."""
+        self._recover(session, conversation, TAKEN_OVER)
 
     def wake(self, conversation_id: int) -> None:
         """Have the conversation's queue delivered (here, or by the node that runs it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
@@ -13,7 +14,7 @@ from sqlmodel import Session
 from app import store
 from app.agents.base import Agent, Receipts, received
 from app.models import Conversation, Entry
-from app.questions import EXPIRED_RESTART
+from app.questions import EXPIRED_RESTART, EXPIRED_TAKEOVER
 from app.supervisor.base import SupervisorState
 from app.supervisor.events import SHUTDOWN_LINE
 from app.supervisor.runner import Runner, TurnState
@@ -29,8 +30,42 @@ REDELIVERED_LINE = (
     "The relay restarted before the agent received your message; it is delivered again."
 )
 MISSED_AGAIN_LINE = "The relay restarted again before the agent received your message."
+# The same on a cluster node taking a conversation over: the node that ran the turn died, or
+# stalled past its lease (or restarted: a node starts under a new name each time).
+TAKEOVER_LINE = "The node running this turn stopped or stalled; its reply may be incomplete."
+TAKEOVER_UNKNOWN_LINE = (
+    "The node running this turn stopped or stalled; the agent may not have received your message."
+)
+TAKEOVER_REDELIVERED_LINE = (
+    "The node running this turn stopped or stalled before the agent received your message; "
+    "it is delivered again."
+)
+TAKEOVER_MISSED_AGAIN_LINE = (
+    "The node running this turn stopped or stalled again before the agent received your message."
+)
 RECEIPT_WAIT = 15.0  # seconds a restart waits for agent processes left running to say
 RECEIPT_POLL = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """What recovery's lines say cut a turn: a restart, or a cluster node's takeover."""
+
+    cut: str  # the agent had the message
+    unknown: str  # it may not have
+    redelivered: str  # it had not: delivered again
+    missed_again: str  # it had not, a second time
+    expired: str  # why an open question expired
+
+
+RESTARTED = Cause(RESTART_LINE, UNKNOWN_LINE, REDELIVERED_LINE, MISSED_AGAIN_LINE, EXPIRED_RESTART)
+TAKEN_OVER = Cause(
+    TAKEOVER_LINE,
+    TAKEOVER_UNKNOWN_LINE,
+    TAKEOVER_REDELIVERED_LINE,
+    TAKEOVER_MISSED_AGAIN_LINE,
+    EXPIRED_TAKEOVER,
+)
 
 
 class Recovery(SupervisorState):
@@ -41,14 +76,16 @@ class Recovery(SupervisorState):
             for conversation in store.conversations_with_work(session=session):
                 self._recover(session, conversation)
 
-    def _recover(self, session: Session, conversation: Conversation) -> None:
+    def _recover(
+        self, session: Session, conversation: Conversation, cause: Cause = RESTARTED
+    ) -> None:
         """Close what a crash left open in one conversation, and resume its queue."""
         conversation_id = conversation.id or 0
         for entry in store.entries_in_state(
             session=session, conversation_id=conversation_id, state="streaming"
         ):
             self._save(session, conversation, entry, state="interrupted")
-        self._expire_pending(session, conversation, EXPIRED_RESTART)
+        self._expire_pending(session, conversation, cause.expired)
         running = store.entries_in_state(
             session=session, conversation_id=conversation_id, state="running"
         )
@@ -57,7 +94,7 @@ class Recovery(SupervisorState):
             if entry not in compactions:  # a tool call whose result never came
                 self._save(session, conversation, entry, state="interrupted", data=entry.data)
         # The turn judged first: a compaction begun after its message says the agent had it.
-        decided = not conversation.turn_active or self._recover_turn(session, conversation)
+        decided = not conversation.turn_active or self._recover_turn(session, conversation, cause)
         for entry in compactions:  # ended without a result: no line (§3)
             self._remove(session, conversation, entry)
         if not decided:
@@ -72,11 +109,11 @@ class Recovery(SupervisorState):
         if queued:
             self._wake(conversation_id)
 
-    def _recover_turn(self, session: Session, conversation: Conversation) -> bool:
+    def _recover_turn(self, session: Session, conversation: Conversation, cause: Cause) -> bool:
         """Resolve a cut turn now; False when it waits for an agent process left running."""
         cut = store.last_sent_message(session=session, conversation_id=conversation.id or 0)
         if cut is None:
-            self._line(session, conversation, RESTART_LINE, level="warning")
+            self._line(session, conversation, cause.cut, level="warning")
             return True
         agent = self._receipt_agent(conversation)
         # What the relay stored of the turn says it arrived: the agent's record may not (the
@@ -91,9 +128,9 @@ class Recovery(SupervisorState):
             runner.state = TurnState.RUNNING
             # The cut turn's: a Stop for it (from another node) stops what recovery delivers.
             runner.prompt_id = str(cut.data["prompt_uuid"])
-            self.storage.soon(self._start_recover_later, runner, cut.id or 0, agent)
+            self.storage.soon(self._start_recover_later, runner, cut.id or 0, agent, cause)
             return False
-        self._resolve_cut(session, conversation, cut, got)
+        self._resolve_cut(session, conversation, cut, got, cause)
         return True
 
     async def _settle_shutdown_cuts(self) -> None:
@@ -124,12 +161,17 @@ class Recovery(SupervisorState):
                 )
                 self.publish_conversation(conversation)  # other nodes' tabs: not running
 
-    def _start_recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+    def _start_recover_later(
+        self, runner: Runner, entry_id: int, agent: Agent, cause: Cause
+    ) -> None:
         runner.task = asyncio.create_task(
-            self._recover_later(runner, entry_id, agent), name=f"recover-{runner.conversation_id}"
+            self._recover_later(runner, entry_id, agent, cause),
+            name=f"recover-{runner.conversation_id}",
         )
 
-    async def _recover_later(self, runner: Runner, entry_id: int, agent: Agent) -> None:
+    async def _recover_later(
+        self, runner: Runner, entry_id: int, agent: Agent, cause: Cause
+    ) -> None:
         """Ask again until the agent knows (or RECEIPT_WAIT passed), resolve, deliver the queue."""
         deadline = time.monotonic() + RECEIPT_WAIT
         got: bool | None = None
@@ -145,7 +187,7 @@ class Recovery(SupervisorState):
                 conversation = self._load(session, runner.conversation_id)
                 cut = store.get_entry(session=session, entry_id=entry_id)
                 if cut is not None:
-                    self._resolve_cut(session, conversation, cut, got)
+                    self._resolve_cut(session, conversation, cut, got, cause)
                 store.update_conversation(
                     session=session, conversation=conversation, turn_active=False
                 )
@@ -164,16 +206,21 @@ class Recovery(SupervisorState):
         await self._deliver(runner)
 
     def _resolve_cut(
-        self, session: Session, conversation: Conversation, cut: Entry, got: bool | None
+        self,
+        session: Session,
+        conversation: Conversation,
+        cut: Entry,
+        got: bool | None,
+        cause: Cause,
     ) -> None:
         """Received: a cut line. Not received: delivered again (once). Unknown: Resend."""
         if got is False and not cut.data.get("redelivered"):
-            self._redeliver(session, conversation, cut)
+            self._redeliver(session, conversation, cut, cause)
             return
         if got:
-            text, data = RESTART_LINE, {"type": "cut", "entry_id": cut.id, "received": True}
+            text, data = cause.cut, {"type": "cut", "entry_id": cut.id, "received": True}
         else:  # unknown, or missed a second time: the user decides (Resend)
-            text = MISSED_AGAIN_LINE if got is False else UNKNOWN_LINE
+            text = cause.missed_again if got is False else cause.unknown
             data = {"type": "cut", "entry_id": cut.id, "received": got, "resend": True}
         line = self._line(session, conversation, text, level="warning", data=data)
         cut_as = "received" if got else "unknown" if got is None else "missed"
@@ -219,7 +266,9 @@ class Recovery(SupervisorState):
             log.warning("cannot tell whether entry %s reached the agent", entry.id, exc_info=True)
             return None
 
-    def _redeliver(self, session: Session, conversation: Conversation, entry: Entry) -> None:
+    def _redeliver(
+        self, session: Session, conversation: Conversation, entry: Entry, cause: Cause = RESTARTED
+    ) -> None:
         """Queue a message the agent never received again, ahead of every other queued one."""
         queued = store.entries_in_state(
             session=session, conversation_id=conversation.id or 0, state="queued"
@@ -228,7 +277,7 @@ class Recovery(SupervisorState):
         data = self._summary_back(session, conversation, data)
         data["redelivered"] = True
         line_data = {"type": "redelivered", "entry_id": entry.id}
-        self._line(session, conversation, REDELIVERED_LINE, level="warning", data=line_data)
+        self._line(session, conversation, cause.redelivered, level="warning", data=line_data)
         self._save(session, conversation, entry, move=True, state="queued", data=data)
         for later in queued:  # the queue is delivered by seq: these go after it, in their order
             self._save(session, conversation, later, move=True)
