@@ -848,6 +848,7 @@ function setTurn(turn) {
   stop.hidden = !isBusy(cur.turn);
   stop.disabled = false;
   timeline.setTurn(cur.turn);
+  showAgent(cur);
   updateComposer();
 }
 
@@ -856,9 +857,15 @@ function setAgent(agent) {
   const cur = state.current;
   if (!cur) return;
   cur.agent = agent || 'asleep';
+  showAgent(cur);
+}
+
+/** The header's words for it: a ready agent running a turn (or compacting) says "working". */
+function showAgent(cur) {
   const el = byId('agent-state');
-  el.dataset.state = cur.agent;
-  el.textContent = cur.agent === 'starting' ? 'starting…' : cur.agent;
+  el.dataset.state = cur.agent || 'asleep';
+  const busy = cur.agent === 'ready' && isBusy(cur.turn);
+  el.textContent = cur.agent === 'starting' ? 'starting…' : busy ? 'working' : el.dataset.state;
 }
 
 // Start an asleep agent while the user writes, so that it is ready when they press Enter

@@ -70,6 +70,13 @@ def test_click_in_composer_warms_and_header_shows_asleep_starting_ready(
     expect(agent_reply(page, "hello warm agent")).to_be_visible()
     expect(state).to_have_text("ready")
     assert GatedDemo.starts == [cid]  # the turn used the warmed agent: no second start
+
+    box.fill("a slow one")  # while a turn runs, the header says so (before: "ready")
+    box.press("Enter")
+    expect(state).to_have_text("working")
+    expect(state).to_have_attribute("data-state", "ready")
+    by_id(page, "stop-button").click()
+    expect(state).to_have_text("ready")
     pages.assert_clean()
 
 
