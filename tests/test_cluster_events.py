@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -58,3 +61,42 @@ async def test_a_node_replays_what_another_published_and_a_trimmed_start_is_a_sn
     await until(lambda: b.state(7, "turn") is not None)
     assert b.current_seq(7) == last + 1
     assert b.state(7, "turn") == {"state": "idle", "queued": 0}
+
+
+async def test_conversations_released_by_the_idle_sweep_never_end_the_stream_reader(
+    hubs: tuple[ClusterHub, ClusterHub],
+) -> None:
+    """The idle sweep releases conversations in the writer thread while the hub's reader task
+    goes through the followed ones on the loop. Without a lock in common, a release in the
+    middle of the reader's look ended the reader ("dictionary changed size during iteration")
+    and the node's tabs got no more events. Here a thread releases while the loop follows the
+    conversations again, and another node's events keep the reader looking (on the code
+    before, 4 of 5 runs ended the reader)."""
+    a, b = hubs
+    await a.prepare(7)
+    cids = range(100, 300)
+    done = threading.Event()
+
+    def sweep() -> None:
+        while not done.is_set():
+            for cid in cids:
+                a.release(cid)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the GIL changes hands often: in the reader's look too
+    thread = threading.Thread(target=sweep)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            b.emit(7, {"type": "delta", "entry_id": 1, "text": "x"})
+            for cid in cids:
+                await a.prepare(cid)
+    finally:
+        done.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    assert all(not task.done() for task in a._tasks), [t for t in a._tasks if t.done()]
+    last = b.current_seq(7)
+    await b.flush()
+    await until(lambda: a.current_seq(7) == last)  # a still reads b's events

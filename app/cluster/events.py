@@ -385,11 +385,12 @@ class ClusterHub(Hub):
         else:  # the database is read in a thread, never on the loop
             loaded = int(base) if base is not None else await self._load_in_thread(conversation_id)
             order = Orderer(loaded)
-        self._order[conversation_id] = order
-        self._seq[conversation_id] = order.delivered
-        self._last_id[conversation_id] = entries[-1][0] if entries else "0-0"
-        self._whole[conversation_id] = self._last_id[conversation_id]
-        self._touched[conversation_id] = time.monotonic()
+        with self.lock:  # (the idle sweep reads and releases these in the writer thread)
+            self._order[conversation_id] = order
+            self._seq[conversation_id] = order.delivered
+            self._last_id[conversation_id] = entries[-1][0] if entries else "0-0"
+            self._whole[conversation_id] = self._last_id[conversation_id]
+            self._touched[conversation_id] = time.monotonic()
         now = time.monotonic()
         for _stream_id, fields in entries:
             self._arrive(conversation_id, fields, now)
@@ -412,7 +413,7 @@ class ClusterHub(Hub):
         for seq, text in zip(fields[b"s"].split(), texts, strict=True):
             for ready_seq, ready_text in order.add(int(seq), text, at):
                 self._fan_out(conversation_id, ready_seq, ready_text)
-        self._seq[conversation_id] = order.delivered
+        self._delivered(conversation_id, order)
 
     def _fan_out(self, conversation_id: int, seq: int, text: str) -> None:
         """Hand an event on to this node's tabs, keeping streaming text as the owner has it."""
@@ -445,8 +446,30 @@ class ClusterHub(Hub):
                 self.on_lost(conversation_id)  # its owner sends it whole (an "entry" event)
 
     def live_text(self, conversation_id: int) -> dict[int, str]:
-        """The text streamed so far of the conversation's streaming entries, as delivered here."""
-        return {eid: "".join(parts) for eid, parts in self._live.get(conversation_id, {}).items()}
+        """The text streamed so far of the conversation's streaming entries, as delivered here.
+
+        Read in a reader thread (a snapshot) while the loop adds to them: copied at once.
+        """
+        live = list(self._live.get(conversation_id, {}).items())
+        return {eid: "".join(parts) for eid, parts in live}
+
+    def _delivered(self, conversation_id: int, order: Orderer) -> None:
+        """Note how far a followed conversation's events were handed on (unless released).
+
+        The idle sweep releases conversations in the writer thread: a number noted after that
+        would bring a released conversation back into the numbering, in the middle of the
+        sweep's look at it.
+        """
+        with self.lock:
+            if self._order.get(conversation_id) is order:
+                self._seq[conversation_id] = order.delivered
+
+    def _mark_whole(self, conversation_id: int) -> None:
+        """Everything read of the conversation's stream so far arrived (no hole behind it)."""
+        with self.lock:
+            last = self._last_id.get(conversation_id)
+            if last is not None:
+                self._whole[conversation_id] = last
 
     async def _read(self) -> None:
         """XREAD every followed stream (and this node's nudge stream) from where it was left."""
@@ -455,7 +478,8 @@ class ClusterHub(Hub):
         delay = 0.1
         while True:
             streams: dict[Any, Any] = {self._nudge: nudge_id}
-            streams |= {stream_key(cid): self._last_id[cid] for cid in self._order}
+            with self.lock:  # the idle sweep (writer thread) releases conversations meanwhile
+                streams |= {stream_key(cid): self._last_id[cid] for cid in self._order}
             try:
                 answer = await self._reader_aio.xread(
                     streams, count=READ_COUNT, block=READ_BLOCK_MS
@@ -477,7 +501,9 @@ class ClusterHub(Hub):
                 now = time.monotonic()
                 for _stream_id, fields in entries:
                     self._arrive(cid, fields, now)
-                self._last_id[cid] = entries[-1][0]
+                with self.lock:
+                    if cid in self._order:  # (not released meanwhile)
+                        self._last_id[cid] = entries[-1][0]
                 await self._look_for_loss(cid)
             if not answer or time.monotonic() - self._epoch_checked >= READ_BLOCK_MS / 1000:
                 await self._check_epoch()  # each round trip delays the events read next
@@ -488,7 +514,7 @@ class ClusterHub(Hub):
                     self._resync(cid)
                 for seq, text in expired:
                     self._fan_out(cid, seq, text)
-                self._seq[cid] = order.delivered
+                self._delivered(cid, order)
 
     async def _look_for_loss(self, conversation_id: int) -> None:
         """Behind a hole, see whether Redis trimmed entries this node had not read yet.
@@ -500,7 +526,7 @@ class ClusterHub(Hub):
         if order is None:
             return
         if not order.waiting:
-            self._whole[conversation_id] = self._last_id[conversation_id]
+            self._mark_whole(conversation_id)
             return
         assert self._reader_aio is not None
         try:
@@ -519,8 +545,8 @@ class ClusterHub(Hub):
         self._resync(conversation_id)
         for seq, text in order.skip():
             self._fan_out(conversation_id, seq, text)
-        self._seq[conversation_id] = order.delivered
-        self._whole[conversation_id] = self._last_id[conversation_id]
+        self._delivered(conversation_id, order)
+        self._mark_whole(conversation_id)
 
     def _resync(self, conversation_id: int) -> None:
         """Tell this node's tabs of a conversation that events they follow are lost: reload.
@@ -599,13 +625,17 @@ class ClusterHub(Hub):
         if conversation_id in self._waking:
             return
         super().release(conversation_id)
-        self._order.pop(conversation_id, None)
-        self._last_id.pop(conversation_id, None)
-        self._whole.pop(conversation_id, None)
-        self._live.pop(conversation_id, None)
-        self._asked.pop(conversation_id, None)
-        self._states.pop(conversation_id, None)
-        self._counted.discard(conversation_id)
+        # In the writer thread (the idle sweep), while the loop's reader goes through these:
+        # under the lock it takes to read them (before, a release in the middle of its look
+        # could end the reader, and the node's tabs got no more events).
+        with self.lock:
+            self._order.pop(conversation_id, None)
+            self._last_id.pop(conversation_id, None)
+            self._whole.pop(conversation_id, None)
+            self._live.pop(conversation_id, None)
+            self._asked.pop(conversation_id, None)
+            self._states.pop(conversation_id, None)
+            self._counted.discard(conversation_id)
 
     def forget(self, conversation_id: int) -> None:
         """A deleted conversation: its stream and counter go too (ids are never reused)."""
