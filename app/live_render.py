@@ -13,6 +13,7 @@ plain until it slows down or ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -78,7 +79,8 @@ class LiveRender:
         self.closed = True  # a timer that fires meanwhile renders nothing
         timer, self.timer = self.timer, None
         if timer is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(timer.cancel)
+            with contextlib.suppress(RuntimeError):  # a closed loop: its timers went with it
+                self.loop.call_soon_threadsafe(timer.cancel)
 
     def _arm(self, wait: float) -> None:
         """Render once `wait` seconds have passed (on the loop)."""
