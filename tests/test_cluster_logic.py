@@ -96,8 +96,9 @@ def test_postgresql_with_redis_and_either_alone_are_fine(tmp_path: Path) -> None
 
 async def test_stopping_ends_a_task_that_loses_the_first_cancel() -> None:
     """redis-py can lose a cancel that lands while it sets up a connection: the task goes on.
-    A node's stop awaited each task once cancelled, and a node whose control channel had been
-    cut did not stop (twice in tests, 30 s each). Cancelled again until it ends, it stops."""
+    A node's stop awaited each task once cancelled: such a task kept it waiting for ever (the
+    likely cause of two nodes, their control channel cut, not stopping within 30 s in tests).
+    Cancelled again until it ends, it stops."""
     swallowed = asyncio.Event()
 
     async def stubborn() -> None:

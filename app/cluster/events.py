@@ -90,8 +90,9 @@ async def cancel_all(tasks: Iterable[asyncio.Task[Any]], seconds: float = 2) -> 
     """Cancel tasks until each has ended, for at most `seconds` (then say which still run).
 
     A cancel that lands while redis-py sets up a connection can be lost: the task goes on
-    (to read again, or to subscribe anew), and awaiting it once cancelled waited for ever
-    (a cluster node whose control channel was cut did not stop in 30 s, twice in tests).
+    (to read again, or to subscribe anew), and awaiting it once cancelled waits for ever (the
+    likely cause of two cluster nodes, their control channel cut, not stopping within 30 s
+    in tests).
     """
     pending = {task for task in tasks if not task.done()}
     deadline = time.monotonic() + seconds
