@@ -73,8 +73,8 @@ class LiveRender:
         """The message is done: render nothing more. From any thread (the storage writer's).
 
         The timer is cancelled on its loop: uvloop's timers are not thread-safe, and one
-        cancelled from the writer thread corrupted the loop's timers (a relay crashed with a
-        segfault in a later, unrelated timer's cancel).
+        cancelled from the writer thread can corrupt the loop's timers (the cause found for
+        test processes that died with a segfault in a later, unrelated timer's cancel).
         """
         self.closed = True  # a timer that fires meanwhile renders nothing
         timer, self.timer = self.timer, None

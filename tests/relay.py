@@ -65,8 +65,8 @@ LOOP_ENV = "OARLOCK_TEST_LOOP"  # "uvloop": test relays on uvicorn's loop (else 
 class CheckedLoop(asyncio.SelectorEventLoop):
     """asyncio's loop, noting each call that is not thread-safe made from another thread.
 
-    uvloop does not check: a timer cancelled from the storage writer's thread corrupted its
-    timers, and relays crashed later with a segfault elsewhere. Here such a call is noted
+    uvloop does not check: a timer cancelled from the storage writer's thread was the cause
+    found for test processes that died with a segfault elsewhere. Here such a call is noted
     (call_soon, which a future's or an event's setting makes too; call_later and call_at;
     a timer's cancel), and the relay's stop fails the test.
     """
