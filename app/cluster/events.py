@@ -577,15 +577,11 @@ class ClusterHub(Hub):
             return
         log.warning("new cluster epoch %s (Redis lost its data): tabs get snapshots", epoch)
         self.epoch = epoch
-        for cid in list(self._order):
-            self._recent.pop(cid, None)
-            self._order.pop(cid, None)
-            self._last_id.pop(cid, None)
-            self._whole.pop(cid, None)
-            self._live.pop(cid, None)
-            self._asked.pop(cid, None)
-            self._states.pop(cid, None)
-            self._seq.pop(cid, None)
+        with self.lock:  # (the idle sweep reads _seq in the writer thread)
+            for cid in list(self._order):
+                self._recent.pop(cid, None)
+                self._seq.pop(cid, None)
+                self._forget_reading(cid)
         self._counted.clear()
         self._broadcast_text(encode({"type": "hello", "epoch": epoch}))
 
@@ -626,9 +622,15 @@ class ClusterHub(Hub):
         if conversation_id in self._waking:
             return
         super().release(conversation_id)
-        # In the writer thread (the idle sweep), while the loop's reader goes through these:
-        # under the lock it takes to read them (before, a release in the middle of its look
-        # could end the reader, and the node's tabs got no more events).
+        self._forget_reading(conversation_id)
+
+    def _forget_reading(self, conversation_id: int) -> None:
+        """Forget what this node read of a conversation's stream.
+
+        Under the lock the loop's reader takes to go through these: the idle sweep releases
+        in the writer thread (before, a release in the middle of the reader's look could end
+        the reader, and the node's tabs got no more events).
+        """
         with self.lock:
             self._order.pop(conversation_id, None)
             self._last_id.pop(conversation_id, None)
