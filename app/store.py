@@ -187,9 +187,15 @@ def list_conversations(
     status: str,
     limit: int = 100,
     before: tuple[datetime, int] | None = None,
+    title: str | None = None,
 ) -> list[Conversation]:
-    """Conversations with this status, most recently updated first, after a (time, id) cursor."""
+    """Conversations with this status, most recently updated first, after a (time, id) cursor.
+
+    title: only those whose title holds it, ignoring case (ASCII letters' case on SQLite).
+    """
     query = select(Conversation).where(Conversation.status == status)
+    if title:
+        query = query.where(col(Conversation.title).icontains(title, autoescape=True))
     if before is not None:
         updated_at, conversation_id = before
         query = query.where(

@@ -541,6 +541,46 @@ async function loadLists() {
   return feeds;
 }
 
+/** The archive's title search, asked of the relay too: the lists hold only the pages loaded. */
+const archiveSearch = { query: '', next: null, pending: false, timer: 0 };
+
+function searchArchive(value) {
+  state.archiveQuery = value;
+  clearTimeout(archiveSearch.timer);
+  Object.assign(archiveSearch, { query: value.trim(), next: null, pending: Boolean(value.trim()) });
+  if (archiveSearch.pending) {
+    const query = archiveSearch.query;
+    archiveSearch.timer = setTimeout(() => loadMatches(query).catch(() => {}), 150);
+  }
+  renderLists();
+}
+
+/** A page of the archived conversations whose title holds the query (each kept in the lists). */
+async function loadMatches(query, before) {
+  const cursor = before ? `&before=${encodeURIComponent(before)}` : '';
+  const asked = feed.clock;
+  try {
+    const { data } = await api(`/api/conversations?status=archived&limit=100&q=${encodeURIComponent(query)}${cursor}`);
+    if (archiveSearch.query !== query) return; // typed on meanwhile: its own search follows
+    for (const conv of data.conversations) {
+      if (!isRemoved(conv)) state.convs.set(conv.id, merged(conv, asked));
+    }
+    archiveSearch.next = data.next;
+  } finally {
+    if (archiveSearch.query === query) archiveSearch.pending = false;
+    renderLists();
+  }
+}
+
+function moreMatchesButton() {
+  const button = h('button', { type: 'button', class: 'list-more', testid: 'archived-more', text: 'Show more' });
+  button.addEventListener('click', () => {
+    button.disabled = true;
+    loadMatches(archiveSearch.query, archiveSearch.next).catch(() => {});
+  });
+  return h('li', {}, button);
+}
+
 function moreButton(status) {
   const button = h('button', { type: 'button', class: 'list-more', testid: `${status}-more`, text: 'Show more' });
   button.addEventListener('click', async () => {
@@ -577,7 +617,8 @@ function drawLists() {
   const activeItems = active.map((c) => convItem(c, 'conversation-item'));
   const archivedItems = archived.map((c) => convItem(c, 'archive-item'));
   if (more.active) activeItems.push(moreButton('active'));
-  if (more.archived) archivedItems.push(moreButton('archived'));
+  if (query && archiveSearch.next) archivedItems.push(moreMatchesButton());
+  else if (!query && more.archived) archivedItems.push(moreButton('archived'));
   // A redraw replaces the items: keyboard focus on one (its link or ⋯) goes to its new self.
   const focused = document.activeElement;
   const item = focused instanceof Element ? focused.closest('.conv-item[data-id]') : null;
@@ -592,7 +633,8 @@ function drawLists() {
   byId('conversation-empty').hidden = active.length > 0;
   const archiveEmpty = byId('archive-empty');
   archiveEmpty.hidden = archived.length > 0;
-  archiveEmpty.textContent = query ? 'No archived conversation matches.' : 'Nothing archived yet.';
+  archiveEmpty.textContent = !query ? 'Nothing archived yet.'
+    : archiveSearch.pending ? 'Searching…' : 'No archived conversation matches.';
 }
 
 function convItem(conv, testid) {
@@ -1569,16 +1611,12 @@ function wire() {
       setDrawer(false);
     }
   });
-  byId('archive-search').addEventListener('input', (e) => {
-    state.archiveQuery = e.target.value;
-    renderLists();
-  });
+  byId('archive-search').addEventListener('input', (e) => searchArchive(e.target.value));
   byId('archive-search').addEventListener('keydown', (e) => {
     if (e.key !== 'Escape' || !e.target.value) return; // (empty: Esc stops a turn, as anywhere)
     e.preventDefault(); // clears it here, and it is not a Stop
     e.target.value = '';
-    state.archiveQuery = '';
-    renderLists();
+    searchArchive('');
   });
   byId('title').addEventListener('click', startRename);
   byId('stop-button').addEventListener('click', interrupt);

@@ -339,8 +339,27 @@ def test_list_conversations_archived(relay: LiveRelay) -> None:
     assert (listed(relay, "?status=archived"), listed(relay)) == (([1], None), ([new, 2], None))
 
 
+def test_list_conversations_by_title_reads_every_page(relay: LiveRelay) -> None:
+    """The archive's search asks the relay: a browser holds only the pages it loaded."""
+    titles = ["Needle oldest", "Filler", "100%_sure", "a NEEDLE too", "needle active"]
+    ids = [relay.create(title=title)["id"] for title in titles]
+    for cid in ids[:4]:
+        assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    first, cursor = listed(relay, "?status=archived&limit=1&q=%20needle%20")
+    second, cursor = listed(relay, f"?status=archived&limit=1&q=needle&before={cursor}")
+    third = listed(relay, f"?status=archived&limit=1&q=needle&before={cursor}")
+    assert (first, second, third) == ([ids[3]], [ids[0]], ([], None))
+    # The query's characters are the title's, not patterns: % and _ match only themselves.
+    assert [listed(relay, f"?status=archived&q={q}")[0] for q in ("%25", "_", "%25_s")] == [
+        [ids[2]]
+    ] * 3
+    assert listed(relay, "?q=needle")[0] == [ids[4]]  # (active ones too, when asked)
+    assert listed(relay, "?status=archived&q=%20")[0] == ids[3::-1]  # blank: every one
+
+
 def test_list_conversations_bad_query_422(relay: LiveRelay) -> None:
     queries = ["status=deleted", "limit=0", "limit=501", "before=x", "before=12", "before=1-x"]
+    queries.append("q=" + "x" * 201)
     statuses = [relay.http.get(f"/api/conversations?{q}").status_code for q in queries]
     assert statuses == [422] * len(queries)
 

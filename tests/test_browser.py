@@ -797,6 +797,35 @@ def test_archive_search_filters_by_title(pages: Pages, relay: LiveRelay) -> None
     pages.assert_clean()
 
 
+def test_archive_search_finds_conversations_past_the_loaded_page(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """The list holds the newest 100; the search asks the relay for the rest (a dogfood run:
+    "No archived conversation matches." for one on the second page)."""
+    titles = ["Needle oldest"] + [f"Filler {n}" for n in range(101)]
+    for title in titles:  # archived in this order: the first is the oldest
+        cid = relay.create(title=title)["id"]
+        assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    page = pages.open(relay)
+    archived = by_id(page, "archive-list").get_by_test_id("archive-item")
+    expect(archived).to_have_count(100)
+    search = by_id(page, "archive-search")
+    search.fill("needle")
+    expect(archived).to_have_text(["Needle oldest"])
+    expect(by_id(page, "archived-more")).to_have_count(0)  # every match is shown
+    search.fill("FILLER")
+    expect(archived).to_have_count(100)
+    by_id(page, "archived-more").click()  # the matches' next page
+    expect(archived).to_have_count(101)
+    expect(archived.last).to_have_text("Filler 0")
+    expect(by_id(page, "archived-more")).to_have_count(0)
+    search.fill("nothing like it")
+    expect(page.get_by_text("No archived conversation matches.")).to_be_visible()
+    search.press("Escape")
+    expect(by_id(page, "archived-more")).to_have_count(1)  # the whole archive's pages again
+    pages.assert_clean()
+
+
 def test_phone_layout_drawer_and_chat(pages: Pages, relay: LiveRelay) -> None:
     first = relay.create(title="On the phone")["id"]
     relay.create(title="Other")

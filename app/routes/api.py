@@ -98,16 +98,20 @@ async def list_conversations(
     status: Literal["active", "archived"] = "active",
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     before: Annotated[str | None, Query(pattern=PAGE_CURSOR.pattern, max_length=40)] = None,
+    q: Annotated[str, Query(max_length=200)] = "",
 ) -> dict[str, Any]:
-    """Conversations, most recently updated first, one page at a time (`next` → `before`)."""
+    """Conversations, most recently updated first, one page at a time (`next` → `before`);
+    with `q`, only those whose title holds it (the archive's search: all of it, not the pages
+    a browser has loaded)."""
     cursor = parse_cursor(before)
+    title = q.strip()
     # Taken before the read: every global event counted up to it is in the page (docs/api.md).
     feed = supervisor.hub.feed()
 
     def read() -> list[Conversation]:
         with supervisor.session() as session:
             return store.list_conversations(
-                session=session, status=status, limit=limit, before=cursor
+                session=session, status=status, limit=limit, before=cursor, title=title
             )
 
     page = await supervisor.storage.read(read)
