@@ -21,6 +21,8 @@ const COMMANDS = [
   { name: '/clear', description: 'Start a fresh conversation with the latest handoff' },
 ];
 
+const IMAGES_MAKE_TEXT = 'Sent to the agent as text while images are attached';
+
 // ---- state -------------------------------------------------------------------------------------
 
 const state = {
@@ -194,7 +196,10 @@ const attachments = new Attachments({
   button: byId('attach-button'),
   picker: byId('attach-input'),
   onError: (message, id) => (state.current && state.current.id === id ? showComposerError(message) : toast(message)),
-  onChange: () => updateComposer(),
+  onChange: () => {
+    updateComposer();
+    if (menuOpen() && menu.kind === 'command') updateMenu(); // (an image from another tab)
+  },
 });
 
 const modelControl = new ModelControl({
@@ -1241,8 +1246,15 @@ function updateMenu() {
   const at = !candidates.length && open ? mentionAt() : null;
   if (at && menu.kind === 'file' && menuOpen() && sameMention(at, menu.mention)) return;
   // Anything else typed: the menu shown (and any answer on its way) no longer fits the text.
-  showMenu('command', candidates.map((c) => ({ name: c.name, description: c.description })));
+  showMenu('command', candidates.map((c) => ({ name: c.name, description: described(c) })));
   if (at) mentionTimer = setTimeout(askFiles, 80); // one request for a burst of keystrokes
+}
+
+/** With images waiting, /compact and /clear go to the agent as text (commands only alone). */
+function described(command) {
+  const asText = ['/compact', '/clear'].includes(command.name)
+    && attachments.enabled && attachments.waiting.length > 0;
+  return asText ? IMAGES_MAKE_TEXT : command.description;
 }
 
 const sameMention = (a, b) => Boolean(a && b) && a.start === b.start && a.end === b.end && a.query === b.query;

@@ -230,6 +230,30 @@ def test_five_images_go_with_a_message_and_the_rest_wait(pages: Pages, relay: Li
     pages.assert_clean()
 
 
+def test_the_command_menu_says_compact_is_text_while_an_image_waits(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    """An image from another tab made Enter on /compact send it as text (a dogfood run): the
+    menu said "Start a new conversation…"."""
+    page, cid = opened(pages, relay)
+    box = by_id(page, "message-input")
+    box.fill("/c")
+    items = by_id(page, "command-menu").get_by_test_id("command-item")
+    expect(items).to_have_count(2)
+    expect(items.first).to_contain_text("Start a new conversation with a carry-over summary")
+    relay.attach(cid, png())  # another tab's upload: this menu is open meanwhile
+    expect(by_id(page, "attached")).to_have_count(1)
+    as_text = "Sent to the agent as text while images are attached"
+    expect(items).to_have_text([f"/compact{as_text}", f"/clear{as_text}"])
+    box.fill("/h")
+    expect(items).to_contain_text(["Ask the agent to save a handoff"])  # the others unchanged
+    by_id(page, "attached-remove").click()
+    expect(by_id(page, "attached")).to_have_count(0)
+    box.fill("/compact")
+    expect(items.first).to_contain_text("Start a new conversation with a carry-over summary")
+    pages.assert_clean()
+
+
 def test_a_list_answered_late_does_not_undo_a_newer_one(pages: Pages, relay: LiveRelay) -> None:
     """The composer's first read of the images waiting, answered after an upload's event had
     already shown the newer list, put the older one back (found by a review)."""
