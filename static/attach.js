@@ -32,6 +32,13 @@ export function sentImages(images) {
       h('img', { src: imageUrl(image.id), alt: `Image ${n + 1}`, loading: 'lazy', testid: 'sent-image', onerror: unavailable }))));
 }
 
+/** The relay's refusal of a file's bytes, naming the file (several may be picked at once). */
+function refusal(err, name) {
+  if (!name) return err.message;
+  if (err.status === 415) return `${name} is not a PNG, JPEG, GIF or WebP image.`; // (as said above)
+  return err.message.startsWith('The image ') ? `${name} ${err.message.slice('The image '.length)}` : err.message;
+}
+
 export class Attachments {
   /** list: the thumbnails' <ul>; button: 📎; picker: its <input type=file>; onError(message, id):
    * something went wrong for conversation id; onChange(): the composer's state changed. */
@@ -115,7 +122,7 @@ export class Attachments {
         const known = this.byConversation.get(id) || [];
         if (!known.some((image) => image.id === data.id)) this.keep(id, [...known, data]);
       } catch (err) {
-        this.onError(err.message, id);
+        this.onError(refusal(err, file.name), id);
       } finally {
         this.counted(id, -1);
       }

@@ -120,6 +120,16 @@ def test_what_is_not_an_image_is_said_and_text_pastes_as_text(
         "notes.txt is not a PNG, JPEG, GIF or WebP image."
     )
     expect(by_id(page, "attached")).to_have_count(0)
+    # What only the relay finds out (from the bytes) names the file too: several may be picked.
+    (tmp_path / "cut.png").write_bytes(png(64, 64)[:60])
+    (tmp_path / "fake.png").write_text("not a picture")
+    for name, said in [
+        ("cut.png", "cut.png cannot be read: it is damaged or cut short."),
+        ("fake.png", "fake.png is not a PNG, JPEG, GIF or WebP image."),
+    ]:
+        by_id(page, "attach-input").set_input_files(str(tmp_path / name))
+        expect(by_id(page, "composer-error")).to_have_text(said)
+    expect(by_id(page, "attached")).to_have_count(0)
     # A paste with text too (a spreadsheet's cells also offer a picture of them) is text.
     assert give(page, "paste", png(), "cells.png", "image/png", text="a\tb") is False
     expect(by_id(page, "attached")).to_have_count(0)
@@ -127,7 +137,7 @@ def test_what_is_not_an_image_is_said_and_text_pastes_as_text(
     assert give(page, "elsewhere", png(), "stray.png", "image/png")
     expect(by_id(page, "attached")).to_have_count(0)
     assert page.url.endswith(f"/c/{_cid}")
-    pages.assert_clean()
+    pages.assert_clean("status of 422", "status of 415")
 
 
 def test_a_message_taken_back_brings_its_image_back(pages: Pages, relay: LiveRelay) -> None:
