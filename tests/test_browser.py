@@ -956,6 +956,12 @@ def test_phones_keep_the_header_readable_and_the_important_taps_large(
     sideways.wait_for_function(TITLE_AT_LEAST, arg=150)
     by_id(sideways, "menu-button").click()
     expect(items.first).to_be_in_viewport()
+    # A finger's ⋯ (40 px) ran over the time or "needs you" beside it (a dogfood run).
+    item = sideways.locator(f'.conv-item[data-id="{cid}"]')
+    expect(item.locator(".conv-meta")).to_contain_text("needs you")
+    sideways.wait_for_function(DRAWER_OPEN)  # (not sliding in any more)
+    meta, more = box(item.locator(".conv-meta")), box(item.locator(".conv-menu-btn"))
+    assert meta["x"] + meta["width"] <= more["x"], (meta, more)
     pages.assert_clean()
 
 
