@@ -16,6 +16,7 @@ from markdown_it import MarkdownIt
 from markdown_it.common.utils import escapeHtml
 from markdown_it.renderer import RendererHTML
 from markdown_it.rules_core import StateCore
+from markdown_it.rules_inline import StateInline
 from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from pygments import highlight
@@ -146,14 +147,40 @@ def _parser(*, breaks: bool = False) -> MarkdownIt:
 
 _markdown = _parser()
 _backup_markdown = _parser(breaks=True)
+
+
+def _cut_marks(state: StateInline) -> None:
+    """In a text cut out of a longer one, drop the emphasis marks whose pair was cut away: a
+    mark that could only open (`*ask` before the cut's end) or only close (after its start).
+
+    After the emphasis rules, a mark they paired is a tag token; one left unpaired is still
+    the text token holding its character. `state.env`: {"cut_start", "cut_end"} (booleans).
+    """
+    start, end = state.env.get("cut_start", False), state.env.get("cut_end", False)
+    runs = [state.delimiters] + [meta["delimiters"] for meta in state.tokens_meta if meta]
+    for delimiters in runs:
+        for mark in delimiters:
+            token = state.tokens[mark.token]
+            if token.type != "text" or token.content.strip(chr(mark.marker)):
+                continue  # paired (now a tag)
+            if (end and mark.open and not mark.close) or (start and mark.close and not mark.open):
+                token.content = ""
+
+
 _words_markdown = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+_words_markdown.inline.ruler2.after("emphasis", "cut_marks", _cut_marks)
 
 
-def markdown_words(text: str) -> str:
+def markdown_words(text: str, *, cut_start: bool = False, cut_end: bool = False) -> str:
     """Markdown as the words its rendering shows, in one line: no emphasis or heading marks,
-    a link as its words, an image as its alt text, code as written (search snippets)."""
+    a link as its words, an image as its alt text, code as written (search snippets).
+
+    cut_start, cut_end: the text was cut out of a longer one there (a snippet): an emphasis
+    mark whose pair lay beyond the cut is dropped, as the whole text's rendering hides it.
+    """
     parts: list[str] = []
-    for token in _words_markdown.parse(text):
+    env = {"cut_start": cut_start, "cut_end": cut_end}
+    for token in _words_markdown.parse(text, env):
         if token.type == "inline":
             parts += _inline_words(token.children or [])
         elif token.type in ("fence", "code_block"):

@@ -123,7 +123,10 @@ def as_shown(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
     if _MARKDOWN_SIGNS.search(marked) is None:  # plain words already: no parse
         return spans
-    shown = snippet_spans(markdown_words(marked))
+    # Cut out of the message at an ellipsis ("…", FTS5's and the fallback's): a mark whose
+    # pair lay beyond the cut (`*ask…`) is hidden, as the message's rendering hides it.
+    words = markdown_words(marked, cut_start=marked.startswith("…"), cut_end=marked.endswith("…"))
+    shown = snippet_spans(words)
     found = [span["text"] for span in spans if span["match"]]
     return shown if [span["text"] for span in shown if span["match"]] == found else spans
 

@@ -166,3 +166,20 @@ def test_the_quick_test_changes_no_rendering(text: str) -> None:
 )
 def test_markdown_words_are_what_the_rendering_shows(markdown: str, words: str) -> None:
     assert markdown_words(markdown) == words
+
+
+@pytest.mark.parametrize(
+    ("markdown", "start", "end", "words"),
+    [
+        ("a tool, *ask…", False, True, "a tool, ask…"),  # its pair lay after the cut
+        ("a tool, *ask…", False, False, "a tool, *ask…"),  # whole: the rendering shows it
+        ("…permission** now", True, False, "…permission now"),
+        ("…permission** now", False, True, "…permission** now"),  # a closer: not the end's
+        ("__bold ~~gone", False, True, "bold gone"),
+        ("2 * 3, a*b, \\*kept, *paired* *open…", True, True, "2 * 3, a*b, *kept, paired open…"),
+    ],
+)
+def test_markdown_words_of_a_cut_text_hide_marks_paired_beyond_the_cut(
+    markdown: str, start: bool, end: bool, words: str
+) -> None:
+    assert markdown_words(markdown, cut_start=start, cut_end=end) == words

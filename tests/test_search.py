@@ -210,6 +210,21 @@ def test_a_match_the_markdown_hides_keeps_the_raw_snippet(engine: Engine) -> Non
     assert "".join(span["text"] for span in hit["snippet"]) == body
 
 
+@sqlite_only
+def test_a_snippet_cut_inside_an_emphasis_shows_no_stray_mark(engine: Engine) -> None:
+    # A dogfood run saw "…use a tool, *ask…": the window ended between the two `*`.
+    shown = []
+    for words in range(12):
+        body = "alpha " * 30 + "wombat " + "beta " * words + "*ask permission now* " + "gamma " * 30
+        body += "\n\nand __bold words__ in " + "delta " * words + "wombat too"
+        conversation_with(engine, f"t{words}", ("agent", body))
+    for hit in find(engine, "wombat"):
+        shown.append("".join(span["text"] for span in hit["snippet"]))
+    assert len(shown) == 12
+    assert [text for text in shown if "*" in text or "_" in text] == []
+    assert any("ask" in text for text in shown)  # (the window did reach the emphasis)
+
+
 @settings(max_examples=300, deadline=None)
 @given(  # stored text: no NUL, no lone surrogate (store.storable)
     st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"))
