@@ -10,6 +10,12 @@ TITLE_LIMIT = 200  # the API's own limit on a title (models.ConversationCreate)
 _COMPACTED = re.compile(r"^(?P<base>.*) \(compacted(?: ×(?P<count>\d+))?\)$", re.DOTALL)
 
 
+def compacted_from(title: str, base: str) -> bool:
+    """True when title is base, or base compacted (`base (compacted)`, `base (compacted ×2)`…)."""
+    found = _COMPACTED.match(title)
+    return title == base or (found is not None and found["base"] == base)
+
+
 def compacted_title(title: str, limit: int = TITLE_LIMIT) -> str:
     """The successor's title: `T (compacted)`, then `T (compacted ×2)`, `×3`…, within limit."""
     found = _COMPACTED.match(title)

@@ -922,10 +922,27 @@ def test_compact_second_message_has_no_summary(relay: LiveRelay) -> None:
 
 
 def test_compact_title_not_replaced_by_first_message(relay: LiveRelay) -> None:
-    old = relay.create()["id"]
+    old = relay.create(title="Parser")["id"]
     new = relay.send(old, "/compact").json()["compacted_into"]["id"]
     relay.send(new, "hello")
-    assert relay.get(new)["title"] == "New conversation (compacted)"
+    assert relay.get(new)["title"] == "Parser (compacted)"
+
+
+def test_an_untitled_conversations_successor_is_named_by_its_first_message(
+    relay: LiveRelay,
+) -> None:
+    """/clear as a new conversation's first act (to start from the project's handoff) left
+    "New conversation (compacted)" for good (a dogfood run)."""
+    old = relay.create()["id"]
+    new = relay.send(old, "/clear").json()["compacted_into"]["id"]
+    twice = relay.send(new, "/compact").json()["compacted_into"]["id"]
+    assert relay.get(twice)["title"] == "New conversation (compacted ×2)"  # SPEC §2, until…
+    chat(relay, twice, "Fix the parser")
+    relay.send(twice, "and the lexer")  # (only the first message names it)
+    successor = relay.send(twice, "/compact").json()["compacted_into"]["id"]
+    relay.send(successor, "next")
+    titles = [relay.wait_idle(cid)["title"] for cid in (twice, successor)]
+    assert titles == ["Fix the parser", "Fix the parser (compacted)"]
 
 
 # -- interrupt ---------------------------------------------------------------------------

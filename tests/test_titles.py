@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.titles import TITLE_LIMIT, compacted_title
+from app.titles import TITLE_LIMIT, compacted_from, compacted_title
 
 
 def test_first_compaction_is_spec_title() -> None:
@@ -57,3 +57,15 @@ def test_a_right_to_left_title_is_isolated_from_its_suffix() -> None:
     long = compacted_title("\u202e" + "x" * 300)
     assert len(long) == TITLE_LIMIT
     assert long.startswith("\u2068\u202e") and long.endswith("…\u2069 (compacted)")
+
+
+def test_compacted_from_knows_a_title_and_its_successors() -> None:
+    base = "New conversation"
+    assert [
+        compacted_from(title, base)
+        for title in (base, f"{base} (compacted)", f"{base} (compacted ×3)", compacted_title(base))
+    ] == [True] * 4
+    assert [
+        compacted_from(title, base)
+        for title in ("Other (compacted)", f"{base}s (compacted)", f"{base} (compacted) x", "")
+    ] == [False] * 4

@@ -23,7 +23,7 @@ from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decisi
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
 from app.supervisor.runner import DELETING, READ_ONLY, ConversationError, Runner, TurnState, _settle
-from app.titles import compacted_title
+from app.titles import compacted_from, compacted_title
 from app.tools import ToolResult
 from app.views import conversation_view
 
@@ -666,5 +666,7 @@ def _user_message(session: Session, conversation: Conversation, entry_id: int) -
 
 
 def _untitled(conversation: Conversation) -> bool:
-    """True for a conversation that has had neither a title nor a message yet."""
-    return conversation.title == DEFAULT_TITLE and conversation.last_seq == 0
+    """True for a conversation that has had neither a title nor a message yet: a new one, or
+    the successor of one (`/clear` as a new conversation's first act, to start from the
+    project's handoff: "New conversation (compacted)" until its first message names it)."""
+    return conversation.last_seq == 0 and compacted_from(conversation.title, DEFAULT_TITLE)
