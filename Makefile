@@ -5,9 +5,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-HOST ?= 127.0.0.1
-PORT ?= 8000
-DATA ?= ./data
+# `make serve HOST=… PORT=… DATA=…` on make's command line, else oarlock's own variables
+# (OARLOCK_HOST, OARLOCK_PORT, OARLOCK_DATA_DIR: `oarlock serve` reads them too). A plain
+# HOST, PORT or DATA in the environment, set for some other program, is not taken.
+ifneq ($(origin HOST),command line)
+HOST := $(or $(OARLOCK_HOST),127.0.0.1)
+endif
+ifneq ($(origin PORT),command line)
+PORT := $(or $(OARLOCK_PORT),8000)
+endif
+ifneq ($(origin DATA),command line)
+DATA := $(or $(OARLOCK_DATA_DIR),./data)
+endif
 
 include tools.mk
 

@@ -50,6 +50,9 @@ def main(context: click.Context) -> None:
         context.invoke(serve)
 
 
+QUIET_AT_DEBUG = ("markdown_it",)  # libraries kept at INFO under OARLOCK_LOG_LEVEL=debug
+
+
 @main.command()
 @click.option("--host", default=None, help="Address to listen on [OARLOCK_HOST, 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port [OARLOCK_PORT, 8000].")
@@ -72,6 +75,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactTokens())
+    for chatty in QUIET_AT_DEBUG:  # a line per Markdown rule per message: noise, not debugging
+        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
     if settings.no_auth and not is_loopback(settings.host):
         sys.exit(
             f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"

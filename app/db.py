@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import event, make_url
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, create_engine
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,14 @@ def with_driver(url: str) -> str:
     if parsed.drivername == "postgresql":
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     return url
+
+
+def unavailable(error: DBAPIError) -> str:
+    """A 503's words for a database that cannot be used: the driver's first line (PostgreSQL
+    adds CONTEXT lines, a row's place in a table, that say nothing to the user)."""
+    reason = str(error.orig) if error.orig else str(error)
+    first = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
+    return f"The database cannot be used right now ({first}). Nothing was stored."
 
 
 def display_url(url: str) -> str:

@@ -26,7 +26,7 @@ from app import __version__, store
 from app.cluster import install as install_cluster
 from app.cluster import make_hub, setting_error
 from app.config import Settings
-from app.db import ensure_private_dir, get_session, make_engine
+from app.db import ensure_private_dir, get_session, make_engine, unavailable
 from app.limits import BodyLimit, body_limit
 from app.models import Conversation
 from app.notify import Notifier
@@ -210,9 +210,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def database_unavailable(_request: Request, error: OperationalError) -> JSONResponse:
         """A database that cannot be written (read-only, disk full): say so, keep running."""
         log.error("database error: %s", error)
-        reason = str(error.orig) if error.orig else str(error)
-        detail = f"The database cannot be used right now ({reason}). Nothing was stored."
-        return JSONResponse({"detail": detail}, status_code=503)
+        return JSONResponse({"detail": unavailable(error)}, status_code=503)
 
     @app.exception_handler(store.ConversationGone)
     async def conversation_gone(_request: Request, error: store.ConversationGone) -> JSONResponse:

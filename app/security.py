@@ -26,6 +26,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.requests import cookie_parser
 
 from app.attachments import body_limit, is_image_upload
+from app.db import unavailable
 from app.sessions import LIFETIME, Sessions
 
 log = logging.getLogger(__name__)
@@ -365,8 +366,7 @@ class Guard:
         try:
             session_id = await anyio.to_thread.run_sync(self.sessions.create)
         except OperationalError as error:  # as the app's own handler answers (main.py)
-            reason = str(error.orig) if error.orig else str(error)
-            return 503, f"The database cannot be used right now ({reason}). Nothing was stored.", []
+            return 503, unavailable(error), []
         cookie = session_cookie(session_id, secure=scope.get("scheme") == "https")
         return 303, "", [(b"location", location.encode()), (b"set-cookie", cookie)]
 

@@ -62,16 +62,28 @@ def test_url_is_printed_once_the_server_answers(tmp_path: Path) -> None:
 
 
 def test_access_log_is_quiet_by_default_and_on_at_debug(tmp_path: Path) -> None:
-    outputs = {}
+    outputs, starts = {}, {}
     for level in ("", "debug"):
         env = {"OARLOCK_LOG_LEVEL": level} if level else {}
-        _, port, process = run_serve(tmp_path / (level or "default"), **env)
+        starts[level], port, process = run_serve(tmp_path / (level or "default"), **env)
         try:
             for _ in range(3):
                 assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
             httpx.get(f"http://127.0.0.1:{port}/?token={TOKEN}")
+            if level == "debug":  # a reply rendered: markdown-it's debug lines stay out
+                with httpx.Client(
+                    base_url=f"http://127.0.0.1:{port}/api",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                ) as api:
+                    cid = api.post("/conversations", json={"provider": "demo"}).json()["id"]
+                    sent = api.post(f"/conversations/{cid}/messages", json={"text": "hi"})
+                    assert sent.is_success, sent.text
+                    while api.get(f"/conversations/{cid}").json()["turn"]["state"] != "idle":
+                        time.sleep(0.05)
         finally:
             outputs[level] = stop(process)
+    assert not [line for line in outputs["debug"] if "markdown_it" in line]
+    assert any(line.startswith("DEBUG ") for line in starts["debug"])  # the others' are there
     requests = {
         level: [line for line in out if "HTTP/1.1" in line] for level, out in outputs.items()
     }
@@ -91,6 +103,29 @@ def test_make_serve_installs_with_progress_not_quietly(tmp_path: Path) -> None:
     ]
     assert installs and all(" -q" not in line for line in installs), installs
     assert any("takes a few minutes" in line for line in dry.stdout.splitlines())
+
+
+def test_make_serve_takes_oarlocks_variables_and_its_own_not_a_stray_port() -> None:
+    # A fresh-clone walkthrough: OARLOCK_PORT was ignored by `make serve` (it always passed
+    # --port 8000), while a PORT set for some other program was taken.
+    def served(*make_args: str, **env: str) -> str:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("OARLOCK_", "MAKE"))}
+        base = {k: v for k, v in base.items() if k not in ("HOST", "PORT", "DATA")}
+        dry = subprocess.run(
+            ["make", "-n", "serve", *make_args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=base | env,
+        )
+        assert dry.returncode == 0, dry.stderr
+        return dry.stdout.splitlines()[-1].split(" serve ")[1]
+
+    assert served() == "--host 127.0.0.1 --port 8000 --data-dir ./data"
+    oarlock = {"OARLOCK_HOST": "0.0.0.0", "OARLOCK_PORT": "9000", "OARLOCK_DATA_DIR": "/srv/x"}
+    assert served(**oarlock) == "--host 0.0.0.0 --port 9000 --data-dir /srv/x"
+    assert served(HOST="example", PORT="5555", DATA="/y") == served()
+    assert served("PORT=7000", "DATA=/z", **oarlock) == "--host 0.0.0.0 --port 7000 --data-dir /z"
 
 
 def test_sigusr1_prints_every_threads_stack_and_the_relay_goes_on(tmp_path: Path) -> None:
