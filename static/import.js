@@ -91,17 +91,23 @@ export class Imports {
   item(session) {
     const button = h('button', { type: 'button', class: 'btn btn-small', testid: 'import-button', text: 'Import' });
     const error = h('p', { class: 'dialog-error', role: 'alert', hidden: true });
+    // The session's folder has Claude Code settings of its own: imported only once trusted
+    // (as Create asks, app/trust.py), with this box under the refusal.
+    const trusted = h('input', { type: 'checkbox', testid: 'import-trust' });
+    const trust = h('label', { class: 'check-field', hidden: true }, trusted, h('span', { text: "Trust this folder's settings" }));
     button.addEventListener('click', async () => {
       button.disabled = true;
       error.hidden = true;
       try {
         const body = { permission_mode: byId('new-permission').value }; // as the dialog says
+        if (trusted.checked) body.trust_project = true;
         const { data } = await api(`/api/claude-sessions/${encodeURIComponent(session.session_id)}/import`, { method: 'POST', body });
         this.hooks.onImported(data);
       } catch (err) {
         error.textContent = err.message;
         error.hidden = false;
         button.disabled = false;
+        if (err.status === 409 && err.message.startsWith('This folder has Claude Code settings')) trust.hidden = false;
       }
     });
     const when = h('time', { datetime: session.updated_at, title: new Date(session.updated_at).toLocaleString(), text: relativeTime(session.updated_at) });
@@ -109,6 +115,6 @@ export class Imports {
       h('div', { class: 'import-main' },
         h('span', { class: 'import-title', dir: 'auto', testid: 'import-title', text: session.title }),
         h('span', { class: 'import-meta' }, h('span', { class: 'import-cwd', dir: 'ltr', text: session.cwd }), ' · ', when)),
-      button, error);
+      button, error, trust);
   }
 }

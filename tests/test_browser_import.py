@@ -91,6 +91,30 @@ def test_import_a_terminal_session_and_resume_it(
     pages.assert_clean()
 
 
+def test_a_session_in_a_folder_with_its_own_settings_is_imported_once_trusted(
+    pages: Pages, live: LiveRelay, tmp_path: Path, fake: FakeAnthropic
+) -> None:
+    # A dogfood run: the refusal said to tick "Trust this folder's settings", and the import
+    # had no such box (the Create form's stays hidden, and Import never sent it).
+    workspace = tmp_path / "data" / "work" / "configured"
+    (workspace / ".claude").mkdir(parents=True)
+    (workspace / ".claude" / "settings.json").write_text('{"env": {"FOO": "1"}}')
+    terminal(workspace, "hello from a configured folder")
+    page = pages.open(live)
+    by_id(page, "new-conversation").click()
+    by_id(page, "import-toggle").click()
+    item = by_id(page, "import-item")
+    trust = item.get_by_test_id("import-trust")
+    expect(trust).to_be_hidden()
+    item.get_by_test_id("import-button").click()
+    expect(item.get_by_role("alert")).to_contain_text("This folder has Claude Code settings")
+    trust.check()
+    item.get_by_test_id("import-button").click()
+    expect(page).to_have_url(f"{live.base}/c/1")
+    expect(user_bubble(page, "hello from a configured folder")).to_have_count(1)
+    pages.assert_clean("409")
+
+
 def test_the_resume_line_is_only_for_claude_code(pages: Pages, live: LiveRelay) -> None:
     cid = live.create(title="Demo")["id"]
     page = pages.open(live, f"/c/{cid}")
