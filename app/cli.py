@@ -8,11 +8,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import click
 import uvicorn
+from pydantic import ValidationError
 
 from app.config import Settings
 from app.limits import protocol_options
@@ -38,8 +40,53 @@ def server_options(settings: Settings) -> dict[str, Any]:
 
 
 def _settings(**options: Any) -> Settings:
-    """Settings from the environment, with the options given on the command line on top."""
-    return Settings(**{name: value for name, value in options.items() if value is not None})
+    """Settings from the environment, with the options given on the command line on top; a
+    value that cannot be used ends the command with a line naming it (not a traceback)."""
+    try:
+        return Settings(**{name: value for name, value in options.items() if value is not None})
+    except ValidationError as error:
+        given = [name for name, value in options.items() if value is not None]
+        sys.exit("\n".join(setting_problems(error, given)))
+
+
+def setting_problems(error: ValidationError, given: Collection[str] = ()) -> list[str]:
+    """A line per refused setting: its variable (or option), why, and the value when not a
+    secret (a token, or a database URL with its password)."""
+    lines = []
+    for problem in error.errors():
+        name = str(problem["loc"][0]) if problem["loc"] else ""
+        where = f"--{name.replace('_', '-')}" if name in given else f"OARLOCK_{name.upper()}"
+        if not name:  # a check of several settings together (model_validator)
+            where = "The configuration"
+        why = problem["msg"].removeprefix("Value error, ").rstrip(".")
+        value = problem.get("input")
+        secret = any(word in name for word in ("token", "url", "password", "secret"))
+        hidden = secret or isinstance(value, dict) or str(value) in why
+        lines.append(f"{where}: {why}" + ("." if hidden else f" (it is {value!r})."))
+    return lines
+
+
+def open_data(settings: Settings) -> None:
+    """The data directory made (private) and the database migrated, or a line saying why not."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.db import display_url, ensure_private_dir
+    from app.migrate import upgrade
+
+    try:
+        ensure_private_dir(settings.resolved_data_dir)
+    except OSError as error:
+        where = settings.resolved_data_dir
+        sys.exit(f"The data directory {where} cannot be used: {error.strerror or error}.")
+    try:
+        upgrade(settings.db_url)
+    except (SQLAlchemyError, ImportError) as error:
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines() or ["?"]
+        try:
+            database = f"The database {display_url(settings.db_url)}"
+        except SQLAlchemyError:  # not a URL at all
+            database = "OARLOCK_DATABASE_URL"
+        sys.exit(f"{database} cannot be used: {reason[0]}")
 
 
 @click.group(invoke_without_command=True)
@@ -65,9 +112,7 @@ QUIET_AT_DEBUG = ("markdown_it",)  # libraries kept at INFO under OARLOCK_LOG_LE
 def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     """Migrate the database and run the relay."""
     from app.cluster import setting_error
-    from app.db import ensure_private_dir
     from app.main import create_app
-    from app.migrate import upgrade
 
     settings = _settings(host=host, port=port, data_dir=data_dir)
     logging.basicConfig(
@@ -84,8 +129,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
         )
     if (error := setting_error(settings) or token_error(settings.token)) is not None:
         sys.exit(error)
-    ensure_private_dir(settings.resolved_data_dir)
-    upgrade(settings.db_url)
+    open_data(settings)
     app = create_app(settings)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"
@@ -130,12 +174,10 @@ def announce(server: uvicorn.Server, lines: list[str]) -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data directory.")
 def migrate(data_dir: Path | None) -> None:
     """Create or upgrade the database schema."""
-    from app.db import display_url, ensure_private_dir
-    from app.migrate import upgrade
+    from app.db import display_url
 
     settings = _settings(data_dir=data_dir)
-    ensure_private_dir(settings.resolved_data_dir)
-    upgrade(settings.db_url)
+    open_data(settings)
     click.echo(f"Database is up to date: {display_url(settings.db_url)}")
 
 

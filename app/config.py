@@ -20,7 +20,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OARLOCK_", extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
     data_dir: Path = Path("./data")
     database_url: str | None = None  # default: sqlite under data_dir
     token: str | None = None  # default: generated into data_dir/token on first start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,48 @@ def test_python_m_gives_the_oarlock_command(module: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "serve" in done.stdout and "migrate" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "said"),
+    [
+        (["serve", "--port", "99999"], {}, "--port: Input should be less than or equal to 65535"),
+        (["serve", "--port", "0"], {}, "--port: Input should be greater than or equal to 1"),
+        (["migrate"], {"OARLOCK_PORT": "abc"}, "OARLOCK_PORT: Input should be a valid integer"),
+        (["migrate"], {"OARLOCK_AGENT_MEMORY": "lots"}, "OARLOCK_AGENT_MEMORY: 'lots' is not"),
+        (
+            ["migrate"],
+            {"OARLOCK_CONTEXT_SOFT": "100000", "OARLOCK_CONTEXT_HARD": "50000"},
+            "The configuration: OARLOCK_CONTEXT_HARD must not be below OARLOCK_CONTEXT_SOFT.",
+        ),
+        (["migrate"], {"OARLOCK_DATA_DIR": "{file}"}, "The data directory {file} cannot be used"),
+        (["migrate"], {"OARLOCK_DATABASE_URL": "garbage"}, "OARLOCK_DATABASE_URL cannot be used"),
+        (
+            ["serve"],
+            {"OARLOCK_DATABASE_URL": "postgresql://u:sekrit@127.0.0.1:1/x"},
+            "The database postgresql://u:***@127.0.0.1:1/x cannot be used: connection failed",
+        ),
+    ],
+)
+def test_a_setting_that_cannot_be_used_is_one_line_not_a_traceback(
+    tmp_path: Path, command: list[str], env: dict[str, str], said: str
+) -> None:
+    # A dogfood run: a bad port printed a URL that did not answer, and a data directory that
+    # is a file, a database URL that is not one, … each gave a 30-140 line traceback.
+    file = tmp_path / "a-file"
+    file.write_text("")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
+    environ |= {k: v.format(file=file) for k, v in env.items()}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", *command],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # (serve logs its start before it)
+    assert said.format(file=file) in last, done.stderr
+    assert "sekrit" not in done.stderr
