@@ -40,6 +40,14 @@ function counts(file) {
   return parts.join(' ');
 }
 
+/** Why a text file's diff has no line: an empty file came or went, or only its name, mode or type changed. */
+function noLines(status) {
+  if (status === 'renamed') return 'Moved, no line changed.';
+  if (status === 'untracked' || status === 'added') return 'A new, empty file.';
+  if (status === 'deleted') return 'An empty file, deleted.';
+  return 'No line changed (its mode or type did).';
+}
+
 export class Changes {
   /** dialogs: the shared helper (app.js) */
   constructor(dialogs) {
@@ -154,7 +162,7 @@ export class Changes {
     if (diff.binary) {
       body.replaceChildren(h('p', { class: 'muted', text: 'A binary file: no lines to show.' }));
     } else if (!diff.diff.length) {
-      body.replaceChildren(h('p', { class: 'muted', text: diff.status === 'renamed' ? 'Moved, no line changed.' : 'No line changed (its mode or type did).' }));
+      body.replaceChildren(h('p', { class: 'muted', text: noLines(diff.status) }));
     } else {
       const block = diffBlock(diff);
       if (diff.cut) block.append(h('span', { class: 'diff-line hunk', text: '… the rest is too long to show' }));

@@ -72,6 +72,29 @@ def test_the_changes_since_the_last_commit_and_a_file_s_diff(
     expect(by_id(page, "changes-button")).to_be_focused()  # focus goes back
 
 
+def test_an_empty_file_that_came_or_went_says_so(pages: Pages, relay: LiveRelay) -> None:
+    # A dogfood run: an empty new file read "No line changed (its mode or type did)".
+    came = repo(relay.settings.roots[0] / "work" / "came")
+    (came / "staged.txt").write_text("")
+    git(came, "add", "staged.txt")
+    (came / "untracked.txt").write_text("")
+    went = repo(relay.settings.roots[0] / "work" / "went")
+    (went / "empty.txt").write_text("")
+    git(went, "add", "empty.txt")
+    git(went, "commit", "-q", "-m", "an empty file")
+    (went / "empty.txt").unlink()  # (beside the new ones, git would call it a rename)
+    for root, said in [
+        (came, ["A new, empty file.", "A new, empty file."]),
+        (went, ["An empty file, deleted."]),
+    ]:
+        page = opened(pages, relay, root, root.name)
+        expect(by_id(page, "change-path")).to_have_count(len(said))
+        for n in range(len(said)):
+            by_id(page, "change-toggle").nth(n).click()
+        expect(by_id(page, "change-diff")).to_have_text(said)
+    pages.assert_clean()
+
+
 def test_a_turn_that_ends_refreshes_the_open_view(pages: Pages, tmp_path: Path) -> None:
     relay = own_relay(tmp_path, demo_delay=0.05)  # "slow" streams 200 words: about 10 s
     try:
