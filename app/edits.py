@@ -31,8 +31,26 @@ def _diff(old: str, new: str) -> list[str]:
     ]
 
 
-def edit_change(name: str, tool_input: Any) -> dict[str, Any] | None:
-    """The file and diff an edit/write call makes; None for other tools or unusable input."""
+def written_path(name: str, tool_input: Any) -> str | None:
+    """The path a whole-file write (Write, create) would replace, or None for other calls."""
+    if name not in EDIT_TOOLS or not isinstance(tool_input, Mapping):
+        return None
+    path_key, old_key, _new_key = EDIT_TOOLS[name]
+    if name == "str_replace_editor":
+        whole = tool_input.get("command") == "create"
+    else:
+        whole = not old_key and name != "MultiEdit"
+    return _text(tool_input.get(path_key)) or None if whole else None
+
+
+def edit_change(
+    name: str, tool_input: Any, existing: tuple[bool, str | None] = (False, None)
+) -> dict[str, Any] | None:
+    """The file and diff an edit/write call makes; None for other tools or unusable input.
+
+    existing: for a whole-file write, whether the file is there and its text now (None when
+    it cannot be shown: too big, binary): then the kind is "overwrite", diffed when it can be.
+    """
     if name not in EDIT_TOOLS or not isinstance(tool_input, Mapping):
         return None
     path_key, old_key, new_key = EDIT_TOOLS[name]
@@ -49,14 +67,17 @@ def edit_change(name: str, tool_input: Any) -> dict[str, Any] | None:
                 lines += _diff(_text(edit.get("old_string")), _text(edit.get("new_string")))
     elif old_key:
         lines = _diff(_text(tool_input.get(old_key)), _text(tool_input.get(new_key)))
+    elif existing[1] is not None:  # the file's lines now against the new ones
+        lines = _diff(existing[1], _text(tool_input.get(new_key)))
     else:
         lines = ["+" + line for line in _text(tool_input.get(new_key)).splitlines()]
     if not path and not lines:
         return None
     more = max(0, len(lines) - MAX_LINES)
+    whole = "overwrite" if existing[0] else "write"
     return {
         "file": path,
-        "kind": "edit" if old_key or name == "MultiEdit" else "write",
+        "kind": "edit" if old_key or name == "MultiEdit" else whole,
         "diff": lines[:MAX_LINES],
         "more": more,
     }

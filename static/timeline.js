@@ -348,12 +348,15 @@ function planEntry(entry, timeline) {
   return card;
 }
 
+// A whole-file write over a file that is there says so (its old lines are in the diff).
+const WANTS = { write: ' wants to write:', overwrite: ' wants to overwrite:' };
+
 function permissionEntry(entry, timeline) {
   const data = entry.data || {};
   if (data.tool === 'AskUserQuestion') return questionEntry(entry, timeline);
   if (data.tool === 'ExitPlanMode') return planEntry(entry, timeline);
   const edit = data.edit && typeof data.edit === 'object' ? data.edit : null;
-  const wants = !edit ? ' wants to run:' : edit.kind === 'write' ? ' wants to write:' : ' wants to edit:';
+  const wants = !edit ? ' wants to run:' : WANTS[edit.kind] || ' wants to edit:';
   const main = visible(edit ? String(edit.file || '') : inputSummary(data.input));
   const hidden = main.found || visible(JSON.stringify(data.input ?? null)).found;
   const card = h('div', { class: `activity permission state-${entry.state}`, testid: 'entry-activity' },

@@ -763,6 +763,15 @@ def test_claude_write_permission_shows_the_content_above_its_tool_row(
         expect(row.locator(".diff-line.add")).to_have_text(["+first line", "+second line"])
         relay.wait_idle(cid)
         assert target.read_text() == "first line\nsecond line"
+        # Written over: the card says so and shows what goes (a dogfood run: it looked new).
+        send_text(page, f"[[WRITE:{target}|first line\nnew second line]]")
+        card = page.locator(".permission.state-pending")
+        expect(card).to_contain_text("Write wants to overwrite:", timeout=30_000)
+        expect(card.locator(".diff-line.del")).to_have_text(["-second line"])
+        expect(card.locator(".diff-line.add")).to_have_text(["+new second line"])
+        by_id(page, "permission-allow").click()
+        relay.wait_idle(cid)
+        assert target.read_text() == "first line\nnew second line"
         pages.assert_clean()
 
 

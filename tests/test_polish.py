@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
+from pathlib import Path
 
 import nh3
 
-from app.edits import MAX_LINES, edit_change
+from app.edits import MAX_LINES, edit_change, written_path
 from app.live_render import RENDER_CHARS_PER_SECOND, RENDER_SECONDS, LiveRender
+from app.overwrite import MAX_BYTES as OVERWRITE_MAX
+from app.overwrite import existing_text
 from app.render import HIGHLIGHT_CLASSES, render_markdown, render_partial
 from app.window import apply_note
 from tests.relay import CheckedLoop
@@ -68,6 +72,70 @@ def test_a_write_is_its_content_added_and_a_huge_one_is_cut() -> None:
     assert change == {"file": "b.txt", "kind": "write", "diff": ["+hello", "+world"], "more": 0}
     big = edit_change("create", {"path": "c.txt", "file_text": "x\n" * (MAX_LINES + 5)})
     assert big is not None and len(big["diff"]) == MAX_LINES and big["more"] == 5
+
+
+def test_a_write_over_a_file_is_a_diff_from_its_text_now() -> None:
+    write = {"file_path": "b.txt", "content": "one\nthree\n"}
+    assert edit_change("Write", write, (True, "one\ntwo\n")) == {
+        "file": "b.txt",
+        "kind": "overwrite",
+        "diff": ["@@", " one", "-two", "+three"],
+        "more": 0,
+    }
+    unshown = edit_change("Write", write, (True, None))  # too big or binary: no old lines
+    assert unshown is not None and unshown["kind"] == "overwrite"
+    assert unshown["diff"] == ["+one", "+three"]
+    assert [
+        written_path(name, tool_input)
+        for name, tool_input in [
+            ("Write", write),
+            ("create", {"path": "c"}),
+            ("str_replace_editor", {"command": "create", "path": "d"}),
+            ("str_replace_editor", {"command": "str_replace", "path": "d"}),
+            ("Edit", {"file_path": "e"}),
+            ("MultiEdit", {"file_path": "f"}),
+            ("Write", {"content": "no path"}),
+        ]
+    ] == ["b.txt", "c", "d", None, None, None, None]
+
+
+def test_the_text_a_write_replaces_is_read_only_inside_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    cwd, outside = tmp_path / "project", tmp_path / "secret.txt"
+    (cwd / "sub").mkdir(parents=True)
+    (cwd / "sub" / "a.txt").write_text("old text\n")
+    outside.write_text("not for the card\n")
+    (cwd / "escape.txt").symlink_to(outside)
+    (cwd / "big.txt").write_bytes(b"x" * (OVERWRITE_MAX + 1))
+    (cwd / "bin.dat").write_bytes(b"\x00\x01")
+    os.mkfifo(cwd / "pipe")  # (opened, it would block)
+    assert [
+        existing_text(path, str(cwd))
+        for path in [
+            "sub/a.txt",
+            str(cwd / "sub" / "a.txt"),
+            str(outside),
+            "../secret.txt",
+            "escape.txt",
+            "big.txt",
+            "bin.dat",
+            "pipe",
+            "sub",
+            "new.txt",
+        ]
+    ] == [
+        (True, "old text\n"),
+        (True, "old text\n"),
+        (False, None),
+        (False, None),
+        (False, None),
+        (True, None),
+        (True, None),
+        (False, None),
+        (False, None),
+        (False, None),
+    ]
 
 
 def test_multi_edit_and_copilot_edits_are_diffs_other_tools_are_not() -> None:

@@ -27,9 +27,10 @@ from app.agents.base import (
 from app.attachments import Image
 from app.cluster.leases import LeaseLost
 from app.db import WRITE_PATIENCE, write_lock_free
-from app.edits import edit_change
+from app.edits import edit_change, written_path
 from app.handoff import HANDOFF_REQUEST, context_note, first_message, is_handoff_command, with_note
 from app.models import Conversation, Entry
+from app.overwrite import existing_text
 from app.questions import EXPIRED_ENDED, EXPIRED_SHUTDOWN, EXPIRED_STOPPED, QUESTION_TOOL, asked
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, STOPPED_BY_USER
@@ -606,13 +607,16 @@ class Turns(SupervisorState):
         request: PermissionRequest,
         future: asyncio.Future[PermissionDecision],
     ) -> None:
-        change = edit_change(request.tool_name, request.tool_input)
-        edit = {"edit": change} if change else {}
         text = f"{request.tool_name} wants permission"
         if request.tool_name == QUESTION_TOOL:  # the agent asks the user (a form of answers)
             text = "The agent asks: " + " · ".join(asked(request.tool_input))
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
+            # A whole-file write over a file: what it replaces (read now: the tool waits).
+            written = written_path(request.tool_name, request.tool_input)
+            existing = existing_text(written, conversation.cwd) if written else (False, None)
+            change = edit_change(request.tool_name, request.tool_input, existing)
+            edit = {"edit": change} if change else {}
             entry = self._add(
                 session,
                 conversation,
