@@ -80,11 +80,18 @@ def _git_files(root: Path, ceiling: Iterable[Path], limit: int) -> tuple[list[st
         if repository(root, ceiling) is None:
             return None
         found = run_git(command, root, ceiling=ceiling)
+        # Tracked but deleted from the work tree: not offered (the agent could not read it).
+        gone = run_git(["ls-files", "--deleted", "-z"], root, ceiling=ceiling)
     except GitError:
         return None
     if found.code != 0:  # not a git work tree
         return None
-    names = (n.decode("utf-8", "strict") for n in found.out.split(b"\0") if n and _utf8(n))
+    deleted = set(gone.out.split(b"\0")) if gone.code == 0 else set()
+    names = (
+        n.decode("utf-8", "strict")
+        for n in found.out.split(b"\0")
+        if n and n not in deleted and _utf8(n)
+    )
     unique = list(dict.fromkeys(names))  # (a file in conflict is listed once per stage)
     return unique[:limit], len(unique) > limit
 

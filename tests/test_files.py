@@ -74,6 +74,9 @@ def test_a_git_work_tree_lists_what_git_does_ignored_files_left_out(tmp_path: Pa
     (root / ".gitignore").write_text("notes.txt\n")
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run(["git", "add", "src/app.py"], cwd=root, check=True)
+    (root / "gone.txt").write_text("x")
+    subprocess.run(["git", "add", "gone.txt"], cwd=root, check=True)
+    (root / "gone.txt").unlink()  # tracked, deleted: not offered (a dogfood run saw it offered)
     files, truncated = list_files(root)
     # tracked and untracked alike, .gitignore obeyed; git's rules, not the walk's
     assert sorted(files) == sorted(
