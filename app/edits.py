@@ -40,7 +40,7 @@ def written_path(name: str, tool_input: Any) -> str | None:
         whole = tool_input.get("command") == "create"
     else:
         whole = not old_key and name != "MultiEdit"
-    return _text(tool_input.get(path_key)) or None if whole else None
+    return (_text(tool_input.get(path_key)) or None) if whole else None
 
 
 def edit_change(
