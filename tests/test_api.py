@@ -355,6 +355,7 @@ def test_list_conversations_by_title_reads_every_page(relay: LiveRelay) -> None:
     ] * 3
     assert listed(relay, "?q=needle")[0] == [ids[4]]  # (active ones too, when asked)
     assert listed(relay, "?status=archived&q=%20")[0] == ids[3::-1]  # blank: every one
+    assert listed(relay, "?status=archived&q=a%00b") == ([], None)  # (PostgreSQL: no NUL)
 
 
 def test_list_conversations_bad_query_422(relay: LiveRelay) -> None:

@@ -104,7 +104,7 @@ async def list_conversations(
     with `q`, only those whose title holds it (the archive's search: all of it, not the pages
     a browser has loaded)."""
     cursor = parse_cursor(before)
-    title = q.strip()
+    title = store.storable(q.strip())  # as titles are stored (a NUL: PostgreSQL takes none)
     # Taken before the read: every global event counted up to it is in the page (docs/api.md).
     feed = supervisor.hub.feed()
 
