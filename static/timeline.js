@@ -185,7 +185,7 @@ function otherFields(input, main, hasDiff) {
   if (input == null || typeof input !== 'object' || main == null) return null;
   const shown = (key) => key === main || key === 'description' || (hasDiff && DIFF_FIELDS.has(key));
   const rows = Object.entries(input)
-    .filter(([key]) => !shown(key))
+    .filter(([key, value]) => !shown(key) && value !== false) // (false: an option left off)
     .map(([key, value]) => h('div', { class: 'perm-field', testid: 'permission-field' },
       h('span', { class: 'perm-field-name', text: `${visible(key).shown}:` }), ' ',
       h('code', { dir: 'auto', text: visible(typeof value === 'string' ? value : JSON.stringify(value)).shown })));

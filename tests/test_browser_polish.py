@@ -347,6 +347,7 @@ def test_a_permission_shows_every_field_it_approves(pages: Pages, relay: LiveRel
         asking(
             ("b1", "Bash", BACKGROUND),
             ("e1", "Edit", REPLACE_ALL),
+            ("e2", "Edit", EDIT_INPUT | {"replace_all": False}),
             ("s1", "mcp__notes__save", SAVE),
         ),
     )
@@ -361,6 +362,11 @@ def test_a_permission_shows_every_field_it_approves(pages: Pages, relay: LiveRel
     card = page.locator(".permission.state-pending")
     expect(card).to_contain_text("Edit wants to edit:")
     expect(card.locator(".perm-field")).to_have_text(["replace_all: true"])
+    by_id(page, "permission-deny").click()
+    card = page.locator(".permission.state-pending")
+    expect(card).to_contain_text("Edit wants to edit:")
+    expect(card.locator(".diff")).to_be_visible()
+    expect(card.locator(".perm-field")).to_have_count(0)  # an option left off is no row (a review)
     by_id(page, "permission-deny").click()
     card = page.locator(".permission.state-pending")
     expect(card.locator(".perm-input")).to_have_text("/work/notes.md")
