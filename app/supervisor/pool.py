@@ -238,7 +238,7 @@ class Pool(SupervisorState):
         async def ask(request: PermissionRequest) -> PermissionDecision:
             if runner is None:
                 return PermissionDecision(False, "No turn is running.")
-            return await self._ask(runner, request)
+            return await self._ask(runner, request, conversation.cwd)  # (the agent's cwd)
 
         return AgentSpec(
             conversation_id=conversation.id or 0,

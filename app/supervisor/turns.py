@@ -579,8 +579,13 @@ class Turns(SupervisorState):
             if restore:
                 self.publish_conversation(conversation)
 
-    async def _ask(self, runner: Runner, request: PermissionRequest) -> PermissionDecision:
+    async def _ask(
+        self, runner: Runner, request: PermissionRequest, cwd: str = ""
+    ) -> PermissionDecision:
         """Put a permission question in the timeline and wait for the first answer.
+
+        cwd: the agent's working directory: a whole-file write over a file in it shows what it
+        replaces, read now (the tool waits for the answer) in a worker thread, not the writer's.
 
         A question about an announced call waits (ANNOUNCE_WAIT at most) for that call's row:
         the agent's events before the call may still be queued behind a storage job while
@@ -597,8 +602,12 @@ class Turns(SupervisorState):
                     runner.conversation_id,
                     request.tool_id,
                 )
+        written = written_path(request.tool_name, request.tool_input)
+        existing = (False, None)
+        if written and cwd:
+            existing = await asyncio.to_thread(existing_text, written, cwd)
         future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
-        await self._patiently(self._question, runner, request, future)
+        await self._patiently(self._question, runner, request, future, existing)
         return await future
 
     def _question(
@@ -606,15 +615,13 @@ class Turns(SupervisorState):
         runner: Runner,
         request: PermissionRequest,
         future: asyncio.Future[PermissionDecision],
+        existing: tuple[bool, str | None] = (False, None),
     ) -> None:
         text = f"{request.tool_name} wants permission"
         if request.tool_name == QUESTION_TOOL:  # the agent asks the user (a form of answers)
             text = "The agent asks: " + " · ".join(asked(request.tool_input))
         with self.session() as session:
             conversation = self._load(session, runner.conversation_id)
-            # A whole-file write over a file: what it replaces (read now: the tool waits).
-            written = written_path(request.tool_name, request.tool_input)
-            existing = existing_text(written, conversation.cwd) if written else (False, None)
             change = edit_change(request.tool_name, request.tool_input, existing)
             edit = {"edit": change} if change else {}
             entry = self._add(
