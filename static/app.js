@@ -577,21 +577,13 @@ async function loadMatches(query, before) {
   }
 }
 
-function moreMatchesButton() {
-  const button = h('button', { type: 'button', class: 'list-more', testid: 'archived-more', text: 'Show more' });
-  button.addEventListener('click', () => {
-    button.disabled = true;
-    loadMatches(archiveSearch.query, archiveSearch.next).catch(() => {});
-  });
-  return h('li', {}, button);
-}
-
-function moreButton(status) {
+/** A list's "Show more": load runs once per click (the lists are drawn again after it). */
+function moreButton(status, load = () => loadPage(status, more[status])) {
   const button = h('button', { type: 'button', class: 'list-more', testid: `${status}-more`, text: 'Show more' });
   button.addEventListener('click', async () => {
     button.disabled = true;
     try {
-      await loadPage(status, more[status]);
+      await load();
     } finally {
       renderLists();
     }
@@ -622,7 +614,9 @@ function drawLists() {
   const activeItems = active.map((c) => convItem(c, 'conversation-item'));
   const archivedItems = archived.map((c) => convItem(c, 'archive-item'));
   if (more.active) activeItems.push(moreButton('active'));
-  if (query && archiveSearch.next) archivedItems.push(moreMatchesButton());
+  if (query && archiveSearch.next) {
+    archivedItems.push(moreButton('archived', () => loadMatches(archiveSearch.query, archiveSearch.next)));
+  }
   else if (!query && more.archived) archivedItems.push(moreButton('archived'));
   // A redraw replaces the items: keyboard focus on one (its link or ⋯) goes to its new self.
   const focused = document.activeElement;
