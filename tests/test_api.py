@@ -14,6 +14,7 @@ import pytest
 from app.agents.base import AgentEvent, MessageDone, PermissionRequest, TurnDone
 from app.db import get_session
 from app.models import Conversation
+from tests import postgres
 from tests.relay import LiveRelay, make_settings, receive, receive_until
 from tests.stand_in import StandIn
 
@@ -356,6 +357,15 @@ def test_list_conversations_by_title_reads_every_page(relay: LiveRelay) -> None:
     assert listed(relay, "?q=needle")[0] == [ids[4]]  # (active ones too, when asked)
     assert listed(relay, "?status=archived&q=%20")[0] == ids[3::-1]  # blank: every one
     assert listed(relay, "?status=archived&q=a%00b") == ([], None)  # (PostgreSQL: no NUL)
+
+
+def test_list_conversations_by_title_ignores_case_as_the_database_does(relay: LiveRelay) -> None:
+    # docs/api.md: on SQLite only ASCII letters' case is ignored (its lower() knows no other).
+    cid = relay.create(title="ÉCOLE du soir")["id"]
+    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    found = [listed(relay, f"?status=archived&q={q}")[0] for q in ("DU SOIR", "ÉCOLE", "école")]
+    accented = [cid] if postgres.SELECTED == "postgres" else []
+    assert found == [[cid], [cid], accented]
 
 
 def test_list_conversations_bad_query_422(relay: LiveRelay) -> None:
