@@ -49,6 +49,8 @@ def run_migrations_online() -> None:
             render_as_batch=engine.dialect.name == "sqlite",
             include_object=include_object,  # the FTS tables are not in the models
         )
+        # For app.migrate.upgrade's caller: what the database was at (None: no schema yet).
+        config.attributes["found"] = context.get_context().get_current_revision()
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

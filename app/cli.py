@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import uvicorn
@@ -20,6 +20,9 @@ from app.config import Settings
 from app.limits import protocol_options
 from app.logs import RedactTokens, uvicorn_log_config
 from app.security import is_loopback, token_error
+
+if TYPE_CHECKING:
+    from app.migrate import Upgraded
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def setting_problems(error: ValidationError, given: Collection[str] = ()) -> lis
     return lines
 
 
-def open_data(settings: Settings) -> None:
+def open_data(settings: Settings) -> Upgraded:
     """The data directory made (private) and the database migrated, or a line saying why not."""
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -79,7 +82,7 @@ def open_data(settings: Settings) -> None:
         where = settings.resolved_data_dir
         sys.exit(f"The data directory {where} cannot be used: {error.strerror or error}.")
     try:
-        upgrade(settings.db_url)
+        return upgrade(settings.db_url)
     except (SQLAlchemyError, ImportError) as error:
         reason = str(getattr(error, "orig", None) or error).strip().splitlines() or ["?"]
         try:
@@ -177,8 +180,7 @@ def migrate(data_dir: Path | None) -> None:
     from app.db import display_url
 
     settings = _settings(data_dir=data_dir)
-    open_data(settings)
-    click.echo(f"Database is up to date: {display_url(settings.db_url)}")
+    click.echo(f"{open_data(settings).said()}: {display_url(settings.db_url)}")
 
 
 if __name__ == "__main__":  # python -m app.cli (python -m app and `oarlock` call main too)

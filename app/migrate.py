@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 from app.resources import resource_dir
 
@@ -17,6 +20,24 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str) -> None:
+class Upgraded(NamedTuple):
+    """What an upgrade found and left: revisions (found None: the database had no schema)."""
+
+    found: str | None
+    head: str | None
+
+    def said(self) -> str:
+        """What `oarlock migrate` says it did."""
+        if self.found is None:
+            return f"Created the database's tables (schema {self.head})"
+        if self.found != self.head:
+            return f"Upgraded the database's schema {self.found} → {self.head}"
+        return f"Database is up to date (schema {self.head})"
+
+
+def upgrade(url: str) -> Upgraded:
     """Apply every migration not yet applied."""
-    command.upgrade(alembic_config(url), "head")
+    config = alembic_config(url)
+    command.upgrade(config, "head")
+    head = ScriptDirectory.from_config(config).get_current_head()
+    return Upgraded(config.attributes.get("found"), head)

@@ -69,3 +69,37 @@ def test_a_setting_that_cannot_be_used_is_one_line_not_a_traceback(
     last = done.stderr.strip().splitlines()[-1]  # (serve logs its start before it)
     assert said.format(file=file) in last, done.stderr
     assert "sekrit" not in done.stderr
+
+
+def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_current(
+    tmp_path: Path,
+) -> None:
+    # It said "Database is up to date" also for a database it had just created.
+    from alembic import command
+
+    from app.migrate import alembic_config
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
+
+    def migrate(data: Path) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "migrate", "--data-dir", str(data)],
+            cwd=tmp_path,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    head = alembic_config("sqlite://").get_main_option("script_location")
+    newest = sorted(Path(head or "").glob("versions/0*.py"))[-1].name[:4]
+    fresh = tmp_path / "fresh"
+    assert migrate(fresh).startswith(f"Created the database's tables (schema {newest}): sqlite:")
+    assert migrate(fresh).startswith(f"Database is up to date (schema {newest}): sqlite:")
+    old = tmp_path / "old"
+    old.mkdir()
+    command.upgrade(alembic_config(f"sqlite:///{old / 'oarlock.db'}"), "0012")
+    said = migrate(old)
+    assert said.startswith(f"Upgraded the database's schema 0012 → {newest}: sqlite:"), said

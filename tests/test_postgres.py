@@ -198,7 +198,8 @@ def test_migrate_command_with_a_password_url(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "Database is up to date: postgresql://postgres:***@127.0.0.1:" in done.stdout
+    assert "Created the database's tables (schema " in done.stdout
+    assert "): postgresql://postgres:***@127.0.0.1:" in done.stdout
     assert "cret" not in done.stdout + done.stderr
     with psycopg.connect(url.set(drivername="postgresql").render_as_string(False)) as connection:
         assert connection.execute("SELECT version_num FROM alembic_version").fetchone()
