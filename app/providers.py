@@ -8,16 +8,16 @@ import importlib
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from app.agent_env import agent_environment, parse_passthrough
 from app.agents.base import Agent, AgentSpec
 from app.agents.lifetime import relay_marker
 from app.agents.sweep import RELAY_ENV
 from app.compaction import Style
-from app.config import Settings
+from app.config import PermissionMode, Settings
 
 WINDOW_ENV = "CLAUDE_CODE_AUTO_COMPACT_WINDOW"
 COPILOT_TOKENS = ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")
@@ -73,6 +73,7 @@ class ProviderInfo:
     reason: str = ""
     compact_window: bool = False  # has the per-conversation auto-compact window
     images: bool = False  # takes images attached to a message
+    refused_modes: dict[str, str] = field(default_factory=dict)  # mode → why it cannot run here
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -120,6 +121,11 @@ def provider_infos(
             "" if ready[provider][0] else ready[provider][1],
             traits.compact_window,
             traits.images,
+            {
+                mode: reason
+                for mode in get_args(PermissionMode)
+                if (reason := mode_refused(provider, mode, settings, environ=env)) is not None
+            },
         )
         for provider, traits in TRAITS.items()
     ]

@@ -11,7 +11,7 @@ import { ConvActions, convDescription, convMeta, setPageTitle, showNeeds } from 
 import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
-import { ModeControl, ModelControl } from './mode.js';
+import { markRefusedModes, ModeControl, ModelControl } from './mode.js';
 import { Attachments, hasFiles, imageFiles } from './attach.js';
 
 const IDLE = { state: 'idle', queued: 0 };
@@ -76,6 +76,7 @@ const isArchived = (conv) => Boolean(conv) && conv.status === 'archived';
 const newestFirst = (a, b) =>
   (Date.parse(b.updated_at) || 0) - (Date.parse(a.updated_at) || 0) || b.id - a.id;
 const providerName = (id) => (state.providers.find((p) => p.id === id) || {}).name || id;
+const refusedModes = (id) => (state.providers.find((p) => p.id === id) || {}).refused_modes || {};
 
 // ---- dialogs -----------------------------------------------------------------------------------
 
@@ -189,6 +190,7 @@ const modeControl = new ModeControl({
     onConversation(data, asked);
   },
   refused: (message) => toast(`The permission mode was not changed: ${message}`),
+  refusedModes,
 }, dialogs);
 
 const attachments = new Attachments({
@@ -1497,7 +1499,17 @@ function fillProviders() {
   const pick = state.providers.find((p) => p.id === state.defaultProvider && p.available)
     || state.providers.find((p) => p.available);
   if (pick) select.value = pick.id;
+  markNewModes();
 }
+
+/** The new conversation's permission modes, as its provider's agent would take them here. */
+function markNewModes() {
+  const modes = byId('new-permission');
+  const refused = refusedModes(byId('new-provider').value);
+  if (refused[modes.value]) modes.value = 'default';
+  markRefusedModes(modes, refused);
+}
+byId('new-provider').addEventListener('change', markNewModes);
 
 function showNewError(message) {
   const el = byId('new-error');

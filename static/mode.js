@@ -6,9 +6,23 @@ import { byId, h } from './util.js';
 
 const BYPASS = 'bypassPermissions';
 
+/** Mark the modes a provider's agent would refuse to start in here (refused: mode → the relay's
+ *  reason, from /api/providers): disabled, saying so, the reason as the option's tooltip. The
+ *  selected one stays choosable (a conversation already in it). */
+export function markRefusedModes(select, refused) {
+  for (const option of select.options) {
+    option.dataset.label ??= option.textContent;
+    const reason = (refused || {})[option.value];
+    option.disabled = Boolean(reason) && option.value !== select.value;
+    option.textContent = reason ? `${option.dataset.label} (not available here)` : option.dataset.label;
+    option.title = reason || '';
+  }
+}
+
 export class ModeControl {
   /** hooks: current() → the shown conversation or null, save(id, mode) → Promise (rejects with
-   *  the relay's message); dialogs: the page's dialog helper. */
+   *  the relay's message), refusedModes(provider) → mode → reason; dialogs: the page's dialog
+   *  helper. */
   constructor(hooks, dialogs) {
     this.hooks = hooks;
     this.dialogs = dialogs;
@@ -33,6 +47,7 @@ export class ModeControl {
   show(conv) {
     if (!conv) return;
     if (this.select.value !== conv.permission_mode) this.select.value = conv.permission_mode;
+    markRefusedModes(this.select, this.hooks.refusedModes(conv.provider));
     this.select.disabled = conv.status === 'archived';
   }
 

@@ -441,6 +441,18 @@ def test_bypass_permissions_as_root_is_refused_up_front_unless_sandboxed(
         assert imported.status_code == 409 and imported.json()["detail"] == ROOT_BYPASS
         demo = live.create(provider="demo", permission_mode="bypassPermissions")  # no CLI
         assert demo["permission_mode"] == "bypassPermissions"
+        # What the page marks unavailable up front (test_browser_mode.py).
+        providers = live.http.get("/api/providers").json()["providers"]
+        refused = {p["id"]: p["refused_modes"] for p in providers}
+        bypass = {"bypassPermissions": ROOT_BYPASS}
+        others: dict[str, str] = {}
+        assert refused == {
+            "claude": bypass,
+            "deepseek": bypass,
+            "copilot": others,
+            "openai": others,
+            "demo": others,
+        }
     finally:
         live.stop()
     # As the refusal says: in a sandbox, IS_SANDBOX=1 passed to the agent.

@@ -138,7 +138,7 @@ def test_providers_shape(relay: LiveRelay) -> None:
     by_id = {p["id"]: p for p in body["providers"]}
     assert (response.status_code, sorted(body)) == (200, ["default", "providers"])
     assert {tuple(sorted(p)) for p in body["providers"]} == {
-        ("available", "compact_window", "id", "images", "name", "reason")
+        ("available", "compact_window", "id", "images", "name", "reason", "refused_modes")
     }
     assert [name for name in ("claude", "deepseek", "demo") if name in by_id] == [
         "claude",
@@ -152,6 +152,7 @@ def test_providers_shape(relay: LiveRelay) -> None:
         "reason": "",
         "compact_window": True,
         "images": True,
+        "refused_modes": {},
     }
     assert {p["id"] for p in body["providers"] if p["images"]} == {
         "claude",

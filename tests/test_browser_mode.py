@@ -4,13 +4,21 @@ confirmed first, a refusal puts it back and says why, an archived conversation's
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Page, Route, expect
 
+from app.providers import ROOT_BYPASS
+from tests import test_claude_relay as claude_relay
 from tests.browser import Pages, by_id, own_relay, send_text, user_bubble
 from tests.relay import LiveRelay
 from tests.test_browser_everyday import PHONE
+from tests.test_claude_relay import StartRelay
+
+# The real CLI's fixtures (a fresh HOME and the fake API make Claude Code available).
+start = claude_relay.start
 
 
 def mode(relay: LiveRelay, cid: int) -> str:
@@ -75,6 +83,53 @@ def test_a_refused_mode_goes_back_and_says_why(pages: Pages, relay: LiveRelay) -
     expect(select).to_have_value("default")
     assert mode(relay, cid) == "default"
     pages.assert_clean("409")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the CLI refuses bypassPermissions only as root")
+def test_a_mode_the_agent_would_refuse_is_not_offered(
+    pages: Pages, start: StartRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As root, "Never ask" in a Claude Code conversation asked for a confirmation, then the
+    # relay refused it (409): it is marked unavailable up front, the reason as its tooltip.
+    monkeypatch.delenv("IS_SANDBOX", raising=False)
+    live = start()
+    cid = live.create(provider="claude", title="As root")["id"]
+    demo = live.create(title="Demo")["id"]
+    page = pages.open(live, f"/c/{cid}")
+    bypass = by_id(page, "mode-select").locator("option[value=bypassPermissions]")
+    expect(bypass).to_be_disabled()
+    expect(bypass).to_have_text("Never ask (not available here)")
+    expect(bypass).to_have_attribute("title", ROOT_BYPASS)
+    page.goto(f"{live.base}/c/{demo}")  # the demo agent takes it
+    expect(bypass).to_be_enabled()
+    expect(bypass).to_have_text("Never ask")
+
+    # The new conversation's list too, following the provider chosen.
+    by_id(page, "new-conversation").click()
+    modes = by_id(page, "new-permission")
+    new_bypass = modes.locator("option[value=bypassPermissions]")
+    by_id(page, "new-provider").select_option("demo")
+    modes.select_option("bypassPermissions")
+    by_id(page, "new-provider").select_option("claude")
+    expect(modes).to_have_value("default")
+    expect(new_bypass).to_be_disabled()
+    expect(new_bypass).to_have_text("bypassPermissions — never ask (not available here)")
+    by_id(page, "new-provider").select_option("demo")
+    expect(new_bypass).to_be_enabled()
+    pages.assert_clean()
+
+
+def test_a_sandbox_that_lets_the_agent_take_it_offers_it(
+    pages: Pages, start: StartRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IS_SANDBOX", "1")
+    live = start(agent_env_passthrough="IS_SANDBOX")
+    cid = live.create(provider="claude", title="Sandboxed")["id"]
+    page = pages.open(live, f"/c/{cid}")
+    bypass = by_id(page, "mode-select").locator("option[value=bypassPermissions]")
+    expect(bypass).to_have_text("Never ask")
+    expect(bypass).to_be_enabled()
+    pages.assert_clean()
 
 
 def test_an_archived_conversation_s_mode_cannot_be_changed(pages: Pages, relay: LiveRelay) -> None:
