@@ -382,7 +382,29 @@ class HistoryBuilder:
         drafts = user_drafts(_blocks_text(content))
         if drafts:
             self._events(self.mapper.finish())  # the agent's message before it is complete
-            self.entries += drafts
+            for draft in drafts:
+                self._add_user(draft)
+
+    def _add_user(self, draft: Draft) -> None:
+        """Add what a user record shows, in the order the terminal showed it.
+
+        A terminal /compact writes its compaction's records before its own: the command goes
+        before its line, and the CLI's "Compacted (ctrl+o to see full summary)" after it is
+        left out (the line says it, and its details hold the summary).
+        """
+        entries = self.entries
+        last = entries[-1] if entries else None
+        if last is None or self.starts or last.data.get("trigger") != "manual":
+            entries.append(draft)
+        elif draft.kind == "user" and draft.text.split(" ", 1)[0] == "/compact":
+            entries.insert(len(entries) - 1, draft)
+        elif not (
+            draft.data.get("type") == "command_output"
+            and draft.text.startswith("Compacted")
+            and len(entries) > 1
+            and entries[-2].text.split(" ", 1)[0] == "/compact"
+        ):
+            entries.append(draft)
 
     def _events(self, events: list[Any]) -> None:
         for event in events:

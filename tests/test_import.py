@@ -509,7 +509,11 @@ def test_a_compacted_session_shows_its_compaction(
     assert compaction["data"]["duration_ms"] == boundary["compactMetadata"]["durationMs"]
     # The CLI's summary message is not shown as the user's; the command is.
     assert not any("continued from a previous conversation" in t for _, t in kinds)
-    assert ("user", "/compact") in kinds
+    # In the terminal's order (a review: the line came first, then the command, then the
+    # CLI's "Compacted (ctrl+o to see full summary)"): the command, then its line.
+    at = kinds.index(("user", "/compact"))
+    assert kinds[at + 1] == ("line", compaction["text"]), kinds
+    assert not any(t.startswith("Compacted (") for _, t in kinds), kinds
     # Resumed after the compaction: the model gets the summary, not the whole history.
     assert live.send(view["id"], "next").status_code == 202
     live.wait_idle(view["id"], timeout=TIMEOUT)
