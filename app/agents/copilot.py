@@ -7,7 +7,8 @@ import takes a second; the relay imports this module to tell whether the provide
 
 The CLI keeps its data (session state for resuming, logs, config) in a base directory, given
 to it as COPILOT_HOME: `<home>/.copilot`, where home is spec.env["OARLOCK_AGENT_HOME"] when
-the relay sets one for the conversation, else spec.env["HOME"] (the CLI's usual ~/.copilot,
+the agent's environment has it (OARLOCK_AGENT_ENV_PASSTHROUGH; the tests set it in the spec),
+else spec.env["HOME"] (the CLI's usual ~/.copilot,
 which also holds a Copilot login stored in plain text). HOME itself is left alone: the CLI
 unpacks itself (~235 MB) under $HOME/.cache once per version.
 """
