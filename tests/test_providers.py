@@ -13,6 +13,7 @@ from app.config import Settings
 from app.providers import (
     ROOT_BYPASS,
     WINDOW_PROVIDERS,
+    agent_env,
     compaction_style,
     default_provider,
     mode_refused,
@@ -136,3 +137,28 @@ def test_the_first_claude_agent_imports_its_sdk_off_the_event_loop(tmp_path: Pat
         assert seen.read_text() == "off the event loop\n"
     finally:
         relay.close()
+
+
+def test_the_copilot_cli_s_data_moves_with_a_passed_agent_home(tmp_path: Path) -> None:
+    # README: OARLOCK_AGENT_HOME named in OARLOCK_AGENT_ENV_PASSTHROUGH moves ~/.copilot.
+    from app.agents.base import AgentSpec
+    from app.agents.copilot import CopilotAgent
+    from tests.agent_turns import allow_all
+
+    environ = {"HOME": "/home/u", "OARLOCK_AGENT_HOME": str(tmp_path / "elsewhere")}
+
+    def data_dir(passthrough: str) -> Path:
+        settings = Settings(data_dir=tmp_path / "data", agent_env_passthrough=passthrough)
+        spec = AgentSpec(
+            conversation_id=1,
+            cwd=tmp_path,
+            session_id=None,
+            permission_mode="default",
+            auto_compact_window=None,
+            env=agent_env("copilot", settings, None, environ),
+            ask_permission=allow_all,
+        )
+        return CopilotAgent(spec, cli_path="copilot", provider=None, model=None).base_directory
+
+    assert data_dir("") == Path("/home/u/.copilot")
+    assert data_dir("OARLOCK_AGENT_HOME") == tmp_path / "elsewhere" / ".copilot"
