@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +19,7 @@ MAX_FILES = 50_000  # listed per working directory; a bigger tree is cut (``trun
 CACHE_SECONDS = 10.0  # one listing serves a burst of keystrokes
 CACHE_SIZE = 16  # working directories kept listed
 WALK_SECONDS = 3.0  # a walk stops here (``truncated``): a huge tree, a hung mount
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: no name of a file to mention
 # Never walked into without git (git's own ignore rules do better where there is a repo).
 SKIPPED_DIRS = frozenset(
     {"node_modules", "__pycache__", "venv", "dist", "build", "target", "site-packages"}
@@ -66,7 +68,9 @@ def list_files(
     In a git work tree, git's list (tracked files and untracked ones not ignored), a
     repository no deeper than the ceiling directories (the workspace roots: one above them,
     such as a home's dotfiles, is not used); elsewhere a walk that skips hidden and dependency
-    directories and follows no symlinked directory. Names that are not UTF-8 are left out.
+    directories and follows no symlinked directory. Names that are not UTF-8 (a JSON answer
+    cannot carry them) or hold a control character (a newline would end up in the composer,
+    inside the `@"…"` a pick inserts) are left out.
     """
     listed = _git_files(root, ceiling, limit)
     return listed if listed is not None else _walk(root, limit)
@@ -90,18 +94,19 @@ def _git_files(root: Path, ceiling: Iterable[Path], limit: int) -> tuple[list[st
     names = (
         n.decode("utf-8", "strict")
         for n in found.out.split(b"\0")
-        if n and n not in deleted and _utf8(n)
+        if n and n not in deleted and _mentionable(n)
     )
     unique = list(dict.fromkeys(names))  # (a file in conflict is listed once per stage)
     return unique[:limit], len(unique) > limit
 
 
-def _utf8(name: bytes) -> bool:
+def _mentionable(name: bytes) -> bool:
+    """UTF-8, without a control character (see list_files)."""
     try:
-        name.decode("utf-8", "strict")
+        text = name.decode("utf-8", "strict")
     except UnicodeDecodeError:
         return False
-    return True
+    return _CONTROL.search(text) is None
 
 
 def _walk(root: Path, limit: int) -> tuple[list[str], bool]:
@@ -112,7 +117,7 @@ def _walk(root: Path, limit: int) -> tuple[list[str], bool]:
         base = Path(directory).relative_to(root).as_posix()
         for name in sorted(files):
             path = name if base == "." else f"{base}/{name}"
-            if not _utf8(os.fsencode(path)):  # (a JSON answer cannot carry it)
+            if not _mentionable(os.fsencode(path)):
                 continue
             found.append(path)
             if len(found) > limit:

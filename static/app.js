@@ -1,7 +1,7 @@
 // app.js — the oarlock browser UI: state, the WebSocket, the sidebar, routing, the chat's
 // header and notices, the composer with /compact, and the dialogs.
 import { h, api, byId, fmtTokens, isBusy, isolate, toLogin } from './util.js';
-import { Timeline } from './timeline.js';
+import { Timeline, visible } from './timeline.js';
 import { ClearDialog, HandoffSection, pendingLabel, renderWatch } from './handoff.js';
 import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
@@ -1304,8 +1304,9 @@ function drawMenu() {
       class: i === menu.index ? 'command-item active' : 'command-item',
       testid: menu.kind === 'file' ? 'file-item' : 'command-item',
       'aria-selected': String(i === menu.index),
-    }, menu.kind === 'file'
-      ? h('span', { class: 'command-name path', title: item.name }, h('bdi', { dir: 'ltr', text: item.name }))
+    }, menu.kind === 'file' // a bidi control in a name shown as its code, as the Changes view does
+      ? h('span', { class: 'command-name path', title: visible(item.name).shown },
+        h('bdi', { dir: 'ltr', text: visible(item.name).shown }))
       : h('span', { class: 'command-name', text: item.name }),
     item.description ? h('span', { class: 'command-desc', text: item.description }) : null);
     li.addEventListener('mousedown', (e) => e.preventDefault()); // keep the focus in the box

@@ -103,3 +103,16 @@ def test_the_file_menu_fits_a_phone_with_its_keyboard_up(pages: Pages, relay: Li
         box.press("ArrowDown")
     expect(files.last).to_be_in_viewport(ratio=1)  # the chosen one scrolled into sight
     pages.assert_clean()
+
+
+def test_a_name_s_bidi_control_shows_as_its_code(pages: Pages, relay: LiveRelay) -> None:
+    # A review: "rtl\u202etxt.exe" read "rtlexe.txt" in the menu (the Changes view shows
+    # ⟨U+202E⟩); picked, the real name goes in.
+    cwd = project(relay, "rtl\u202etxt.exe")
+    page = opened(pages, relay, cwd)
+    box = by_id(page, "message-input")
+    box.press_sequentially("@rtl")
+    expect(page.get_by_test_id("file-item")).to_have_text(["rtl⟨U+202E⟩txt.exe"])
+    box.press("Enter")
+    expect(box).to_have_value("@rtl\u202etxt.exe ")
+    pages.assert_clean()

@@ -151,6 +151,20 @@ def test_names_that_are_not_utf8_are_left_out(tmp_path: Path) -> None:
     assert list_files(tmp_path)[0] == ["notes.txt", "src/app.py", "src/lib/util.py"]
 
 
+@pytest.mark.parametrize("in_git", [False, True])
+def test_names_with_a_control_character_are_left_out(tmp_path: Path, in_git: bool) -> None:
+    # A review: "new\nline.txt" was offered, and picking it put a newline in the composer.
+    root = tree(tmp_path)
+    for name in ("new\nline.txt", "bell\x07.txt", "c1\x85.txt", "tab\there.txt"):
+        (root / name).write_text("x")
+    (root / "rtl\u202etxt.exe").write_text("x")  # a format character: shown as its code
+    if in_git:
+        git(root, "init", "-q")
+    listed = list_files(root)[0]
+    assert "src/app.py" in listed and "rtl\u202etxt.exe" in listed
+    assert [name for name in listed if name.endswith(".txt") and "/" not in name] == ["notes.txt"]
+
+
 def test_a_walk_stops_at_its_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(files, "WALK_SECONDS", 0.0)  # spent after the first directory
     assert list_files(tree(tmp_path)) == (["notes.txt"], True)
