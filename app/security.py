@@ -382,14 +382,21 @@ async def check_login(
 
 
 def session_cookie(session_id: str, *, secure: bool) -> bytes:
-    """The Set-Cookie value that logs a browser in."""
-    value = f"{COOKIE}={session_id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={LIFETIME}"
+    """The Set-Cookie value that logs a browser in.
+
+    SameSite=Lax, not Strict: a link from another site (a chat, a mail, a terminal in the
+    browser) is a navigation from that site, and a Strict cookie stayed home: a login link
+    ended on the login form, a conversation's link asked to log in again. Lax sends it on
+    such top-level GETs only, which change nothing here; every other request must carry the
+    relay's own Origin (Guard).
+    """
+    value = f"{COOKIE}={session_id}; Path=/; HttpOnly; SameSite=Lax; Max-Age={LIFETIME}"
     return (value + ("; Secure" if secure else "")).encode()
 
 
 def cleared_cookie(*, secure: bool) -> bytes:
     """The Set-Cookie value that removes the login cookie from a browser."""
-    value = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
+    value = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"
     return (value + ("; Secure" if secure else "")).encode()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -43,19 +44,17 @@ def session_cookie(page: Page) -> dict[str, Any]:
 
 
 @contextmanager
-def hostile_site(relay: LiveRelay) -> Iterator[str]:
-    """Another origin on this machine whose page makes the browser guess tokens."""
-    images = "".join(
-        f'<img src="{relay.base}/?token=guess{n}" alt="">' for n in range(GUESSES)
-    ).encode()
+def site(html: str, host: str = "127.0.0.1") -> Iterator[str]:
+    """Another origin on this machine serving one page (host "localhost": another site too)."""
+    body = html.encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(images)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(images)
+            self.wfile.write(body)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -64,10 +63,15 @@ def hostile_site(relay: LiveRelay) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield f"http://{host}:{server.server_address[1]}/"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def hostile_site(relay: LiveRelay) -> contextlib.AbstractContextManager[str]:
+    """Another origin on this machine whose page makes the browser guess tokens."""
+    return site("".join(f'<img src="{relay.base}/?token=guess{n}" alt="">' for n in range(GUESSES)))
 
 
 def sockets_open(relay: LiveRelay, count: int) -> None:
@@ -109,6 +113,33 @@ def test_a_conversations_link_opens_it_after_the_login(pages: Pages, relay: Live
     by_id(page, "login-token").fill(TOKEN)
     by_id(page, "login-submit").click()
     expect(page).to_have_url(f"{relay.base}/")
+    pages.assert_clean()
+
+
+def test_links_from_another_site_log_in_and_open_a_conversation(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A review: the printed login link clicked in another site's page (a chat, a mail) ended on
+    # the login form, and a conversation's link asked a logged-in browser to log in again: a
+    # SameSite=Strict cookie is not sent on a navigation that another site began.
+    cid = relay.create(title="From a chat")["id"]
+    links = f'<a id="login" href="{relay.base}/?token={TOKEN}">log in</a>'
+    links += f' <a id="conversation" href="{relay.base}/c/{cid}">the conversation</a>'
+    with site(links, host="localhost") as url:
+        page = fresh_page(pages)
+        page.goto(url)
+        page.click("#login")
+        expect(page).to_have_url(re.compile(rf"^{re.escape(relay.base)}/(c/\d+)?$"))
+        expect(by_id(page, "new-conversation")).to_be_visible()
+        page.goto(url)
+        page.click("#conversation")
+        expect(page).to_have_url(f"{relay.base}/c/{cid}")
+        expect(by_id(page, "title")).to_have_text("From a chat")
+    # The login form, opened by a logged-in browser, goes on where it was going.
+    page.goto(f"{relay.base}/login?next=/c/{cid}")
+    expect(page).to_have_url(f"{relay.base}/c/{cid}")
+    page.goto(f"{relay.base}/login?token={TOKEN}")  # a login link to the form itself
+    expect(page).to_have_url(re.compile(rf"^{re.escape(relay.base)}/(c/\d+)?$"))
     pages.assert_clean()
 
 

@@ -20,9 +20,9 @@ from tests.images import png
 from tests.relay import TOKEN, LiveRelay, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-# A session cookie: a random id (never the token), HttpOnly, SameSite=Strict, 30 days.
+# A session cookie: a random id (never the token), HttpOnly, SameSite=Lax, 30 days.
 SET_COOKIE = re.compile(
-    r"oarlock_session=[A-Za-z0-9_-]{43}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000"
+    r"oarlock_session=[A-Za-z0-9_-]{43}; Path=/; HttpOnly; SameSite=Lax; Max-Age=2592000"
 )
 UNAUTHORIZED = {"detail": "Missing or invalid token."}
 TOO_MANY = {"detail": "Too many failed attempts; wait a minute."}

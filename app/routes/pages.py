@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from urllib.parse import parse_qs
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.exc import OperationalError
 
 from app import __version__
 from app.api_docs import operations
@@ -40,7 +42,16 @@ async def api_docs(request: Request) -> Response:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request, failed: int = 0, next: str | None = None) -> Response:
-    """The form to paste the access token into (next: the conversation to open after it)."""
+    """The form to paste the access token into (next: the conversation to open after it).
+
+    A browser logged in already goes on (it came by a login link, or opened the form again).
+    """
+    sessions = request.app.state.sessions
+    session_id = request.cookies.get(COOKIE)
+    if sessions is not None and session_id:
+        with contextlib.suppress(OperationalError):  # the database is down: the form, as ever
+            if await to_thread.run_sync(sessions.valid, session_id):  # (database I/O)
+                return RedirectResponse(after_login(next) or "/", status_code=303)
     error = "That token is not valid." if failed else None
     context = {"error": error, "next": after_login(next)}
     return TEMPLATES.TemplateResponse(request, "login.html", context)
