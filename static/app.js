@@ -89,6 +89,11 @@ const dialogs = {
       if (e.target === dialog && downOnBackdrop) dialogs.close(dialog);
       downOnBackdrop = false;
     });
+    // An Enter held down (from the composer's "/compact" or a confirmation before) repeats
+    // onto the button the dialog focused: a repeat confirms nothing, a fresh press does.
+    dialog.addEventListener('keydown', (e) => {
+      if (e.repeat && e.key === 'Enter' && e.target.closest('button')) e.preventDefault();
+    }, true);
     // Escape, the close button and the backdrop all end here.
     dialog.addEventListener('close', () => {
       if (onClosed) onClosed();

@@ -211,6 +211,36 @@ def test_the_compact_dialog_focuses_compact_once_the_preview_is_in(
     pages.assert_clean()
 
 
+@pytest.mark.parametrize("command", ["/compact", "/clear"])
+def test_an_enter_held_down_confirms_no_compact_or_clear(
+    pages: Pages, relay: LiveRelay, command: str
+) -> None:
+    # A review: Enter held past the key repeat's delay sent the command, then its repeats
+    # pressed the button the dialog focused: compacted, or cleared, with no choice made.
+    cid = relay.create(title="Held Enter")["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}")
+    box = by_id(page, "message-input")
+    box.fill(command)
+    box.press("Escape")  # the / menu closed: Enter sends
+    page.keyboard.down("Enter")
+    confirm = by_id(page, command[1:] + "-confirm")
+    expect(confirm).to_be_focused()
+    for _ in range(3):
+        page.keyboard.down("Enter")  # the key's repeats (repeat: true)
+    page.keyboard.up("Enter")
+    page.wait_for_timeout(300)
+    expect(confirm).to_be_visible()
+    assert relay.get(cid)["status"] == "active"
+    page.keyboard.press("Enter")  # a press of its own confirms
+    expect(by_id(page, "title")).to_have_text(
+        re.compile(r"Held Enter \(compacted\)|New conversation")
+    )
+    assert relay.get(cid)["status"] == "archived"
+    pages.assert_clean()
+
+
 def test_a_window_moved_while_another_tab_compacts_goes_to_the_new_conversation(
     pages: Pages, relay: LiveRelay
 ) -> None:
