@@ -243,6 +243,17 @@ function questionGroup(entryId, question, index) {
   return { question: question.question, fieldset, value };
 }
 
+/** Called before a card's buttons are disabled (a disabled button drops the focus to the
+ *  page): once answered, the keyboard goes on in the composer if the card had the focus and
+ *  nothing has it now (a keyboard user was left at the page's top). */
+function keyboardBack(card) {
+  const focused = card.contains(document.activeElement);
+  return () => {
+    const now = document.activeElement;
+    if (focused && (!now || now === document.body || !now.isConnected)) byId('message-input').focus();
+  };
+}
+
 /** The agent's own questions (Claude Code's AskUserQuestion): a form whose answers go back
  * to it as the tool's result; Skip tells it the user declined. */
 function questionEntry(entry, timeline) {
@@ -277,10 +288,11 @@ function questionEntry(entry, timeline) {
         return;
       }
     }
+    const back = keyboardBack(card);
     submit.disabled = true;
     skip.disabled = true;
     error.hidden = true;
-    timeline.hooks.onPermission(entry, allow, answers).catch((err) => {
+    timeline.hooks.onPermission(entry, allow, answers).then(back, (err) => {
       if (err.status === 409) return; // answered elsewhere first: the entry event will follow
       error.textContent = err.message;
       error.hidden = false;
@@ -331,11 +343,13 @@ function planEntry(entry, timeline) {
   const buttons = PLAN_CHOICES.map((choice, i) => h('button', {
     type: 'button', class: i === 0 ? 'btn btn-primary btn-small' : 'btn btn-small', testid: choice.testid, text: choice.text,
     onclick: () => {
+      const back = keyboardBack(card);
       buttons.forEach((b) => { b.disabled = true; });
       error.hidden = true;
       timeline.hooks.onPermission(entry, choice.allow, null, choice.more).then(() => {
         // Kept in planning: what should change is typed next.
         if (!choice.allow) byId('message-input').focus();
+        else back();
       }, (err) => {
         if (err.status === 409) return; // answered elsewhere first: the entry event will follow
         error.textContent = err.message;
@@ -372,10 +386,11 @@ function permissionEntry(entry, timeline) {
   }
   const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
   const answer = (allow) => {
+    const back = keyboardBack(card);
     allow_.disabled = true;
     deny.disabled = true;
     error.hidden = true;
-    timeline.hooks.onPermission(entry, allow).catch((err) => {
+    timeline.hooks.onPermission(entry, allow).then(back, (err) => {
       if (err.status === 409) return; // someone else answered first: the entry event will follow
       error.textContent = err.message;
       error.hidden = false;

@@ -188,6 +188,26 @@ def test_esc_closes_an_open_menu_and_leaves_the_turn_running(pages: Pages, tmp_p
 # ---- 3. permission questions in two browsers -----------------------------------------------------
 
 
+def test_a_question_answered_by_keyboard_leaves_the_keyboard_in_the_composer(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A review: Enter or Space on Allow/Deny dropped the focus to the page (its card's buttons
+    # were disabled, then gone): a keyboard or screen-reader user started over from the top.
+    cid = relay.create(title="Keyboard answers")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    for prompt, button, key, said in (
+        ("ask permission", "permission-allow", "Enter", ["Allowed"]),
+        ("ask permission again", "permission-deny", "Space", ["Allowed", "Denied"]),
+    ):
+        send_text(page, prompt)
+        by_id(page, button).focus()
+        page.keyboard.press(key)
+        expect(by_id(page, "permission-answer")).to_have_text(said)
+        expect(by_id(page, "message-input")).to_be_focused()
+        relay.wait_idle(cid)
+    pages.assert_clean()
+
+
 def test_permission_question_in_two_browsers(pages: Pages, relay: LiveRelay) -> None:
     cid = relay.create(title="Permissions")["id"]
     p1 = pages.open(relay, f"/c/{cid}")
