@@ -7,7 +7,7 @@ import { ContextModal } from './context.js';
 import { Backups } from './backups.js';
 import { Changes } from './changes.js';
 import { Search } from './search.js';
-import { ConvActions, convDescription, convMeta, setPageTitle, showNeeds } from './keep.js';
+import { ConvActions, convDescription, convMeta, convState, setPageTitle, showNeeds } from './keep.js';
 import { Imports, renderResume } from './import.js';
 import { CarryRecords, CompactPreview, Pins } from './steer.js';
 import { Notify } from './notify.js';
@@ -388,10 +388,13 @@ function onConversationEvent(message) {
   cur.seq = message.seq;
   cur.waiting = false;
   switch (message.type) {
-    case 'entry':
+    case 'entry': {
+      const before = timeline.stateOf(message.entry.id);
       timeline.upsert(message.entry);
+      sayArrived(message.entry, before);
       handoffSection.onEntry(cur.id, message.entry);
       break;
+    }
     case 'entry_removed': timeline.remove(message.entry_id); break;
     case 'delta': timeline.delta(message.entry_id, message.text, message.html, message.rendered); break;
     case 'turn': setTurn(message.turn); break;
@@ -406,6 +409,47 @@ function onConversationEvent(message) {
       break;
     default: break;
   }
+}
+
+// ---- screen readers: what arrives, said once ----------------------------------------------------
+
+let announced = 0;
+/** Say text to screen readers (#announce); the same words again are said again. */
+function announce(text) {
+  const el = byId('announce');
+  const turn = ++announced;
+  el.textContent = '';
+  setTimeout(() => { if (turn === announced) el.textContent = text; }, 60);
+}
+
+/** Markdown as words to hear: marks dropped, clipped. */
+function spoken(text, limit = 400) {
+  const words = String(text).replace(/```[\s\S]*?```/g, ' (code) ').replace(/[*_`#>|~]+/g, '').replace(/\s+/g, ' ').trim();
+  return words.length > limit ? `${words.slice(0, limit)}…` : words;
+}
+
+/** A finished agent message or a new question of the open conversation, as it arrives. */
+function sayArrived(entry, before) {
+  const data = entry.data || {};
+  if (entry.kind === 'agent' && entry.state === 'done' && before !== 'done' && entry.text) {
+    announce(`Agent: ${spoken(entry.text)}`);
+  } else if (entry.kind === 'activity' && data.type === 'permission' && entry.state === 'pending' && before == null) {
+    announce(`${data.tool === 'AskUserQuestion' ? 'The agent asks you' : `${data.tool || 'The agent'} waits for your answer`}.`);
+  }
+}
+
+let listsRead = false; // the lists' first pages are in
+let waitingIds = null; // the conversations that needed the user at the last drawing since
+/** Another conversation that newly needs the user (a question), said once. */
+function sayNeeds(all) {
+  if (!listsRead) return;
+  const now = new Set(all.filter((c) => convState(c) === 'waiting').map((c) => c.id));
+  const cur = state.current && state.current.id;
+  if (waitingIds) {
+    const fresh = all.filter((c) => now.has(c.id) && !waitingIds.has(c.id) && c.id !== cur);
+    if (fresh.length) announce(fresh.map((c) => `“${c.title || 'Untitled'}” needs you.`).join(' '));
+  }
+  waitingIds = now;
 }
 
 function onSnapshot(data) {
@@ -549,6 +593,7 @@ function dropUnlisted(status, data, asked) {
 /** Read both lists' first pages; returns where the global feed was before each was read. */
 async function loadLists() {
   const feeds = await Promise.all([loadPage('active'), loadPage('archived')]);
+  listsRead = true;
   renderLists();
   return feeds;
 }
@@ -632,6 +677,7 @@ function drawLists() {
   byId('conversation-list').replaceChildren(...activeItems);
   byId('archive-list').replaceChildren(...archivedItems);
   showNeeds(all);
+  sayNeeds(all);
   if (part && !focused.isConnected) {
     const again = document.querySelector(`.conv-item[data-id="${item.dataset.id}"] .${part}`);
     if (again) again.focus({ preventScroll: true });

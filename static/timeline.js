@@ -19,7 +19,8 @@ const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Bool
 
 function userEntry(entry, old, timeline) {
   const queued = isQueued(entry);
-  return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user' },
+  // Named for screen readers: the timeline's messages read "You" and "Agent" (no visible label).
+  return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user', role: 'article', 'aria-label': queued ? 'You (queued)' : 'You' },
     h('div', { class: 'bubble' }, sentImages(entry.data && entry.data.attachments),
       h('div', { class: 'plain', dir: 'auto', text: entry.text })),
     queued ? h('div', { class: 'queued-foot' },
@@ -104,7 +105,7 @@ function agentEntry(entry) {
   if (entry.state === 'interrupted') foot.push('Interrupted');
   const result = fmtResult(entry.data && entry.data.result);
   if (result) foot.push(result);
-  return h('div', { class: 'msg agent', testid: 'entry-agent' }, bubble,
+  return h('div', { class: 'msg agent', testid: 'entry-agent', role: 'article', 'aria-label': 'Agent' }, bubble,
     foot.length ? h('div', { class: 'msg-foot', testid: 'agent-footer', text: foot.join(' · ') }) : null);
 }
 
@@ -633,6 +634,11 @@ export class Timeline {
 
   has(id) {
     return this.items.has(id);
+  }
+
+  /** The state of an entry as shown now (undefined: not in the timeline). */
+  stateOf(id) {
+    return this.items.get(id)?.entry.state;
   }
 
   upsert(entry) {

@@ -208,6 +208,30 @@ def test_a_question_answered_by_keyboard_leaves_the_keyboard_in_the_composer(
     pages.assert_clean()
 
 
+def test_screen_readers_are_told_replies_questions_and_who_needs_them(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A review: a reply was never read out (the timeline is no live region), messages had no
+    # "You"/"Agent" to tell them apart, and "needs you" elsewhere was silent.
+    cid = relay.create(title="Spoken")["id"]
+    other = relay.create(title="Elsewhere")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    said = by_id(page, "announce")
+    send_text(page, "hello **there**")
+    expect(said).to_contain_text("Agent: You said: ")
+    expect(said).to_contain_text("hello there")  # its words, without the marks
+    expect(page.get_by_role("article", name="You")).to_contain_text("hello **there**")
+    expect(page.get_by_role("article", name="Agent")).to_have_count(1)
+    relay.wait_idle(cid)
+    send_text(page, "ask permission")
+    expect(said).to_have_text("Bash waits for your answer.")
+    by_id(page, "permission-allow").click()
+    relay.wait_idle(cid)
+    assert relay.send(other, "ask permission").status_code == 202
+    expect(said).to_have_text("“Elsewhere” needs you.")
+    pages.assert_clean()
+
+
 def test_permission_question_in_two_browsers(pages: Pages, relay: LiveRelay) -> None:
     cid = relay.create(title="Permissions")["id"]
     p1 = pages.open(relay, f"/c/{cid}")
