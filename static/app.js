@@ -1632,11 +1632,28 @@ const imports = new Imports({
 
 /** Open or close the drawer. Back closes an open one (a phone's way): opening it adds a step
  *  to the history, which closing it otherwise takes back (fromHistory: Back did). */
+// A narrow screen's sidebar is a drawer (app.css's phone rule); closed, it is only moved out of
+// sight, so it is made inert: out of Tab's reach and of screen readers'.
+const drawerMedia = window.matchMedia('(max-width: 480px), (max-height: 500px) and (pointer: coarse)');
+
+function syncDrawer() {
+  byId('sidebar').inert = drawerMedia.matches && !document.body.classList.contains('drawer-open');
+}
+
 function setDrawer(open, { fromHistory = false } = {}) {
   const was = document.body.classList.contains('drawer-open');
+  const sidebar = byId('sidebar');
+  const hadFocus = sidebar.contains(document.activeElement);
   document.body.classList.toggle('drawer-open', open);
+  syncDrawer();
   byId('scrim').hidden = !open;
   byId('menu-button').setAttribute('aria-expanded', String(open));
+  if (drawerMedia.matches && open && !was) {
+    // The keyboard goes in with it: to the open conversation, else to its ✕.
+    (sidebar.querySelector('.conv-link.current') || byId('drawer-close')).focus({ preventScroll: true });
+  } else if (drawerMedia.matches && !open && was && hadFocus) {
+    byId('menu-button').focus({ preventScroll: true }); // back where it was opened from
+  }
   if (open && !was) history.pushState({ drawer: true }, '', location.href);
   else if (!open && was && !fromHistory && history.state?.drawer) history.back();
 }
@@ -1659,6 +1676,8 @@ function wire() {
   byId('empty-new-conversation').addEventListener('click', openNewDialog);
   byId('menu-button').addEventListener('click', () => setDrawer(!document.body.classList.contains('drawer-open')));
   byId('scrim').addEventListener('click', () => setDrawer(false));
+  drawerMedia.addEventListener('change', syncDrawer);
+  syncDrawer();
   byId('drawer-close').addEventListener('click', () => {
     setDrawer(false);
     byId('menu-button').focus(); // where the drawer was opened from

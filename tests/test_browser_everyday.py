@@ -211,6 +211,39 @@ def test_the_compact_dialog_focuses_compact_once_the_preview_is_in(
     pages.assert_clean()
 
 
+def test_a_phone_s_drawer_takes_the_keyboard_in_and_gives_it_back(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A review, on a narrow screen: the closed drawer's ~20 items were in the Tab order out of
+    # sight; ☰ left the focus on itself; Esc, or a conversation chosen, left it on a hidden item.
+    first = relay.create(title="First")["id"]
+    relay.create(title="Second")
+    page = pages.open(relay, f"/c/{first}", **PHONE)
+    expect(by_id(page, "title")).to_have_text("First")
+    sidebar = page.locator("#sidebar")
+    expect(sidebar).to_have_js_property("inert", True)
+    page.keyboard.press("Tab")
+    assert page.evaluate("!document.getElementById('sidebar').contains(document.activeElement)")
+    menu = by_id(page, "menu-button")
+    menu.focus()
+    page.keyboard.press("Enter")
+    expect(sidebar).to_have_js_property("inert", False)
+    expect(sidebar.locator(".conv-link.current")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(menu).to_be_focused()
+    expect(sidebar).to_have_js_property("inert", True)
+    page.keyboard.press("Enter")
+    second = by_id(page, "conversation-item").filter(has_text="Second")
+    second.focus()
+    page.keyboard.press("Enter")
+    expect(by_id(page, "title")).to_have_text("Second")
+    expect(menu).to_be_focused()
+    # A wide window has no drawer: its sidebar is never inert.
+    page.set_viewport_size({"width": 1000, "height": 700})
+    expect(sidebar).to_have_js_property("inert", False)
+    pages.assert_clean()
+
+
 @pytest.mark.parametrize("command", ["/compact", "/clear"])
 def test_an_enter_held_down_confirms_no_compact_or_clear(
     pages: Pages, relay: LiveRelay, command: str
