@@ -120,6 +120,9 @@ def test_claude_cli_backups_at_50k_60k_and_before_its_compaction(
         "- You said: turn 3",
     ]  # not the reply of turn 4: it came after the compaction
     assert view["backup"] == names[3]  # the header's link
+    # A threshold's backup holds the reply whose figure fired it (a review: it stopped one
+    # reply short, the newest, the one the seed keeps backups for).
+    assert section(markdown(live, cid, names[1]), "Key Replies")[-1] == "- You said: turn 2"
 
     # Both rails start over after the compaction: the next backup is tokens_50k again.
     fake.input_tokens = 55_000

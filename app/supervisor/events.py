@@ -179,6 +179,7 @@ class Events(SupervisorState):
                             session, conversation, streaming.entry, text=text, state="done"
                         )
                     runner.last_agent_entry = entry
+                    self._figure_checked(runner, conversation)
                 case Activity(phase="call"):
                     data = {"type": "tool", "tool": event.name, "tool_id": event.tool_id}
                     if facts := tool_facts(event.name, event.input):
@@ -220,7 +221,9 @@ class Events(SupervisorState):
                             session=session, conversation=conversation, **changes
                         )
                         self.publish_conversation(conversation)
-                    self._backup_figure(conversation, event.context_tokens)
+                    # Checked once the reply it is the figure of is stored (MessageDone, or the
+                    # turn's end): a backup it fires holds that reply in its Key Replies.
+                    runner.figure = event.context_tokens
                 case CompactionStarted(trigger=trigger):
                     style = compaction_style(conversation.provider)
                     runner.state = TurnState.COMPACTING
@@ -286,6 +289,13 @@ class Events(SupervisorState):
                     runner.lines_shown.add(text)
                 case TurnDone():
                     self._on_turn_done(session, runner, conversation, event)
+                    self._figure_checked(runner, conversation)
+
+    def _figure_checked(self, runner: Runner, conversation: Conversation) -> None:
+        """Check the context figure that waited for its reply against the backup rails."""
+        if runner.figure is not None:
+            figure, runner.figure = runner.figure, None
+            self._backup_figure(conversation, figure)
 
     def _stream_now(self, runner: Runner, event: AgentEvent) -> bool:
         """Publish more text of a stored message at once, on the loop, if it stores nothing.

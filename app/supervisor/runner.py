@@ -135,6 +135,7 @@ class Runner:
     prompt_id: str | None = None  # the uuid the current turn's prompt is sent with
     image_ids: list[int] = field(default_factory=list)  # the images the prompt goes with
     retry_line: Entry | None = None  # this turn's API-retry line, updated at each attempt
+    figure: int | None = None  # a context figure whose backup check waits for its message
     last_used: float = field(default_factory=time.monotonic)
     stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)
     carried_summary: str | None = None  # the /compact summary this turn's prompt carries
