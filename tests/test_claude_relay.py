@@ -1119,7 +1119,10 @@ def test_providers_offer_deepseek_only_with_its_key(
     def deepseek() -> dict[str, Any]:
         answer = live.http.get("/api/providers")
         assert answer.status_code == 200
-        return next(p for p in answer.json()["providers"] if p["id"] == "deepseek")
+        found = next(p for p in answer.json()["providers"] if p["id"] == "deepseek")
+        # As root, bypassPermissions is marked (test_agent_processes.py): not this test's point.
+        assert set(found.pop("refused_modes")) <= {"bypassPermissions"}
+        return dict(found)
 
     assert deepseek() == {
         "id": "deepseek",

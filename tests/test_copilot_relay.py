@@ -51,6 +51,7 @@ def test_provider_is_offered_with_its_settings(relay: LiveRelay) -> None:
         "reason": "",
         "compact_window": False,
         "images": True,
+        "refused_modes": {},
     }
 
 
