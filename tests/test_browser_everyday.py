@@ -211,6 +211,25 @@ def test_the_compact_dialog_focuses_compact_once_the_preview_is_in(
     pages.assert_clean()
 
 
+@pytest.mark.parametrize("width", [683, 880])
+def test_a_narrow_window_keeps_the_title_readable(
+    pages: Pages, relay: LiveRelay, width: int
+) -> None:
+    # A review: between a phone's 480 px and ~880 px, the title got 12 px ("k") beside the
+    # provider badge, the agent's state and the header's buttons.
+    cid = relay.create(title="kbd backups")["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}", viewport={"width": width, "height": 800})
+    title = by_id(page, "title")
+    expect(title).to_have_text("kbd backups")
+    expect(by_id(page, "context-button")).to_contain_text("/")  # the header is complete
+    assert title.evaluate("b => b.scrollWidth <= b.clientWidth"), "the title is cut"
+    for part in ("provider-badge", "agent-state", "context-button"):
+        assert by_id(page, part).is_visible()
+    pages.assert_clean()
+
+
 def test_a_phone_s_drawer_takes_the_keyboard_in_and_gives_it_back(
     pages: Pages, relay: LiveRelay
 ) -> None:
