@@ -355,8 +355,10 @@ class Guard:
         guess = await self.limiter.guess(_client(scope), ok)
         if guess == "refused":
             return 429, "Too many failed attempts; wait a minute.", []
-        if guess == "wrong":
-            return 303, "", [(b"location", b"/login?failed=1")]
+        if guess == "wrong":  # (a conversation's link still opens after the form)
+            going = after_login(scope["path"])
+            again = f"/login?failed=1&next={going}" if going else "/login?failed=1"
+            return 303, "", [(b"location", again.encode())]
         query = parse_qs(_query(scope), keep_blank_values=True)
         rest = {k: v for k, v in query.items() if k != "token"}
         # A path on this relay, whatever was asked: "//host" or "/\\host" would send the browser

@@ -67,7 +67,8 @@ function detailText(body, response) {
 /** Send this tab to the login form; from a conversation's page, back to it after. */
 export function toLogin() {
   const here = location.pathname;
-  location.assign(/^\/c\/[1-9][0-9]*$/.test(here) ? `/login?next=${here}` : '/login');
+  // "ended": the login form says the session ended (this tab was logged in).
+  location.assign(/^\/c\/[1-9][0-9]*$/.test(here) ? `/login?ended=1&next=${here}` : '/login?ended=1');
 }
 
 /** Call the relay's API (same origin, cookie auth); answers {status, data}, throws ApiError.

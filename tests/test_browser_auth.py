@@ -174,7 +174,12 @@ def test_log_out_sends_the_browsers_other_tabs_to_login(pages: Pages, relay: Liv
     sockets_open(relay, 2)
     by_id(first, "logout").click()
     expect(first).to_have_url(f"{relay.base}/login")
-    expect(second).to_have_url(f"{relay.base}/login")
+    expect(by_id(first, "login-notice")).to_have_count(0)  # it knows why: it logged out
+    # The other tab says why it is there (a review: a bare "Log in" form).
+    expect(second).to_have_url(f"{relay.base}/login?ended=1")
+    expect(by_id(second, "login-notice")).to_have_text(
+        "Your session has ended: log in again to go on."
+    )
     pages.assert_clean()
 
 
@@ -194,7 +199,7 @@ def test_a_tab_logged_out_elsewhere_comes_back_to_its_conversation_and_draft(
     sockets_open(relay, 2)
     by_id(first, "logout").click()
     expect(first).to_have_url(f"{relay.base}/login")
-    expect(second).to_have_url(f"{relay.base}/login?next=/c/{theirs}")
+    expect(second).to_have_url(f"{relay.base}/login?ended=1&next=/c/{theirs}")
     by_id(second, "login-token").fill(TOKEN)
     by_id(second, "login-submit").click()
     expect(second).to_have_url(f"{relay.base}/c/{theirs}")

@@ -79,7 +79,7 @@ def test_log_out_on_one_node_sends_the_browsers_tab_on_another_to_login(
         one.get_by_test_id("logout").click()
         expect(one).to_have_url(f"{at(first).base}/login")
         # No request of its own: the socket closed by the second node sends it to /login.
-        expect(other).to_have_url(f"{at(second).base}/login", timeout=15_000)
+        expect(other).to_have_url(f"{at(second).base}/login?ended=1", timeout=15_000)
         pages.assert_clean()
 
 

@@ -137,6 +137,10 @@ def test_url_wrong_token_redirects_to_failed_login(anon: httpx.Client) -> None:
         response.headers["location"],
         response.headers.get_list("set-cookie"),
     ) == (303, "/login?failed=1", [])
+    # A conversation's link with a mistyped token still opens it after the form (a review:
+    # the form then went to /).
+    linked = anon.get("/c/2?token=nope")
+    assert (linked.status_code, linked.headers["location"]) == (303, "/login?failed=1&next=/c/2")
 
 
 def test_login_form_checks_token(anon: httpx.Client, relay: LiveRelay) -> None:

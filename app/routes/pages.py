@@ -41,7 +41,9 @@ async def api_docs(request: Request) -> Response:
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request, failed: int = 0, next: str | None = None) -> Response:
+async def login_page(
+    request: Request, failed: int = 0, ended: int = 0, next: str | None = None
+) -> Response:
     """The form to paste the access token into (next: the conversation to open after it).
 
     A browser logged in already goes on (it came by a login link, or opened the form again).
@@ -53,7 +55,9 @@ async def login_page(request: Request, failed: int = 0, next: str | None = None)
             if await to_thread.run_sync(sessions.valid, session_id):  # (database I/O)
                 return RedirectResponse(after_login(next) or "/", status_code=303)
     error = "That token is not valid." if failed else None
-    context = {"error": error, "next": after_login(next)}
+    # A tab whose session ended (logged out elsewhere, the token changed) says why it is here.
+    notice = "Your session has ended: log in again to go on." if ended and not failed else None
+    context = {"error": error, "notice": notice, "next": after_login(next)}
     return TEMPLATES.TemplateResponse(request, "login.html", context)
 
 
