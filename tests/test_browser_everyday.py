@@ -211,6 +211,48 @@ def test_the_compact_dialog_focuses_compact_once_the_preview_is_in(
     pages.assert_clean()
 
 
+# The WCAG contrast of an element's text on the first background behind it that is not
+# transparent (the page's own colours have no alpha but for hovers, not measured here).
+CONTRAST = """el => {
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const linear = (v) => (v / 255 <= 0.03928 ? v / 255 / 12.92 : ((v / 255 + 0.055) / 1.055) ** 2.4);
+  const lum = (c) => c.map(linear).reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const clear = (e) => getComputedStyle(e).backgroundColor === 'rgba(0, 0, 0, 0)';
+  let back = el;
+  while (back && clear(back)) back = back.parentElement;
+  const a = lum(rgb(getComputedStyle(el).color));
+  const b = lum(rgb(getComputedStyle(back || document.body).backgroundColor));
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_secondary_text_is_readable_in_both_schemes(
+    pages: Pages, relay: LiveRelay, scheme: str
+) -> None:
+    # A review: the "faint" text (a reply's time, "just now" in the sidebar, the keys hint,
+    # the version) was 2.2-2.6:1 in the light scheme, the sidebar's muted text 4.2:1.
+    cid = relay.create(title="Contrast")["id"]
+    relay.send(cid, "hello")
+    relay.wait_idle(cid)
+    archived = relay.create(title="Archived one")["id"]
+    relay.http.post(f"/api/conversations/{archived}/archive")
+    page = pages.open(relay, f"/c/{cid}", color_scheme=scheme)
+    expect(by_id(page, "agent-footer")).to_be_visible()
+    for selector in (
+        ".msg-foot",
+        ".conv-when",
+        ".composer-keys",
+        ".brand-version",
+        ".archive .conv-link",
+        ".cwd",
+        ".agent-state",
+    ):
+        ratio = page.locator(selector).first.evaluate(CONTRAST)
+        assert ratio >= 4.5, (selector, round(ratio, 2))
+    pages.assert_clean()
+
+
 @pytest.mark.parametrize("width", [683, 880])
 def test_a_narrow_window_keeps_the_title_readable(
     pages: Pages, relay: LiveRelay, width: int
