@@ -1106,6 +1106,10 @@ function updateComposer() {
   // Only for what may become /compact (the one command that should wait for an idle agent).
   const typed = input.value.trim();
   byId('compact-hint').hidden = !(busy && typed.startsWith('/') && '/compact'.startsWith(typed));
+  // Kept only to be copied (archived in another tab): said, and no "Enter to send".
+  const kept = Boolean(cur) && isArchived(cur.conv) && Boolean(input.value);
+  byId('archived-hint').hidden = !kept;
+  document.querySelector('.composer-keys').hidden = kept;
 }
 
 function showComposerError(message, offline = false) {

@@ -438,6 +438,25 @@ def test_text_typed_in_a_conversation_deleted_elsewhere_stays_to_be_copied(
     pages.assert_clean("404")  # its reload, as intended
 
 
+def test_text_typed_in_a_conversation_archived_elsewhere_says_it_is_only_to_copy(
+    pages: Pages, relay: LiveRelay
+) -> None:
+    # A review: the composer kept the text (to copy) and looked live; Enter did nothing, silently.
+    cid = relay.create(title="Archived under the cursor")["id"]
+    page = pages.open(relay, f"/c/{cid}")
+    box = by_id(page, "message-input")
+    box.fill("a thought to keep")
+    expect(by_id(page, "archived-hint")).to_be_hidden()
+    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    expect(by_id(page, "archived-hint")).to_have_text(
+        "Archived meanwhile: this text can no longer be sent. Copy it from here."
+    )
+    expect(box).to_have_value("a thought to keep")
+    expect(box).to_have_js_property("readOnly", True)
+    expect(page.locator(".composer-keys")).to_be_hidden()
+    pages.assert_clean()
+
+
 def test_a_missing_conversation_shows_no_draft_box(pages: Pages, relay: LiveRelay) -> None:
     page = pages.open(relay, "/c/424242")
     expect(page.locator("#missing-text")).to_have_text("This conversation does not exist.")
