@@ -69,6 +69,9 @@ class Plan:
     older: int = 0  # older messages left out (not pinned)
     older_before: int | None = None  # they are the messages before this seq
     edited: bool = False
+    # What the carry-over holds besides pins and chosen messages, named in the record: "handoff"
+    # (/clear), "backup" (a fresh start), "earlier" (a pending carry-over, carried on).
+    source: str | None = None
     # The summary without the text of a reply still streaming, when it carries one: the
     # revision's, so that the reply growing between the preview and the confirmation does not
     # make the preview stale (its end does, once: then it is a message like the others).
@@ -97,6 +100,7 @@ class Plan:
             "kind": self.kind,
             "from_id": conversation_id,
             "edited": self.edited,
+            "source": self.source,
             "summary": self.summary,
             "pins": [pin_view(pin) for pin in self.pins],
             "carried": [message_view(entry) for entry in self.carried],
@@ -122,7 +126,8 @@ def plan_compact(session: Session, conversation: Conversation) -> Plan:
     cid = conversation.id or 0
     pins = store.list_pins(session=session, conversation_id=cid)
     if conversation.pending_summary is not None and not conversation.message_count:
-        return Plan(kind="compact", summary=conversation.pending_summary, pins=pins)
+        summary = conversation.pending_summary
+        return Plan(kind="compact", summary=summary, pins=pins, source="earlier")
     window = store.recent_messages(session=session, conversation_id=cid)
     pinned = {pin.entry_id for pin in pins}
     messages = [SummaryMessage(role_of(m), m.text, m.id in pinned) for m in window]
@@ -172,7 +177,9 @@ def plan_fresh(
         summary = None
     total = store.count_messages(session=session, conversation_id=cid)
     own_pins = sum(1 for pin in pins if pin.source_id == cid)
-    return Plan(kind=kind, summary=summary, pins=pins, older=max(0, total - own_pins))
+    source = None if carry is None else "handoff" if kind == "clear" else "backup"
+    older = max(0, total - own_pins)
+    return Plan(kind=kind, summary=summary, pins=pins, older=older, source=source)
 
 
 def apply_edit(plan: Plan, edited: str | None) -> Plan:

@@ -93,6 +93,8 @@ export class Pins {
 // ---- the record of a compaction ------------------------------------------------------------------
 
 const KIND = { compact: '/compact', clear: '/clear', backup: 'a fresh start from a backup' };
+// What a carry-over holds besides pins and chosen messages (app/steer.py's Plan.source).
+const SOURCES = { handoff: 'the latest handoff', backup: 'the backup', earlier: 'the earlier carry-over' };
 
 /** Fill a <details> with what a compaction carried and left out. */
 function renderRecord(details, record, title) {
@@ -103,6 +105,7 @@ function renderRecord(details, record, title) {
   if (record.edited) parts.push('the edited carry-over');
   else if (pins.length) parts.push(`${pins.length} pinned`);
   if (carried.length) parts.push(`${carried.length} message${carried.length === 1 ? '' : 's'}`);
+  if (!record.edited && SOURCES[record.source]) parts.push(SOURCES[record.source]);
   const what = parts.length ? parts.join(', ') : record.summary == null ? 'nothing' : 'the carry-over';
   details.replaceChildren(
     h('summary', { testid: 'carry-summary', text: `${title}: ${what}. ${leftOut.text || ''}` }),

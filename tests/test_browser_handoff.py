@@ -155,6 +155,9 @@ def test_clear_end_to_end_in_two_browsers(pages: Pages, tmp_path: Path) -> None:
                 "The handoff of the previous session will be sent with your first message."
             )
             expect(by_id(page, "watch-bar")).to_be_hidden()  # a fresh conversation: no size yet
+            expect(by_id(page, "carry-from").get_by_test_id("carry-summary")).to_contain_text(
+                "Carried here: the latest handoff. Left out: all "
+            )
             expect(by_id(page, "archive-list").get_by_test_id("archive-item")).to_have_text(
                 ["Fresh"]
             )

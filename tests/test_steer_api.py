@@ -236,8 +236,13 @@ def test_clear_carries_the_pins_with_or_without_a_handoff(relay: LiveRelay) -> N
     assert new["pending_summary"] == "Conversation: Clear\nPinned:\n- keep this"
     record = relay.http.get(f"/api/conversations/{new['id']}/carry").json()["from"]
     assert (record["kind"], record["left_out"]["text"]) == ("clear", "Left out: 1 message.")
+    assert record["source"] is None  # the pins alone: no handoff was saved
     talk(relay, new["id"], "please save a handoff")
     newer = relay.send(new["id"], "/clear").json()["compacted_into"]
+    # A review: its record said "Carried here: 1 pinned", not the handoff it carries.
+    assert relay.http.get(f"/api/conversations/{newer['id']}/carry").json()["from"]["source"] == (
+        "handoff"
+    )
     assert newer["pending_summary"].split("\n")[:3] == [
         "[Handoff from the previous session]",
         "Pinned:",
@@ -260,6 +265,13 @@ def test_start_fresh_from_a_backup_carries_the_pins(relay: LiveRelay) -> None:
     assert new["pending_summary"] == (
         f"[Carry-over context from backup {name}]\nPinned:\n- keep this\n# Session Backup\n\nbody"
     )
+    assert relay.http.get(f"/api/conversations/{new['id']}/carry").json()["from"]["source"] == (
+        "backup"
+    )
+    # /compact again before any message carries that carry-over on: its record says so.
+    again = relay.send(new["id"], "/compact").json()["compacted_into"]
+    record = relay.http.get(f"/api/conversations/{again['id']}/carry").json()["from"]
+    assert (record["source"], record["left_out"]["text"]) == ("earlier", "Nothing is left out.")
 
 
 def test_pin_errors_store_nothing(relay: LiveRelay) -> None:
