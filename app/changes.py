@@ -285,8 +285,13 @@ def file_diff(repo: Repo, path: str, old_path: str | None = None) -> dict[str, A
     """One changed file's diff from the last commit (an untracked one's whole text as added):
     at most MAX_DIFF_LINES lines from its first hunk; NoSuchChange when it has none."""
     change = find_change(repo, path, old_path)
+    link = repo.top / path
     if change.directory:
         found = GitResult(0, b"", "")
+    elif change.status == "untracked" and link.is_symlink():
+        # Its target's name, as git shows a link to a file (a link to a folder showed nothing).
+        target = os.readlink(os.fsencode(link)).decode("utf-8", "replace")
+        found = GitResult(0, f"@@ -0,0 +1 @@\n+{target}\n".encode(), "")
     elif change.status == "untracked":  # ("./": a file named "-" is not the standard input)
         found = repo.git(
             "diff", *DIFF_OPTIONS, "--no-index", "--", os.devnull, f"./{path}",

@@ -261,6 +261,9 @@ def test_an_untracked_symlink_shows_its_target_s_name_not_its_content(tmp_path: 
     found = open_repo(root, [tmp_path])
     assert found is not None
     assert file_diff(found, "link")["diff"][1] == f"+{secret}"
+    # A link to a folder too (a review: an empty entry); its folder is not listed.
+    (root / "folder-link").symlink_to(tmp_path)
+    assert file_diff(found, "folder-link")["diff"] == ["@@ -0,0 +1 @@", f"+{tmp_path}"]
 
 
 def test_the_api(relay: LiveRelay) -> None:
