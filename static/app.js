@@ -1634,16 +1634,16 @@ const imports = new Imports({
 
 // ---- the sidebar drawer (phones) ---------------------------------------------------------------
 
-/** Open or close the drawer. Back closes an open one (a phone's way): opening it adds a step
- *  to the history, which closing it otherwise takes back (fromHistory: Back did). */
-// A narrow screen's sidebar is a drawer (app.css's phone rule); closed, it is only moved out of
-// sight, so it is made inert: out of Tab's reach and of screen readers'.
+// A narrow screen's sidebar is a drawer (app.css's phone rule, the same query); closed, it is
+// only moved out of sight, so it is made inert: out of Tab's reach and of screen readers'.
 const drawerMedia = window.matchMedia('(max-width: 480px), (max-height: 500px) and (pointer: coarse)');
 
 function syncDrawer() {
   byId('sidebar').inert = drawerMedia.matches && !document.body.classList.contains('drawer-open');
 }
 
+/** Open or close the drawer. Back closes an open one (a phone's way): opening it adds a step
+ *  to the history, which closing it otherwise takes back (fromHistory: Back did). */
 function setDrawer(open, { fromHistory = false } = {}) {
   const was = document.body.classList.contains('drawer-open');
   const sidebar = byId('sidebar');
