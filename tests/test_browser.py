@@ -744,7 +744,7 @@ def test_tab_goes_to_login_when_its_session_is_gone(pages: Pages, tmp_path: Path
     again = LiveRelay(relay.settings).start()  # same port, same data: the socket retries
     try:
         # Back to this conversation after the login (before: to the newest one).
-        expect(page).to_have_url(re.compile(rf"/login\?next=/c/{cid}$"), timeout=20_000)
+        expect(page).to_have_url(re.compile(rf"/login\?ended=1&next=/c/{cid}$"), timeout=20_000)
     finally:
         again.stop()
 

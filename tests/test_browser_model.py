@@ -29,7 +29,8 @@ def test_the_model_is_chosen_under_the_message_box(
     select.select_option("haiku")
     expect(by_id(other, "model-select")).to_have_value("haiku")
     send_text(page, "hello")
-    expect(page.get_by_text("You said: hello")).to_be_visible()
+    # (The reply's element: the screen readers' line (#announce) holds its words too.)
+    expect(by_id(page, "entry-agent").get_by_text("You said: hello")).to_be_visible()
     live.wait_idle(cid, timeout=TIMEOUT)
     assert "haiku" in requested_models(fake)[-1]
     assert live.get(cid)["chosen_model"] == "haiku"
