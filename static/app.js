@@ -413,13 +413,22 @@ function onConversationEvent(message) {
 
 // ---- screen readers: what arrives, said once ----------------------------------------------------
 
-let announced = 0;
-/** Say text to screen readers (#announce); the same words again are said again. */
-function announce(text) {
+let saying = null; // what is about to be said: the words of one burst, joined
+/** Say text to screen readers (#announce). Said together with what came in the same moment (a
+ *  question arrives in one frame with the end of the reply before it: neither may replace the
+ *  other), questions first; the same words again are said again (cleared first). */
+function announce(text, first = false) {
+  if (saying) {
+    saying.parts[first ? 'unshift' : 'push'](text);
+    return;
+  }
+  saying = { parts: [text] };
   const el = byId('announce');
-  const turn = ++announced;
   el.textContent = '';
-  setTimeout(() => { if (turn === announced) el.textContent = text; }, 60);
+  setTimeout(() => {
+    el.textContent = saying.parts.join(' ');
+    saying = null;
+  }, 60);
 }
 
 /** Markdown as words to hear: marks dropped, clipped. */
@@ -428,13 +437,15 @@ function spoken(text, limit = 400) {
   return words.length > limit ? `${words.slice(0, limit)}…` : words;
 }
 
+const QUESTIONS = { AskUserQuestion: 'The agent asks you.', ExitPlanMode: 'The plan waits for your answer.' };
+
 /** A finished agent message or a new question of the open conversation, as it arrives. */
 function sayArrived(entry, before) {
   const data = entry.data || {};
   if (entry.kind === 'agent' && entry.state === 'done' && before !== 'done' && entry.text) {
     announce(`Agent: ${spoken(entry.text)}`);
   } else if (entry.kind === 'activity' && data.type === 'permission' && entry.state === 'pending' && before == null) {
-    announce(`${data.tool === 'AskUserQuestion' ? 'The agent asks you' : `${data.tool || 'The agent'} waits for your answer`}.`);
+    announce(QUESTIONS[data.tool] || `${data.tool || 'The agent'} waits for your answer.`, true);
   }
 }
 
@@ -1636,7 +1647,7 @@ const imports = new Imports({
 
 // A narrow screen's sidebar is a drawer (app.css's phone rule, the same query); closed, it is
 // only moved out of sight, so it is made inert: out of Tab's reach and of screen readers'.
-const drawerMedia = window.matchMedia('(max-width: 480px), (max-height: 500px) and (pointer: coarse)');
+const drawerMedia = window.matchMedia('(max-width: 640px), (max-height: 500px) and (pointer: coarse)');
 
 function syncDrawer() {
   byId('sidebar').inert = drawerMedia.matches && !document.body.classList.contains('drawer-open');

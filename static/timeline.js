@@ -244,11 +244,17 @@ function questionGroup(entryId, question, index) {
   return { question: question.question, fieldset, value };
 }
 
+// Whether the last input was a key (not a pointer): an answer given by keyboard gives the
+// keyboard back; a tap must not focus the composer (a phone would raise its keyboard).
+let byKeyboard = false;
+document.addEventListener('keydown', () => { byKeyboard = true; }, true);
+document.addEventListener('pointerdown', () => { byKeyboard = false; }, true);
+
 /** Called before a card's buttons are disabled (a disabled button drops the focus to the
- *  page): once answered, the keyboard goes on in the composer if the card had the focus and
- *  nothing has it now (a keyboard user was left at the page's top). */
+ *  page): once answered by keyboard, the keyboard goes on in the composer if the card had the
+ *  focus and nothing has it now (a keyboard user was left at the page's top). */
 function keyboardBack(card) {
-  const focused = card.contains(document.activeElement);
+  const focused = byKeyboard && card.contains(document.activeElement);
   return () => {
     const now = document.activeElement;
     if (focused && (!now || now === document.body || !now.isConnected)) byId('message-input').focus();

@@ -222,3 +222,26 @@ def test_a_folder_with_its_own_settings_is_created_in_once_trusted(
     (conversation,) = live.http.get("/api/conversations").json()["conversations"]
     assert conversation["cwd"] == str(repo)
     pages.assert_clean("409")  # the first Create, refused as intended
+
+
+def test_a_question_that_comes_with_the_reply_before_it_is_said_too(
+    pages: Pages, start: StartRelay
+) -> None:
+    # A review: the model writes a sentence before its tool call; the question and that
+    # sentence's end came in one frame, and the reply's words replaced the question's before a
+    # screen reader heard it. And a click on Allow (not a key) moved the focus to the composer
+    # (a phone would raise its keyboard).
+    live = start()
+    cid = live.create(provider="claude", title="Said")["id"]
+    page = pages.open(live, f"/c/{cid}")
+    send_text(page, "run it [[BASH:touch said.txt]]")
+    allow = by_id(page, "permission-allow")
+    expect(allow).to_be_visible(timeout=30_000)
+    said = by_id(page, "announce")
+    expect(said).to_contain_text("Bash waits for your answer.")
+    expect(said).to_contain_text("Agent: ")
+    allow.click()
+    expect(by_id(page, "permission-answer")).to_have_text("Allowed")
+    expect(by_id(page, "message-input")).not_to_be_focused()
+    live.wait_idle(cid)
+    pages.assert_clean()

@@ -15,7 +15,7 @@ from playwright.sync_api import Locator, expect
 from app.agents.base import AgentEvent, MessageDone, TextDelta, TurnDone
 from app.db import get_session
 from app.models import Conversation
-from tests.browser import Pages, by_id, item_menu, send_text, user_bubble
+from tests.browser import Pages, by_id, item_menu, own_relay, send_text, user_bubble
 from tests.relay import LiveRelay
 from tests.test_browser_polish import ScriptAgent, use_script
 
@@ -253,23 +253,35 @@ def test_secondary_text_is_readable_in_both_schemes(
     pages.assert_clean()
 
 
-@pytest.mark.parametrize("width", [683, 880])
-def test_a_narrow_window_keeps_the_title_readable(
-    pages: Pages, relay: LiveRelay, width: int
+@pytest.mark.parametrize("width", [500, 620, 683, 880, 901, 1000])
+def test_a_narrow_window_keeps_the_title_and_stop_usable(
+    pages: Pages, tmp_path: Path, width: int
 ) -> None:
-    # A review: between a phone's 480 px and ~880 px, the title got 12 px ("k") beside the
-    # provider badge, the agent's state and the header's buttons.
-    cid = relay.create(title="kbd backups")["id"]
-    relay.send(cid, "hello")
-    relay.wait_idle(cid)
-    page = pages.open(relay, f"/c/{cid}", viewport={"width": width, "height": 800})
-    title = by_id(page, "title")
-    expect(title).to_have_text("kbd backups")
-    expect(by_id(page, "context-button")).to_contain_text("/")  # the header is complete
-    assert title.evaluate("b => b.scrollWidth <= b.clientWidth"), "the title is cut"
-    for part in ("provider-badge", "agent-state", "context-button"):
-        assert by_id(page, part).is_visible()
-    pages.assert_clean()
+    # Reviews: between a phone's 480 px and ~880 px the title got 12 px ("k") beside the
+    # provider badge, the agent's state and the header's buttons; at 481-560 px (a 280 px
+    # sidebar beside the chat) Stop was off-screen and the message box 7-86 px wide; at 901 px a
+    # long title during a turn was one letter again.
+    relay = own_relay(tmp_path, demo_delay=0.05)
+    try:
+        cid = relay.create(title="A long title for the narrow window")["id"]
+        page = pages.open(relay, f"/c/{cid}", viewport={"width": width, "height": 800})
+        send_text(page, "slow please")
+        stop = by_id(page, "stop-button")
+        expect(stop).to_be_visible()
+        title = by_id(page, "title")
+        expect(title).to_have_text("A long title for the narrow window")
+        assert title.evaluate("b => b.getBoundingClientRect().width") >= 150, "the title is cut"
+        edge = stop.evaluate("b => b.getBoundingClientRect().right")
+        assert edge <= width, ("Stop is past the window's edge", edge)
+        box = by_id(page, "message-input").evaluate("b => b.getBoundingClientRect().width")
+        assert box >= 200, ("the message box", box)
+        for part in ("provider-badge", "agent-state", "context-button"):
+            assert by_id(page, part).is_visible()
+        stop.click()
+        relay.wait_idle(cid)
+        pages.assert_clean()
+    finally:
+        relay.stop()
 
 
 def test_a_phone_s_drawer_takes_the_keyboard_in_and_gives_it_back(
