@@ -12,11 +12,13 @@ the delete's refusal reached the loop).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from app.agents.demo import DemoAgent
 from app.supervisor.runner import DELETING
 from tests.crash import TIMEOUT
 from tests.relay import LiveRelay, receive, receive_until
@@ -171,3 +173,28 @@ def test_a_handoff_for_a_conversation_deleted_meanwhile_is_not_found(relay: Live
     body = {"done": "the parser", "next": "the tests", "files": ["app/parse.py"]}
     answer = deleted_after_its_read(relay, cid, lambda: relay.http.put(url, json=body))
     assert (answer.status_code, answer.json()) == (404, {"detail": f"No conversation {cid}."})
+
+
+class SlowToClose(DemoAgent):
+    """The demo agent, a second to stop (as a CLI asked to exit can take)."""
+
+    async def close(self) -> None:
+        await asyncio.sleep(1.0)
+
+
+def test_a_delete_right_after_an_archive_waits_for_the_agent_to_stop(relay: LiveRelay) -> None:
+    """An archived conversation's agent is stopped after its last turn; a delete meanwhile was
+    refused with "A turn is running …; stop it", with no turn to stop (a CI run met it after a
+    /compact). It waits for the agent now."""
+    relay.supervisor.agent_factory = lambda _p, spec, _s: SlowToClose(spec)
+    cid = relay.create(title="Archived, then deleted")["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    deadline = time.monotonic() + TIMEOUT
+    while not relay.supervisor.runners[cid].retiring:  # its agent being stopped
+        assert time.monotonic() < deadline, "the archived conversation's agent never stopped"
+        time.sleep(0.01)
+    deleted = relay.http.delete(f"/api/conversations/{cid}")
+    assert deleted.status_code == 204, deleted.text
+    assert relay.http.get(f"/api/conversations/{cid}").status_code == 404

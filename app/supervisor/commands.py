@@ -22,7 +22,15 @@ from app.providers import images_refused
 from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decision_of
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
-from app.supervisor.runner import DELETING, READ_ONLY, ConversationError, Runner, TurnState, _settle
+from app.supervisor.runner import (
+    DELETING,
+    READ_ONLY,
+    STILL_STOPPING,
+    ConversationError,
+    Runner,
+    TurnState,
+    _settle,
+)
 from app.titles import compacted_from, compacted_title
 from app.tools import ToolResult
 from app.views import conversation_view
@@ -32,6 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New conversation"  # a conversation's title until its first message names it
 STOPPED_QUESTION = "This question is no longer asked: the turn was stopped or has ended."
 WITHDRAWN_TOO_LATE = "This message has already gone to the agent; it can no longer be taken back."
+RETIRE_WAIT = 15.0  # seconds a delete waits for an agent being stopped (close is given 10 s)
 
 
 class Commands(SupervisorState):
@@ -345,10 +354,12 @@ class Commands(SupervisorState):
                 return self._refuse_while_busy(conversation, action, own)
         cid = conversation.id or 0
         runner = self.runners.get(cid)
+        queued = store.count_queued(session=session, conversation_id=cid)
         running = runner is not None and (
             runner.state != TurnState.IDLE or (runner.task is not None and not runner.task.done())
         )
-        queued = store.count_queued(session=session, conversation_id=cid)
+        if running and not (queued or conversation.turn_active) and _retiring(runner):
+            raise ConversationError(STILL_STOPPING)  # no turn: nothing the user could stop
         if running or queued or conversation.turn_active:
             raise ConversationError(
                 f"A turn is running in this conversation; stop it before you {action} it."
@@ -383,6 +394,7 @@ class Commands(SupervisorState):
         Conversations it was compacted from or into stay, without the link to it.
         """
         cid = conversation.id or 0
+        await self._retired(cid)
         # Checked and marked in one writer job: from there no message is stored for it (a
         # send job checks in the writer too, in order), no agent warms up, no queue wakes;
         # before it, and for a delete refused as busy, messages are stored as usual.
@@ -418,6 +430,14 @@ class Commands(SupervisorState):
             # One deleted meanwhile, here, is not told of again: tabs would list it anew.
             if other.id not in self.deleting:
                 self.publish_conversation(other)
+
+    async def _retired(self, cid: int) -> None:
+        """Wait for an archived conversation's agent being stopped after its last turn (a
+        CLI takes a moment to exit): a delete right after a /compact then goes through."""
+        runner = self.runners.get(cid)
+        task = runner.task if runner is not None else None
+        if task is not None and not task.done() and _retiring(runner):
+            await asyncio.wait({task}, timeout=RETIRE_WAIT)
 
     def _begin_delete(self, conversation: Conversation) -> None:
         """Refuse to delete a busy conversation (or one already being deleted), else mark it."""
@@ -670,3 +690,10 @@ def _untitled(conversation: Conversation) -> bool:
     the successor of one (`/clear` as a new conversation's first act, to start from the
     project's handoff: "New conversation (compacted)" until its first message names it)."""
     return conversation.last_seq == 0 and compacted_from(conversation.title, DEFAULT_TITLE)
+
+
+def _retiring(runner: Runner | None) -> bool:
+    """Whether an archived conversation's runner is past its last turn, its agent stopping."""
+    if runner is None or not runner.archived:
+        return False
+    return runner.retiring or runner.state == TurnState.IDLE

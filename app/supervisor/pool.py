@@ -382,7 +382,11 @@ class Pool(SupervisorState):
         """Stop the agent now, background work and all; when it had some, a line says so."""
         agent = runner.agent
         working = agent is not None and agent.background_work()
-        await self._close_agent(runner)
+        runner.retiring = True
+        try:
+            await self._close_agent(runner)
+        finally:
+            runner.retiring = False
         if working:
             try:
                 await self.storage.write(self._write_line, runner, text, "warning")

@@ -30,6 +30,7 @@ class ConversationError(Exception):
 
 DELETING = "This conversation is being deleted."
 READ_ONLY = "This conversation is archived; it can be read, not written."
+STILL_STOPPING = "This conversation's agent is still stopping; try again in a moment."
 
 
 class Locked(Exception):
@@ -142,6 +143,7 @@ class Runner:
     failure: str | None = None  # an error line the database refused: written when it can
     ending: bool = False  # _end_turn failed (database): finished before the next turn
     archived: bool = False  # the conversation is archived: its agent stops after its turn
+    retiring: bool = False  # ... and it is being stopped now (runner.task waits for that)
     warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
     starting: bool = False  # the agent's process is being started
     again: bool = False  # a message was queued while the runner was looking at the queue
