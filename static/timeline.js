@@ -17,12 +17,23 @@ const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Bool
 
 // ---- rendering per kind ------------------------------------------------------------------------
 
+// A bidi control in a mention (@"rtl\u202etxt.exe", picked from the @ menu: the real name)
+// reversed the rest of its line in the sent message: each mention is isolated (<bdi>) then.
+const CONTROL = /[\u202a-\u202e\u2066-\u2069]/;
+const MENTIONS = /(@(?:"[^"\n]*"|[^\s"]+))/; // split() keeps each at an odd index
+
+function userText(text) {
+  if (!CONTROL.test(text)) return h('div', { class: 'plain', dir: 'auto', text });
+  const parts = text.split(MENTIONS).map((part, i) => (i % 2 ? h('bdi', { text: part }) : part));
+  return h('div', { class: 'plain', dir: 'auto' }, parts);
+}
+
 function userEntry(entry, old, timeline) {
   const queued = isQueued(entry);
   // Named for screen readers: the timeline's messages read "You" and "Agent" (no visible label).
   return h('div', { class: queued ? 'msg user queued' : 'msg user', testid: 'entry-user', role: 'article', 'aria-label': queued ? 'You (queued)' : 'You' },
     h('div', { class: 'bubble' }, sentImages(entry.data && entry.data.attachments),
-      h('div', { class: 'plain', dir: 'auto', text: entry.text })),
+      userText(entry.text)),
     queued ? h('div', { class: 'queued-foot' },
       timeline ? withdrawControl(entry, timeline) : null,
       h('span', { class: 'queued-badge', testid: 'queued-badge', text: 'Queued' })) : null);

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.browser import Pages, by_id, user_bubble
 from tests.relay import LiveRelay
@@ -115,4 +115,32 @@ def test_a_name_s_bidi_control_shows_as_its_code(pages: Pages, relay: LiveRelay)
     expect(page.get_by_test_id("file-item")).to_have_text(["rtl⟨U+202E⟩txt.exe"])
     box.press("Enter")
     expect(box).to_have_value("@rtl\u202etxt.exe ")
+    # Sent, the control reverses nothing after the name (it read "esaelp kool" before).
+    box.press_sequentially("look please")
+    box.press("Enter")
+    bubble = page.get_by_test_id("entry-user").last
+    expect(bubble).to_contain_text("look please")
+    assert left_to_right(bubble, "please")
     pages.assert_clean()
+
+
+def left_to_right(bubble: Locator, word: str) -> bool:
+    """Whether word's first letter shows left of its last (its letters in reading order)."""
+    return bubble.evaluate(
+        """(el, word) => {
+          const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+          while (walker.nextNode()) {
+            const at = walker.currentNode.data.indexOf(word);
+            if (at < 0) continue;
+            const left = (i) => {
+              const range = document.createRange();
+              range.setStart(walker.currentNode, at + i);
+              range.setEnd(walker.currentNode, at + i + 1);
+              return range.getBoundingClientRect().left;
+            };
+            return left(0) < left(word.length - 1);
+          }
+          throw new Error(`no text node holds ${word}`);
+        }""",
+        word,
+    )
