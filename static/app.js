@@ -1575,6 +1575,9 @@ function markNewModes() {
   const refused = refusedModes(byId('new-provider').value);
   if (refused[modes.value]) modes.value = 'default';
   markRefusedModes(modes, refused);
+  const note = byId('new-permission-note');
+  note.textContent = [...new Set(Object.values(refused))].join(' ');
+  note.hidden = !note.textContent;
 }
 byId('new-provider').addEventListener('change', markNewModes);
 

@@ -114,8 +114,11 @@ def test_a_mode_the_agent_would_refuse_is_not_offered(
     expect(modes).to_have_value("default")
     expect(new_bypass).to_be_disabled()
     expect(new_bypass).to_have_text("bypassPermissions — never ask (not available here)")
+    # Said under the list too: a touch screen shows no tooltip.
+    expect(by_id(page, "new-permission-note")).to_have_text(ROOT_BYPASS)
     by_id(page, "new-provider").select_option("demo")
     expect(new_bypass).to_be_enabled()
+    expect(by_id(page, "new-permission-note")).to_be_hidden()
     pages.assert_clean()
 
 
