@@ -91,7 +91,8 @@ POSTGRES_TESTS := tests/test_store.py tests/test_migrations.py tests/test_api.py
 	tests/test_postgres.py tests/test_import.py tests/test_import_hostile.py tests/test_search.py \
 	tests/test_archive.py \
 	tests/test_archive_relay.py tests/test_steer_api.py tests/test_steer_store.py \
-	tests/test_overhead_store.py tests/test_waiting.py tests/test_attachments.py
+	tests/test_overhead_store.py tests/test_waiting.py tests/test_attachments.py \
+	tests/test_get_routes.py
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check app tests bench alembic/env.py
