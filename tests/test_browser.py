@@ -229,6 +229,10 @@ def test_screen_readers_are_told_replies_questions_and_who_needs_them(
     relay.wait_idle(cid)
     assert relay.send(other, "ask permission").status_code == 202
     expect(said).to_contain_text("“Elsewhere” needs you.")  # (with a reply ending then)
+    send_text(page, "slow")  # the demo's long reply: only its first 400 characters are said
+    reply = relay.wait_idle(cid, timeout=60)["timeline"][-1]["text"]
+    assert len(reply) > 400
+    expect(said).to_have_text(re.compile(r"^Agent: .{400}…$"))
     pages.assert_clean()
 
 
