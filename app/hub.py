@@ -82,36 +82,36 @@ def encode(event: Event) -> str:
 
 
 class Published(NamedTuple):
-    """A published event as kept for replay: its seq and its JSON text (not the dict)."""
+    """A published event as a replay gives it: its seq and its JSON text (not the dict)."""
 
     seq: int
     text: str
 
 
-# Builds a Published as Published(seq, text) does, without its __new__ in Python (hot path).
-_published = tuple.__new__
-
-
 class Replay:
-    """A conversation's recent events, bounded by count and by characters."""
+    """A conversation's recent events, bounded by count and by characters.
+
+    Each is kept as a plain (seq, text) tuple: one allocation per delta on the hot path (a
+    Published is made only for a replay, which is rare).
+    """
 
     __slots__ = ("chars", "events", "published")
 
     def __init__(self) -> None:
-        self.events: deque[Published] = deque()
+        self.events: deque[tuple[int, str]] = deque()
         self.chars = 0
         self.published = 0  # events appended, ever (a burst's wake-up counts them)
 
-    def append(self, published: Published) -> None:
+    def append(self, seq: int, text: str) -> None:
         """Keep an event, forgetting the oldest beyond the bounds (the newest always stays)."""
         self.published += 1
         events = self.events
         if len(events) >= REPLAY_EVENTS:  # (a full replay while streaming: one out, one in)
-            self.chars -= len(events.popleft().text)
-        events.append(published)
-        self.chars += len(published.text)
+            self.chars -= len(events.popleft()[1])
+        events.append((seq, text))
+        self.chars += len(text)
         while self.chars > REPLAY_CHARS and len(events) > 1:
-            self.chars -= len(events.popleft().text)
+            self.chars -= len(events.popleft()[1])
 
 
 class Stream:
@@ -513,7 +513,7 @@ class Hub:
         recent = self._recent.get(conversation_id)
         if recent is None:
             recent = self._recent[conversation_id] = Replay()
-        recent.append(_published(Published, (seq, text)))
+        recent.append(seq, text)
         if conversation_id in self._by_conversation:
             stream = self._streams[conversation_id]
             stream.append(text)  # once, however many tabs: each has its place in the stream
@@ -589,9 +589,9 @@ class Hub:
         if seq > current:
             return None
         recent = self._recent.get(conversation_id)
-        if not recent or recent.events[0].seq > seq + 1:
+        if not recent or recent.events[0][0] > seq + 1:
             return None
-        return [published for published in recent.events if published.seq > seq]
+        return [Published._make(kept) for kept in recent.events if kept[0] > seq]
 
     def follow(self, subscriber: Subscriber, conversation_id: int) -> None:
         """Make a tab receive a conversation's events from now on (and no other's)."""
