@@ -311,7 +311,10 @@ class HistoryBuilder:
     """Turn transcript records, in order, into timeline entries as a live turn stores them."""
 
     def __init__(self) -> None:
-        from app.agents.claude_code import EventMapper  # the SDK is imported only here
+        from app.providers import load_provider  # (app.providers imports much of the app)
+
+        load_provider("claude")  # the SDK, imported only here (in a reading thread) and frozen
+        from app.agents.claude_code import EventMapper
 
         self.mapper = EventMapper()
         self.entries: list[Draft] = []

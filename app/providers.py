@@ -236,6 +236,9 @@ def make_agent(provider: str, spec: AgentSpec, settings: Settings) -> Agent:
         from app.agents.demo import DemoAgent
 
         return DemoAgent(spec, delay=settings.demo_delay)
+    # Imported and frozen if nothing loaded it first (a restart's recovery builds agents to ask
+    # what they received, in a storage thread); a no-op once loaded.
+    load_provider(provider)
     if provider in ("claude", "deepseek"):
         from app.agents.claude_code import ClaudeCodeAgent
 

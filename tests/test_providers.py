@@ -104,6 +104,48 @@ def test_a_provider_is_loaded_and_what_it_built_frozen(provider: str, sdk: str) 
     assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
 
 
+FROZEN_BY = """
+import gc, json, sys, tempfile
+from pathlib import Path
+from app.providers import load_provider, provider_loaded
+way = sys.argv[1]
+assert not provider_loaded("claude")
+if way == "import":  # a Claude Code session imported before any Claude agent started
+    from app.imports import read_history
+    path = Path(tempfile.mkdtemp()) / "s.jsonl"
+    record = {"type": "user", "message": {"role": "user", "content": "hi"}}
+    path.write_text(json.dumps(record) + "\\n")
+    read_history(path)
+else:  # an agent built by a restart's recovery, to ask what it received
+    from app.agents.base import AgentSpec
+    from app.config import Settings
+    from app.providers import make_agent
+    from tests.agent_turns import allow_all
+    spec = AgentSpec(conversation_id=1, cwd=Path("."), session_id=None,
+                     permission_mode="default", auto_compact_window=None, env={},
+                     ask_permission=allow_all)
+    make_agent("claude", spec, Settings())
+sdk = sys.modules["claude_agent_sdk"]
+assert provider_loaded("claude")
+assert not any(o is sdk.__dict__ for o in gc.get_objects())
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("way", ["import", "recovery"])
+def test_the_sdk_is_frozen_whoever_imports_it_first(way: str) -> None:
+    # Left in the collector's generations, its 49,000 objects slowed every full collection.
+    done = subprocess.run(
+        [sys.executable, "-c", FROZEN_BY, way],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
+
+
 WATCH_IMPORTS = """
 import asyncio, os, sys
 
