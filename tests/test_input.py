@@ -313,6 +313,26 @@ def test_locked_database_answers_503_while_sockets_flow(relay: LiveRelay) -> Non
     assert (user["text"], agent["text"][:24]) == ("while locked", "You said: “while locked”")
 
 
+def test_an_answer_refused_while_locked_can_be_given_again(relay: LiveRelay) -> None:
+    # A review: the 503 ("Nothing was stored") lost the waiting agent's future; the retry got
+    # 409 "no longer asked", Stop could not reach it, and the turn ran for ever.
+    cid = relay.create(title="Answered twice")["id"]
+    assert relay.send(cid, "ask permission").status_code == 202
+
+    def asked(view: dict[str, Any]) -> bool:
+        return any(e["state"] == "pending" for e in view["timeline"])
+
+    question = next(e for e in relay.wait_for(cid, asked)["timeline"] if e["state"] == "pending")
+    path = f"/api/conversations/{cid}/permissions/{question['id']}"
+    with write_lock(relay.settings.resolved_data_dir / "oarlock.db"):
+        refused = relay.http.post(path, json={"allow": True})
+    assert refused.status_code == 503, refused.text
+    again = relay.http.post(path, json={"allow": True})
+    assert again.status_code == 200, again.text
+    answered = next(e for e in relay.wait_idle(cid)["timeline"] if e["id"] == question["id"])
+    assert answered["state"] == "allowed"
+
+
 class GatedAgent(StandIn):
     """A stand-in agent: streams a first piece, then finishes its message when the test says."""
 

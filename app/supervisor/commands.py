@@ -588,36 +588,17 @@ class Commands(SupervisorState):
     def answer(
         self, conversation: Conversation, entry_id: int, decision: PermissionDecision
     ) -> Entry:
-        """Answer a permission question; the first answer wins (on any node)."""
+        """Answer a permission question; the first answer wins (on any node).
+
+        The waiting agent's future is taken while the answer is stored; a write that fails
+        (another program holding SQLite's lock: 503, "send again") puts it back, so that the
+        question is still asked, answered again or stopped.
+        """
+        runner = self.runners.get(conversation.id or 0)  # (none on another node)
         with self.session() as session:
-            session.add(conversation)
-            # Locked: answers taken on two nodes at once come one after the other. The entry
-            # first, then (in _save) the conversation: the order the owner's writes take.
-            entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
-            if entry is None or entry.conversation_id != conversation.id:
-                raise LookupError("No such question in this conversation.")
-            if entry.data.get("type") != "permission":
-                raise LookupError("That entry is not a permission question.")
-            if entry.state == "expired":
-                raise ConversationError(STOPPED_QUESTION)
-            if entry.state != "pending":
-                raise ConversationError(f"This question was already answered ({entry.state}).")
-            answers = checked_answers(entry.data, decision.allow, decision.answers)  # ValueError
-            mode = checked_mode(entry.data, decision.allow, decision.mode)  # ValueError
-            runner = self.runners.get(conversation.id or 0)  # (none on another node)
-            future = runner.questions.pop(entry_id, None) if runner is not None else None
-            here = self.cluster is None or self.cluster.holds(conversation.id or 0)
-            if future is None and here:  # nothing waits for it: Stop denied it, or the turn ended
-                raise ConversationError(STOPPED_QUESTION)
-            state = "allowed" if decision.allow else "denied"
-            data = entry.data
-            if decision.message:  # the owner settles with it if the notice below is lost
-                data = {**data, "answer_message": decision.message}
-            if answers is not None:  # (and shown with the question)
-                data = {**data, "answers": answers}
-            if mode is not None:
-                data = {**data, "approved_mode": mode}
-            self._save(session, conversation, entry, state=state, data=data)
+            entry, answers, mode, future = self._store_answer(
+                session, conversation, entry_id, decision, runner
+            )
         if future is not None:  # the agent gets the answers as stored and shown (trimmed)
             self.storage.soon(_settle, future, replace(decision, answers=answers))
         elif self.cluster is not None and not self.cluster.holds(conversation.id or 0):
@@ -628,6 +609,49 @@ class Commands(SupervisorState):
                 fields["mode"] = mode
             self.cluster.send("answer", conversation.id or 0, **fields)
         return entry
+
+    def _store_answer(
+        self,
+        session: Session,
+        conversation: Conversation,
+        entry_id: int,
+        decision: PermissionDecision,
+        runner: Runner | None,
+    ) -> tuple[Entry, Any, str | None, asyncio.Future[PermissionDecision] | None]:
+        """answer's write: the entry, its answers and approved mode, the future it took."""
+        session.add(conversation)
+        # Locked: answers taken on two nodes at once come one after the other. The entry
+        # first, then (in _save) the conversation: the order the owner's writes take.
+        entry = store.get_entry(session=session, entry_id=entry_id, lock=True)
+        if entry is None or entry.conversation_id != conversation.id:
+            raise LookupError("No such question in this conversation.")
+        if entry.data.get("type") != "permission":
+            raise LookupError("That entry is not a permission question.")
+        if entry.state == "expired":
+            raise ConversationError(STOPPED_QUESTION)
+        if entry.state != "pending":
+            raise ConversationError(f"This question was already answered ({entry.state}).")
+        answers = checked_answers(entry.data, decision.allow, decision.answers)  # ValueError
+        mode = checked_mode(entry.data, decision.allow, decision.mode)  # ValueError
+        future = runner.questions.pop(entry_id, None) if runner is not None else None
+        here = self.cluster is None or self.cluster.holds(conversation.id or 0)
+        if future is None and here:  # nothing waits for it: Stop denied it, or the turn ended
+            raise ConversationError(STOPPED_QUESTION)
+        state = "allowed" if decision.allow else "denied"
+        data = entry.data
+        if decision.message:  # the owner settles with it if the notice below is lost
+            data = {**data, "answer_message": decision.message}
+        if answers is not None:  # (and shown with the question)
+            data = {**data, "answers": answers}
+        if mode is not None:
+            data = {**data, "approved_mode": mode}
+        try:
+            self._save(session, conversation, entry, state=state, data=data)
+        except BaseException:
+            if future is not None and runner is not None:
+                runner.questions.setdefault(entry_id, future)  # not answered: still asked
+            raise
+        return entry, answers, mode, future
 
     def save_handoff(
         self, conversation: Conversation, handoff: HandoffText, *, source: str
