@@ -13,6 +13,7 @@ import pytest
 
 from app.agents.base import AgentEvent, MessageDone, PermissionRequest, TurnDone
 from app.db import get_session
+from app.handoff import first_message
 from app.models import Conversation
 from tests import postgres
 from tests.relay import LiveRelay, make_settings, receive, receive_until
@@ -925,6 +926,41 @@ def test_a_pending_summary_beside_messages_is_not_all_a_compact_carries(
         session.commit()
     preview = relay.http.get(f"/api/conversations/{cid}/compact").json()
     assert preview["summary"].startswith("Conversation: Both\nUser: hello\n")
+
+
+class FailsToStartOnce(StandIn):
+    """An agent whose first start fails (a CLI that cannot be spawned); it records prompts."""
+
+    failed = False
+    prompts: ClassVar[list[str]] = []
+
+    async def start(self) -> None:
+        if not FailsToStartOnce.failed:
+            FailsToStartOnce.failed = True
+            raise RuntimeError("cannot spawn the CLI")
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        FailsToStartOnce.prompts.append(prompt)
+        yield MessageDone("m", "ok")
+        yield TurnDone()
+
+
+def test_a_carry_over_whose_agent_never_started_goes_with_the_next_message(
+    relay: LiveRelay,
+) -> None:
+    # A review: the first message took the /compact carry-over, its agent failed to start,
+    # and the next message went out without it (gone for good).
+    new = compacted_after(relay, "hello")
+    pending = relay.get(new)["pending_summary"]
+    FailsToStartOnce.failed, FailsToStartOnce.prompts = False, []
+    relay.supervisor.agent_factory = lambda _p, spec, _s: FailsToStartOnce(spec)
+    view = chat(relay, new, "first")
+    assert view["timeline"][-1]["text"] == "The agent could not start: cannot spawn the CLI"
+    assert view["pending_summary"] == pending  # the "will be sent" bar again
+    first = next(e for e in view["timeline"] if e["kind"] == "user")
+    assert "summary" not in first["data"]  # it went out with none
+    chat(relay, new, "second")
+    assert FailsToStartOnce.prompts == [first_message(pending, "second")]
 
 
 def test_compact_second_message_has_no_summary(relay: LiveRelay) -> None:

@@ -313,6 +313,8 @@ class Turns(SupervisorState):
             await self._error_line_soon(
                 runner, f"The agent could not start: {failure_reason(error)}"
             )
+            if runner.carried_summary is not None:  # the next message carries it instead
+                await self._patiently(self._summary_not_sent, runner)
             return
         finally:
             runner.turn_conversation = None
@@ -561,6 +563,17 @@ class Turns(SupervisorState):
             else:
                 self.publish_turn(runner.conversation_id, session)
             runner.idle_shown = True
+
+    def _summary_not_sent(self, runner: Runner) -> None:
+        """A turn whose agent never started: the /compact or /clear carry-over its message took
+        waits for the next message (the "will be sent" bar shows again)."""
+        with self.session() as session:
+            conversation = self._load(session, runner.conversation_id)
+            sent = store.last_sent_message(session=session, conversation_id=runner.conversation_id)
+            if sent is not None and "summary" in sent.data:
+                data = self._summary_back(session, conversation, sent.data)
+                self._save(session, conversation, sent, data=data)
+        runner.carried_summary = None
 
     def _stop_before_delivery(self, runner: Runner) -> None:
         """End a turn stopped before its prompt was sent; a carried summary waits for the next.
