@@ -20,7 +20,7 @@ from app.agents.base import AgentEvent, AgentSpec, MessageDone, TextDelta, TurnD
 from app.api_docs import Field, operations
 from app.render import render_markdown
 from app.unicode_text import has_visible_character, is_valid_unicode, isolate
-from tests.relay import TOKEN, LiveRelay, make_settings, receive
+from tests.relay import TOKEN, LiveRelay, make_settings, receive, receive_until
 from tests.stand_in import StandIn
 
 JSON_HEADERS = {"content-type": "application/json"}
@@ -331,6 +331,31 @@ def test_an_answer_refused_while_locked_can_be_given_again(relay: LiveRelay) -> 
     assert again.status_code == 200, again.text
     answered = next(e for e in relay.wait_idle(cid)["timeline"] if e["id"] == question["id"])
     assert answered["state"] == "allowed"
+
+
+def test_a_resend_refused_while_locked_tells_the_tabs_nothing(relay: LiveRelay) -> None:
+    # A review: the carry-over given back to the conversation was published before the write
+    # that failed (503): every tab showed a "will be sent" bar the database did not hold.
+    old = relay.create(title="Carried")["id"]
+    assert relay.send(old, "hello").status_code == 202
+    relay.wait_idle(old)
+    new = relay.send(old, "/compact").json()["compacted_into"]["id"]
+    message = relay.send(new, "first").json()  # it takes the carry-over
+    relay.wait_idle(new)
+    relay.mark_cut(message["id"])  # as a restart leaves a turn it cut
+    url = f"/api/conversations/{new}/messages/{message['id']}/resend"
+    with relay.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        with write_lock(relay.settings.resolved_data_dir / "oarlock.db"):
+            refused = relay.http.post(url)
+        assert refused.status_code == 503, refused.text
+        ws.send(json.dumps({"type": "ping"}))
+        told = receive_until(ws, lambda m: m["type"] == "pong")
+    assert [m for m in told if m["type"] == "conversation"] == []
+    assert relay.get(new)["pending_summary"] is None
+    assert relay.http.post(url).status_code == 202  # the lock gone: resent, carrying it
+    replies = [e for e in relay.wait_idle(new)["timeline"] if e["kind"] == "agent"]
+    assert len(replies) == 2 and "[Carry-over context" in replies[-1]["text"]
 
 
 class GatedAgent(StandIn):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
+from sqlalchemy import event
 from sqlmodel import Session
 
 from app import store
@@ -239,7 +240,14 @@ class Recovery(SupervisorState):
         if isinstance(summary, str) and conversation.pending_summary is None:
             conversation.pending_summary = summary
             session.add(conversation)
-            self.publish_conversation(conversation)  # the "will be sent" bar shows again
+            # The "will be sent" bar shows again once it is stored: a write that fails (503)
+            # tells the tabs nothing.
+            event.listen(
+                session,
+                "after_commit",
+                lambda _: self.publish_conversation(conversation),
+                once=True,
+            )
         return data
 
     def _receipt_agent(self, conversation: Conversation) -> Agent | None:
