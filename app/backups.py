@@ -22,7 +22,11 @@ MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 NAME = re.compile(
     r"^(?P<n>[1-9]\d{0,8})-backup-\d{1,2}(?:st|nd|rd|th)-[A-Z][a-z]{2}-\d{4}-\d{1,2}-\d{2}[ap]m\.md$"
 )
-COMMAND = re.compile(r"^/[A-Za-z][\w:.-]*(\s|$)")
+# A command the user typed alone (/context, /cost, /compact, /handoff): left out of User Requests.
+# With words after it, it carries a request: "/compact keep the parser notes" is text (SPEC §2),
+# "/tmp is full, please …" goes to the model as text (the CLI runs only the commands it knows),
+# and a project's "/review the parser" says what was asked.
+COMMAND = re.compile(r"^/[A-Za-z][\w:.-]*$")
 # Tools that change files, and the input key naming the file (Claude Code, then the SDK engine).
 FILE_TOOLS: dict[str, tuple[str, ...]] = {
     "Edit": ("file_path",),
@@ -117,10 +121,14 @@ def number_of(name: str) -> int | None:
 
 
 def remaining_text(used: int | None, window: int | None) -> str:
-    """Context remaining, one decimal: 100 × (window − used) / window, or — when unknown."""
+    """Context remaining, one decimal: 100 × (window − used) / window, or — when unknown.
+
+    Never below 0.0% (as the seed's remaining_percentage): a window set below what is used
+    (the conversation compacts on its next message) read "-50.0%".
+    """
     if used is None or not window:
         return "—"
-    return f"{100 * (window - used) / window:.1f}%"
+    return f"{max(0.0, 100 * (window - used) / window):.1f}%"
 
 
 def iso_utc(moment: datetime) -> str:
@@ -208,6 +216,12 @@ def _unique(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+def _succeeded(item: Item) -> bool:
+    """A tool call whose result came back without an error: a denied or failed Write changed
+    no file, a failed TodoWrite created no task (a call still running is not counted yet)."""
+    return item.data.get("is_error") is False
+
+
 def render(source: Source) -> str:
     """The backup's Markdown (SPEC §6), from a conversation's timeline."""
     requests: list[str] = []
@@ -222,7 +236,11 @@ def render(source: Source) -> str:
             requests.append(cut_line(one_line(item.text)))
         elif item.kind == "agent" and len(line := _first_line(item.text)) > 1:
             replies.append(cut_line(line))
-        elif item.kind == "activity" and isinstance(facts := item.data.get("backup"), Mapping):
+        elif (
+            item.kind == "activity"
+            and _succeeded(item)
+            and isinstance(facts := item.data.get("backup"), Mapping)
+        ):
             if file := _text(facts.get("file")):
                 files.append(cut_line(one_line(file)))
             if task := _text(facts.get("task")):

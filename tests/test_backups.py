@@ -181,6 +181,8 @@ def test_remaining_text() -> None:
     assert remaining_text(61_234, 200_000) == "69.4%"
     assert remaining_text(None, 200_000) == "—"
     assert remaining_text(1_000, None) == "—"
+    # A window chosen below what is used (compacted on the next message): nothing left, not -50%.
+    assert remaining_text(150_000, 100_000) == "0.0%"
 
 
 def test_tool_facts() -> None:
@@ -204,11 +206,42 @@ def test_tool_facts() -> None:
     assert tool_facts("skill", {"skill": "pdf"}) == {"skill": "pdf"}
 
 
-def tool(name: str, facts: dict[str, object], *, output: str = "") -> Item:
-    """A tool call as the timeline stores it."""
-    return Item(
-        "activity", "summary", {"type": "tool", "tool": name, "backup": facts, "output": output}
-    )
+def tool(
+    name: str, facts: dict[str, object], *, output: str = "", is_error: bool | None = False
+) -> Item:
+    """A tool call as the timeline stores it once its result came (is_error None: none yet)."""
+    data: dict[str, object] = {"type": "tool", "tool": name, "backup": facts, "output": output}
+    if is_error is not None:
+        data["is_error"] = is_error
+    return Item("activity", "summary", data)
+
+
+def test_a_message_that_starts_with_a_slash_but_says_more_is_a_request() -> None:
+    # A review: "/tmp is full, …" (sent to the model as text) and "/compact keep …" (text,
+    # SPEC §2) were left out of User Requests as commands.
+    texts = ["/tmp is full, please clean it", "/compact keep the parser notes", "/context"]
+    items = [Item("user", text) for text in texts]
+    source = Source("T", 1, "s", "tokens_50k", 50_000, 200_000, datetime(2026, 1, 1), items)
+    markdown = render(source)
+    assert "## User Requests\n\n- /tmp is full, please clean it\n" in markdown
+    assert "- /compact keep the parser notes\n\n## Files Modified" in markdown
+
+
+def test_failed_denied_and_unfinished_calls_change_nothing_a_backup_lists() -> None:
+    # A review: a denied Write was under Files Modified, a failed Skill under Skills Loaded,
+    # a failed TodoWrite's todos under Tasks.
+    items = [
+        tool("Write", {"file": "denied.py"}, output="The user doesn't want to", is_error=True),
+        tool("Write", {"file": "waiting.py"}, is_error=None),  # its permission question open
+        tool("Skill", {"skill": "content-writer"}, output="Unknown skill", is_error=True),
+        tool("TodoWrite", {"todos": [["Write sub", "completed"]]}, is_error=True),
+        tool("Edit", {"file": "done.py"}),
+    ]
+    source = Source("T", 1, "s", "tokens_50k", 50_000, 200_000, datetime(2026, 1, 1), items)
+    markdown = render(source)
+    assert "## Files Modified\n\n- done.py\n\n" in markdown
+    assert "### Created\n\n- (none)\n\n### Completed\n\n- (none)\n" in markdown
+    assert "## Skills Loaded\n\n- (none)\n" in markdown
 
 
 def test_render_the_seed_example() -> None:
@@ -246,6 +279,7 @@ def test_render_the_seed_example() -> None:
             tool("Edit", {"file": "apps/web/src/content/blog/blog-structure.ts"}),
             Item("user", "k"),  # one character: noise
             Item("user", "/context"),  # a command
+            Item("user", "/cost "),  # a command (as sent)
             Item("line", "Context compacted · 120k → 40k tokens", {"type": "compaction"}),
             Item("user", "Fix the internal linking"),
             tool("Edit", {"file": "apps/web/src/content/blog/blog-structure.ts"}),
