@@ -5,23 +5,27 @@ from __future__ import annotations
 import faulthandler
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import click
 import uvicorn
 from pydantic import ValidationError
 
-from app.config import Settings
+from app.config import Settings, place_error
 from app.limits import protocol_options
 from app.logs import RedactTokens, uvicorn_log_config
 from app.security import is_loopback, token_error
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from app.migrate import Upgraded
 
 
@@ -71,6 +75,7 @@ def setting_problems(error: ValidationError, given: Collection[str] = ()) -> lis
 
 def open_data(settings: Settings) -> Upgraded:
     """The data directory made (private) and the database migrated, or a line saying why not."""
+    from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from app.db import display_url, ensure_private_dir
@@ -83,6 +88,11 @@ def open_data(settings: Settings) -> Upgraded:
         sys.exit(f"The data directory {where} cannot be used: {error.strerror or error}.")
     try:
         return upgrade(settings.db_url)
+    except CommandError as error:  # a revision this code does not have: a newer oarlock's
+        sys.exit(
+            f"The database {display_url(settings.db_url)} was migrated by a newer oarlock "
+            f"({error}): run that version, or restore a copy of the data taken before."
+        )
     except (SQLAlchemyError, ImportError) as error:
         reason = str(getattr(error, "orig", None) or error).strip().splitlines() or ["?"]
         try:
@@ -93,9 +103,14 @@ def open_data(settings: Settings) -> Upgraded:
 
 
 @click.group(invoke_without_command=True)
+@click.version_option(package_name="oarlock")
 @click.pass_context
 def main(context: click.Context) -> None:
-    """oarlock: a web relay for coding agents."""
+    """oarlock: a web relay for coding agents.
+
+    Without a command, `oarlock` serves, as `oarlock serve` does (settings: OARLOCK_*
+    variables, README.md "Configuration").
+    """
     if context.invoked_subcommand is None:
         context.invoke(serve)
 
@@ -123,6 +138,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactTokens())
+    if settings.log_level != "debug":  # Alembic's set-up lines at every start: noise
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     for chatty in QUIET_AT_DEBUG:  # a line per Markdown rule per message: noise, not debugging
         logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
     if settings.no_auth and not is_loopback(settings.host):
@@ -130,15 +147,19 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
             f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"
             "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1."
         )
-    if (error := setting_error(settings) or token_error(settings.token)) is not None:
-        sys.exit(error)
-    open_data(settings)
-    app = create_app(settings)
+    problem = setting_error(settings) or token_error(settings.token)
+    if (problem := problem or provider_error(settings) or host_error(settings)) is not None:
+        sys.exit(problem)
+    logging.getLogger(__name__).info("%s.", open_data(settings).said())
+    if (problem := place_error(settings)) is not None:  # (the data directory may be a root)
+        sys.exit(problem)
+    app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"
     token = app.state.token
     lines = ["", "  oarlock is running. Open this URL in your browser:"]
-    lines.append(f"    {url}?token={token}" if token else f"    {url}")
+    # Encoded: a token from `openssl rand -base64` holds + and / (a + read back as a space).
+    lines.append(f"    {url}?token={quote(token, safe='')}" if token else f"    {url}")
     if not is_loopback(settings.host) and not settings.allowed_hosts:
         lines.append(
             "  Listening beyond this machine: set OARLOCK_ALLOWED_HOSTS to the name you use."
@@ -164,6 +185,40 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
         sys.exit(3)  # as uvicorn.run: the server could not start (port taken, …)
 
 
+def provider_error(settings: Settings) -> str | None:
+    """Why OARLOCK_DEFAULT_PROVIDER cannot be used, or None."""
+    from app.providers import TRAITS
+
+    names = ["demo", *TRAITS]
+    if settings.default_provider is not None and settings.default_provider not in names:
+        return f"OARLOCK_DEFAULT_PROVIDER: {settings.default_provider!r} is not one of {names}."
+    return None
+
+
+def host_error(settings: Settings) -> str | None:
+    """Why the host cannot be listened on (a name that does not resolve), or None."""
+    try:
+        socket.getaddrinfo(settings.host, settings.port)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        return f"The host {settings.host} cannot be used (OARLOCK_HOST or --host): {reason}."
+    return None
+
+
+def app_or_exit(settings: Settings, create: Callable[[Settings], FastAPI]) -> FastAPI:
+    """The app; a Redis that cannot be used (not listening, a wrong password, no such
+    database) ends the command with one line naming OARLOCK_REDIS_URL, not a traceback."""
+    if settings.redis_url is None:
+        return create(settings)
+    import redis
+
+    try:
+        return create(settings)
+    except (redis.RedisError, OSError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        sys.exit(f"OARLOCK_REDIS_URL cannot be used: {reason}")
+
+
 def announce(server: uvicorn.Server, lines: list[str]) -> None:
     """Print the URL once the server listens: a URL printed earlier would not answer yet."""
     while not server.started:
@@ -176,7 +231,8 @@ def announce(server: uvicorn.Server, lines: list[str]) -> None:
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Data directory.")
 def migrate(data_dir: Path | None) -> None:
-    """Create or upgrade the database schema."""
+    """Create or upgrade the database schema (OARLOCK_DATABASE_URL, else SQLite in the data
+    directory: OARLOCK_DATA_DIR or --data-dir)."""
     from app.db import display_url
 
     settings = _settings(data_dir=data_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -12,6 +13,8 @@ from app.agent_memory import default_budget, mem_total, parse_size
 
 PermissionMode = Literal["default", "acceptEdits", "bypassPermissions", "plan"]
 PERMISSION_MODES: tuple[str, ...] = get_args(PermissionMode)
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class Settings(BaseSettings):
@@ -32,16 +35,16 @@ class Settings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Proxies whose X-Forwarded-For/-Proto are believed (client address, https); none by default.
     trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    max_message_bytes: int = 256 * 1024
+    max_message_bytes: int = Field(default=256 * 1024, ge=1)
     # Seconds a client has to send a request's head, and then its body (slow clients: 408).
-    request_timeout: float = 20.0
+    request_timeout: float = Field(default=20.0, gt=0)
     # Directories agents may work in; default: the user's home.
     workspace_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     default_cwd: Path | None = None
     default_provider: str | None = None
     permission_mode: PermissionMode = "default"
     # Seconds an idle agent stays warm (README.md, "Idle timeout": why 120 once warming exists).
-    agent_idle_timeout: float = 120.0
+    agent_idle_timeout: float = Field(default=120.0, gt=0)
     # Memory live agents may hold: "1500" (MiB), "1.5G"; default: a quarter of the machine's.
     agent_memory: int | None = None
     agent_env_passthrough: str = ""
@@ -69,7 +72,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=10.0, ge=1.0)  # takeover within 4/3 of it (13.3 s)
     max_agents: int | None = Field(default=None, ge=1)  # conversations this node runs at once
     node_id: str | None = None  # default: host name, process id and a random suffix
-    demo_delay: float = 0.04  # seconds between the demo agent's streamed pieces
+    demo_delay: float = Field(default=0.04, ge=0)  # seconds between the demo's streamed pieces
     log_level: str = "info"
 
     @field_validator(
@@ -85,6 +88,74 @@ class Settings(BaseSettings):
         """Accept a comma-separated string where a list is expected."""
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value.lower()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"{entry!r} is not an IP address, a network (10.0.0.0/8) or *"
+                    ) from None
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if "/" in entry:
+                raise ValueError(
+                    f"{entry!r} is not a host name: give the name alone, as the browser's "
+                    "address bar shows it after the scheme (oar.example.com, or with :port)"
+                )
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not entry.startswith(("http://", "https://")) or entry.count("/") != 2:
+                raise ValueError(
+                    f"{entry!r} is not an origin: a scheme and a host, with a port if any "
+                    "(https://oar.example.com)"
+                )
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        if value is None:
+            return value
+        try:
+            host = make_url(value.replace("postgres://", "postgresql://", 1)).host or ""
+        except (ArgumentError, ValueError):
+            host = "@"
+        if "@" in host:  # (never the value itself: it may hold a password)
+            raise ValueError(
+                "cannot be read as a database URL (postgresql://user:password@host:port/name; "
+                "in a password, write @ as %40, : as %3A and / as %2F)"
+            )
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(REDIS_SCHEMES):
+            raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
     @model_validator(mode="after")
@@ -134,3 +205,20 @@ class Settings(BaseSettings):
     def cwd_default(self) -> Path:
         """The working directory given to new conversations that name none."""
         return (self.default_cwd or self.roots[0]).expanduser().resolve()
+
+
+def place_error(settings: Settings) -> str | None:
+    """Why the directories the settings name cannot serve, or None (read at start: a root
+    that is missing would fail only at the first new conversation, without naming its setting).
+    """
+    for root in settings.roots:
+        if not root.is_dir():
+            return f"OARLOCK_WORKSPACE_ROOTS: {root} is not a directory."
+    cwd = settings.cwd_default
+    if not any(cwd == root or root in cwd.parents for root in settings.roots):
+        roots = ", ".join(str(root) for root in settings.roots)
+        return f"OARLOCK_DEFAULT_CWD: {cwd} is not inside OARLOCK_WORKSPACE_ROOTS ({roots})."
+    backups = settings.resolved_backups_dir
+    if backups.exists() and not backups.is_dir():
+        return f"OARLOCK_BACKUPS_DIR: {backups} is not a directory."
+    return None

@@ -224,6 +224,7 @@ class Guard:
         self.max_body = max_body
         self.limiter = limiter or FailureLimiter()
         self.sessions = sessions
+        self._origins_told: set[str] = set()  # refused origins logged (once each, a few)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -268,6 +269,20 @@ class Guard:
             with contextlib.suppress(Exception):  # the socket may be gone already
                 await send({"type": "websocket.close", "code": 4401, "reason": "Logged out."})
 
+    def _tell_origin(self, origin: str, own: str) -> None:
+        """Log a refused Origin once (the first 32): a self-hoster behind a proxy learns what
+        the relay expected; an attacker's many origins cannot fill the log."""
+        if origin in self._origins_told or len(self._origins_told) >= 32:
+            return
+        self._origins_told.add(origin)
+        hint = "list it in OARLOCK_ALLOWED_ORIGINS if it is yours"
+        if origin.startswith("https://") and own.startswith("http://"):
+            hint = (
+                "behind a TLS proxy, set OARLOCK_TRUSTED_PROXIES to the proxy's address "
+                "(its X-Forwarded-Proto then counts), or " + hint
+            )
+        log.warning("refused requests from the origin %r (this relay is %r): %s", origin, own, hint)
+
     async def _check(
         self, scope: Scope, headers: dict[str, str]
     ) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
@@ -284,6 +299,7 @@ class Guard:
             self.allowed_origins | {own_origin.lower()}
         )
         if (websocket or method in STATE_CHANGING) and foreign:
+            self._tell_origin(str(origin), own_origin)
             return 403, "Cross-origin request refused.", []
         if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
             return None

@@ -39,7 +39,73 @@ def test_python_m_gives_the_oarlock_command(module: str) -> None:
             "The configuration: OARLOCK_CONTEXT_HARD must not be below OARLOCK_CONTEXT_SOFT.",
         ),
         (["migrate"], {"OARLOCK_DATA_DIR": "{file}"}, "The data directory {file} cannot be used"),
-        (["migrate"], {"OARLOCK_DATABASE_URL": "garbage"}, "OARLOCK_DATABASE_URL cannot be used"),
+        (
+            ["migrate"],
+            {"OARLOCK_DATABASE_URL": "garbage"},
+            "OARLOCK_DATABASE_URL: cannot be read as a database URL",
+        ),
+        # A self-hoster's review: each of these was a traceback, printed part of a password,
+        # or was taken and failed later without naming its setting.
+        (
+            ["migrate"],
+            {"OARLOCK_DATABASE_URL": "postgresql://u:sek@rit:1234@127.0.0.1:1/x"},
+            "in a password, write @ as %40",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_DATABASE_URL": "postgresql://u:ab@sekrit@127.0.0.1:1/x"},
+            "OARLOCK_DATABASE_URL: cannot be read as a database URL",
+        ),
+        (["migrate"], {"OARLOCK_LOG_LEVEL": "loud"}, "OARLOCK_LOG_LEVEL: must be one of debug"),
+        (["migrate"], {"OARLOCK_MAX_MESSAGE_BYTES": "0"}, "OARLOCK_MAX_MESSAGE_BYTES: Input"),
+        (["migrate"], {"OARLOCK_REQUEST_TIMEOUT": "-1"}, "OARLOCK_REQUEST_TIMEOUT: Input"),
+        (["migrate"], {"OARLOCK_AGENT_IDLE_TIMEOUT": "-5"}, "OARLOCK_AGENT_IDLE_TIMEOUT: Input"),
+        (["migrate"], {"OARLOCK_DEMO_DELAY": "-1"}, "OARLOCK_DEMO_DELAY: Input"),
+        (
+            ["migrate"],
+            {"OARLOCK_TRUSTED_PROXIES": "10.0.0.1,not-an-ip"},
+            "OARLOCK_TRUSTED_PROXIES: 'not-an-ip' is not an IP address",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_ALLOWED_HOSTS": "https://oar.example.com"},
+            "OARLOCK_ALLOWED_HOSTS: 'https://oar.example.com' is not a host name",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_ALLOWED_ORIGINS": "oar.example.com"},
+            "OARLOCK_ALLOWED_ORIGINS: 'oar.example.com' is not an origin",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_REDIS_URL": "http://127.0.0.1:1"},
+            "OARLOCK_REDIS_URL: must start with redis://",
+        ),
+        (
+            ["serve"],
+            {"OARLOCK_WORKSPACE_ROOTS": "{file}"},
+            "OARLOCK_WORKSPACE_ROOTS: {file} is not a directory.",
+        ),
+        (
+            ["serve"],
+            {"OARLOCK_DEFAULT_CWD": "/"},
+            "OARLOCK_DEFAULT_CWD: / is not inside OARLOCK_WORKSPACE_ROOTS",
+        ),
+        (
+            ["serve"],
+            {"OARLOCK_BACKUPS_DIR": "{file}"},
+            "OARLOCK_BACKUPS_DIR: {file} is not a directory.",
+        ),
+        (
+            ["serve"],
+            {"OARLOCK_DEFAULT_PROVIDER": "gpt"},
+            "OARLOCK_DEFAULT_PROVIDER: 'gpt' is not one of",
+        ),
+        (
+            ["serve"],
+            {"OARLOCK_HOST": "nosuchhost.invalid"},
+            "The host nosuchhost.invalid cannot be used (OARLOCK_HOST or --host)",
+        ),
         (
             ["serve"],
             {"OARLOCK_DATABASE_URL": "postgresql://u:sekrit@127.0.0.1:1/x"},

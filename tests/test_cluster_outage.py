@@ -12,7 +12,11 @@ leases live in it, and past a lease the other node takes over, as docs/deploy.md
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,3 +92,34 @@ def assert_whole(nodes: Nodes, cid: int) -> None:
         assert [e["state"] for e in agent] == ["done"], agent
         assert agent[0]["text"].startswith("You said: “slow story please”")
         assert agent[0]["text"].endswith("word199 word200"), agent[0]["text"][-80:]
+
+
+def test_a_redis_that_cannot_be_used_at_start_is_one_line(tmp_path: Path) -> None:
+    # A self-hoster's review: nothing listening, a wrong password, a database index out of
+    # range… each was a 50-90 line traceback.
+    url = postgres.start().create_database()
+    try:
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]  # closed again: nothing listens there
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
+        environ |= {
+            "OARLOCK_DATA_DIR": str(tmp_path / "data"),
+            "OARLOCK_DATABASE_URL": url,
+            "OARLOCK_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+            "OARLOCK_TOKEN": "a-token-long-enough-0123456789",
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "serve", "--port", "1"],
+            cwd=tmp_path,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("OARLOCK_REDIS_URL cannot be used: Error 111 connecting"), last
+    finally:
+        postgres.start().drop_database(url)

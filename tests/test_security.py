@@ -1,5 +1,6 @@
 import hmac
 import json
+import logging
 import os
 import re
 import socket
@@ -257,6 +258,24 @@ def test_bearer_post_foreign_origin_403(relay: LiveRelay) -> None:
         "/api/conversations", json={"provider": "demo"}, headers={"Origin": EVIL}
     )
     assert (response.status_code, response.json()) == (403, CROSS_ORIGIN)
+
+
+def test_a_refused_origin_is_logged_once_with_what_to_set(
+    relay: LiveRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A self-hoster's review: behind a TLS proxy without OARLOCK_TRUSTED_PROXIES every request
+    # was refused and the log said only "403 Forbidden".
+    proxied = f"https://127.0.0.1:{relay.settings.port}"  # the page's own host, through TLS
+    with caplog.at_level(logging.WARNING, logger="app.security"):
+        for _ in range(3):
+            refused = relay.http.post("/api/conversations", json={}, headers={"Origin": proxied})
+            assert (refused.status_code, refused.json()) == (403, CROSS_ORIGIN)
+        relay.http.post("/api/conversations", json={}, headers={"Origin": EVIL})
+    told = [r.getMessage() for r in caplog.records if r.name == "app.security"]
+    assert len(told) == 2, told  # once per origin
+    assert f"{proxied!r} (this relay is 'http://127.0.0.1:{relay.settings.port}')" in told[0]
+    assert "set OARLOCK_TRUSTED_PROXIES to the proxy's address" in told[0]
+    assert "TRUSTED_PROXIES" not in told[1] and "OARLOCK_ALLOWED_ORIGINS" in told[1]
 
 
 def test_cookie_get_foreign_origin_allowed(anon: httpx.Client, relay: LiveRelay) -> None:
