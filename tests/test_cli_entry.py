@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,28 @@ def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_current(
     command.upgrade(alembic_config(f"sqlite:///{old / 'oarlock.db'}"), "0012")
     said = migrate(old)
     assert said.startswith(f"Upgraded the database's schema 0012 → {newest}: sqlite:"), said
+
+
+def test_a_database_a_newer_oarlock_migrated_is_refused_in_one_line(tmp_path: Path) -> None:
+    # A self-hoster's review: going back to an older oarlock gave an Alembic traceback.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
+    environ["OARLOCK_DATA_DIR"] = str(tmp_path / "data")
+
+    def migrate() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "app", "migrate"]
+        return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=60)
+
+    assert migrate().returncode == 0
+    with sqlite3.connect(tmp_path / "data" / "oarlock.db") as database:
+        database.execute("UPDATE alembic_version SET version_num = '0099'")
+    done = migrate()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "was migrated by a newer oarlock (Can't locate revision identified by '0099'): "
+            "run that version, or restore a copy of the data taken before."
+        )
+    ), done.stderr
