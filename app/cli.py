@@ -178,7 +178,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
         log_level=settings.log_level,
         **server_options(settings),
     )
-    server = uvicorn.Server(config)
+    server = RelayServer(config)
     threading.Thread(target=announce, args=(server, lines), daemon=True).start()
     server.run()
     if not server.started:
@@ -217,6 +217,22 @@ def app_or_exit(settings: Settings, create: Callable[[Settings], FastAPI]) -> Fa
     except (redis.RedisError, OSError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         sys.exit(f"OARLOCK_REDIS_URL cannot be used: {reason}")
+
+
+class RelayServer(uvicorn.Server):
+    """uvicorn's server, whose forced exit (Ctrl+C a second time) still stops the relay.
+
+    uvicorn then skips the app's shutdown, and the relay's is what stops the agents and
+    writes "Interrupted: the relay was shut down." in the turns it cuts: a second Ctrl+C left
+    a turn cut without a word. It no longer waits for connections to close; the app's shutdown
+    runs as after one Ctrl+C.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, then the app's if uvicorn skipped it."""
+        await super().shutdown(sockets)
+        if self.force_exit:
+            await self.lifespan.shutdown()
 
 
 def announce(server: uvicorn.Server, lines: list[str]) -> None:
