@@ -6,6 +6,7 @@ import contextlib
 import gc
 import importlib
 import os
+import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -106,9 +107,21 @@ def provider_infos(
             "ANTHROPIC_BASE_URL",
         )
     ) or _claude_logged_in(env)
+    cli = settings.claude_cli
+    no_cli = (
+        f"OARLOCK_CLAUDE_CLI ({cli}) is not a program that can run here."
+        if cli and shutil.which(cli) is None
+        else None
+    )
     ready = {
-        "claude": (claude_ready, "Set ANTHROPIC_API_KEY or run `claude login` first."),
-        "deepseek": (bool(env.get("DEEPSEEK_API_KEY")), "Set DEEPSEEK_API_KEY first."),
+        "claude": (
+            claude_ready and not no_cli,
+            no_cli or "Set ANTHROPIC_API_KEY or run `claude login` first.",
+        ),
+        "deepseek": (
+            bool(env.get("DEEPSEEK_API_KEY")) and not no_cli,
+            no_cli or "Set DEEPSEEK_API_KEY first.",
+        ),
         "copilot": (copilot_ready, copilot_reason),
         "openai": (openai_ready, openai_reason),
         "demo": (True, ""),

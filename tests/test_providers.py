@@ -56,6 +56,17 @@ def test_provider_infos_with_keys(tmp_path: Path) -> None:
     assert default_provider(Settings(default_provider="deepseek"), infos) == "deepseek"
 
 
+def test_a_claude_cli_that_cannot_run_makes_its_providers_unavailable(tmp_path: Path) -> None:
+    # A self-hoster's review: OARLOCK_CLAUDE_CLI=/nonexistent listed Claude Code as available,
+    # and the first message failed.
+    environ = {"HOME": str(tmp_path), "ANTHROPIC_API_KEY": "k", "DEEPSEEK_API_KEY": "d"}
+    settings = Settings(claude_cli=str(tmp_path / "nope"), copilot_cli=str(tmp_path / "missing"))
+    infos = {i.id: i for i in provider_infos(settings, environ)}
+    why = f"OARLOCK_CLAUDE_CLI ({tmp_path / 'nope'}) is not a program that can run here."
+    for provider in ("claude", "deepseek"):
+        assert (infos[provider].available, infos[provider].reason) == (False, why)
+
+
 def test_bypass_permissions_is_refused_for_claude_code_as_root_unless_sandboxed() -> None:
     plain, passed = Settings(), Settings(agent_env_passthrough="IS_SANDBOX")
     sandbox = {"IS_SANDBOX": "1"}
