@@ -153,6 +153,11 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     logging.getLogger(__name__).info("%s.", open_data(settings).said())
     if (problem := place_error(settings)) is not None:  # (the data directory may be a root)
         sys.exit(problem)
+    if settings.redis_url and settings.node_id:  # (a default name is unique already)
+        from app.cluster.alive import twin_error
+
+        if problem := twin_error(settings.redis_url, settings.node_id, settings.lease_seconds):
+            sys.exit(problem)
     app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"

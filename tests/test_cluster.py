@@ -526,3 +526,31 @@ def test_redis_losing_its_data_gives_tabs_a_new_epoch_and_a_snapshot(tmp_path: P
     assert [e["seq"] for e in events] == list(range(start + 1, start + 1 + len(events)))
     entries = [e["entry"] for e in events if e["type"] == "entry"]
     assert answered({"timeline": entries}, "after the flush")
+
+
+def test_a_second_live_node_under_one_name_is_refused(tmp_path: Path) -> None:
+    # A self-hoster's review: two processes with one OARLOCK_NODE_ID started without a word;
+    # both would hold that node's leases and run the same conversations' agents.
+    with cluster(tmp_path) as nodes:
+        (first,) = nodes.start(1, OARLOCK_NODE_ID="twin")
+        client = redis.Redis.from_url(nodes.redis_url)
+        deadline = time.monotonic() + TIMEOUT
+        while not client.exists("oarlock:node:twin"):  # its first heartbeat wrote its name
+            assert time.monotonic() < deadline, "the node never wrote its name"
+            time.sleep(0.1)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
+        environ |= nodes.env(OARLOCK_NODE_ID="twin", OARLOCK_TOKEN=TOKEN)
+        command = [sys.executable, "-m", "app", "serve", "--port", "1"]
+        command += ["--data-dir", str(tmp_path / "twin")]
+        done = subprocess.run(
+            command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (
+            "OARLOCK_NODE_ID: another live relay runs as node 'twin'; give each node its own "
+            "name (two would both run the same conversations' agents)."
+        )
+        nodes.kill(first)  # its key is no longer renewed: a new process takes the name
+        (again,) = nodes.start(1, OARLOCK_NODE_ID="twin")
+        assert again.http.get("/healthz").status_code == 200
+        client.close()

@@ -20,6 +20,7 @@ import contextlib
 import glob
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -36,7 +37,7 @@ from sqlalchemy.engine import Engine
 from app import store
 from app.agents.base import PermissionDecision
 from app.agents.transcript import config_dir
-from app.cluster import leases
+from app.cluster import alive, leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub, cancel_all
 from app.cluster.failures import SharedFailureLimiter
 from app.cluster.presence import Presence
@@ -116,6 +117,8 @@ class ClusterNode:
         self.held: set[int] = set()
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
         self.presence = Presence(self.redis, self.node, self.seconds)
+        self.alive = alive.instance()  # this process's value of its node's key (alive.py)
+        self._named = False  # its first write takes the name over (a dead namesake's key)
         self.limiter = SharedFailureLimiter(self.redis)
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[Any]] = set()  # one-off tasks (_background)
@@ -160,6 +163,11 @@ class ClusterNode:
         self.held.clear()
         with contextlib.suppress(Exception):
             await self.supervisor.storage.write(leases.release_all, self.engine, self.node)
+        with contextlib.suppress(Exception):  # the name is free at once for a restart
+            async with asyncio.timeout(TIMEOUT):
+                key = alive.KEY + self.node
+                if await self.redis.get(key) == self.alive.encode():
+                    await self.redis.delete(key)
         with contextlib.suppress(Exception):
             await self.redis.aclose()
 
@@ -528,12 +536,25 @@ class ClusterNode:
         Redis without limit (its control channel listens for good)."""
         try:
             async with asyncio.timeout(TIMEOUT):
+                await self._still_alive()
                 await self.presence.write()  # renewed: a node that stops is forgotten after a lease
                 await self._settle_stops()
         except TimeoutError:
             log.warning("cluster heartbeat: Redis did not answer within %.0f s", TIMEOUT)
         except Exception:  # the next beat tries again
             log.exception("cluster heartbeat: Redis chores failed")
+
+    async def _still_alive(self) -> None:
+        """Renew this node's key; say so when another process wrote it (the same name twice)."""
+        key = alive.KEY + self.node
+        found = await self.redis.set(key, self.alive, ex=math.ceil(self.seconds), get=True)
+        named, self._named = self._named, True
+        if named and found is not None and found.decode() != self.alive:
+            log.error(
+                "another live relay runs as node %r: OARLOCK_NODE_ID must differ on every node "
+                "(both run the same conversations' agents)",
+                self.node,
+            )
 
     def _renew(self) -> set[int]:
         """In the writer: renew the leases held; those that lapsed leave `held`, and are returned.
