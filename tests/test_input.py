@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -356,6 +357,25 @@ def test_a_resend_refused_while_locked_tells_the_tabs_nothing(relay: LiveRelay) 
     assert relay.http.post(url).status_code == 202  # the lock gone: resent, carrying it
     replies = [e for e in relay.wait_idle(new)["timeline"] if e["kind"] == "agent"]
     assert len(replies) == 2 and "[Carry-over context" in replies[-1]["text"]
+
+
+def test_a_compact_refused_while_locked_writes_no_backup(relay: LiveRelay) -> None:
+    # A review: the precompact_manual backup was written before the compaction's transaction,
+    # so a /compact refused 503 left a backup of a compaction that never happened.
+    cid = relay.create(title="Not compacted")["id"]
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    with write_lock(relay.settings.resolved_data_dir / "oarlock.db"):
+        refused = relay.send(cid, "/compact")
+    assert refused.status_code == 503, refused.text
+    time.sleep(0.5)  # (a backup is written off the request's path)
+    assert relay.http.get(f"/api/conversations/{cid}/backups").json()["backups"] == []
+    assert relay.send(cid, "/compact").status_code == 201
+    deadline = time.monotonic() + 10
+    while not (found := relay.http.get(f"/api/conversations/{cid}/backups").json()["backups"]):
+        assert time.monotonic() < deadline, "the compaction's backup never came"
+        time.sleep(0.05)
+    assert [b["trigger"] for b in found] == ["precompact_manual"]
 
 
 class GatedAgent(StandIn):

@@ -36,16 +36,21 @@ class BackupHooks(SupervisorState):
         self.storage.soon(self.backups.submit, job)
 
     def _backup_before(
-        self, conversation: Conversation, trigger: str, link: Entry | None = None
+        self,
+        conversation: Conversation,
+        trigger: str,
+        link: Entry | None = None,
+        upto_seq: int | None = None,
     ) -> None:
-        """Back up a conversation before a compaction, from its timeline as it is now."""
+        """Back up a conversation before a compaction, from its timeline as it is now (or up
+        to upto_seq)."""
         job = Job(
             conversation.id or 0,
             "before",
             used=conversation.context_tokens,
             window=self._backup_window(conversation),
             trigger=trigger,
-            upto_seq=conversation.last_seq,
+            upto_seq=conversation.last_seq if upto_seq is None else upto_seq,
             link_entry_id=link.id if link is not None else None,
         )
         self.storage.soon(self.backups.submit, job)

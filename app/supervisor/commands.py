@@ -221,9 +221,8 @@ class Commands(SupervisorState):
             else:
                 plan = steer.plan_compact(session, conversation)
             if revision is not None and revision != plan.revision:
-                raise ConversationError(steer.STALE)  # before the backup: a refusal writes nothing
-            if carry is None:
-                self._backup_before(conversation, PRECOMPACT_MANUAL)
+                raise ConversationError(steer.STALE)
+            upto = conversation.last_seq  # the backup's timeline: as the compaction found it
             plan = steer.apply_edit(plan, edited)
             try:
                 new = store.compact_conversation(
@@ -237,6 +236,8 @@ class Commands(SupervisorState):
                 raise ConversationError(
                     "This conversation is archived; it cannot be compacted again."
                 ) from error
+            if carry is None:  # once compacted (committed): a refused /compact writes none
+                self._backup_before(conversation, PRECOMPACT_MANUAL, upto_seq=upto)
             moved = store.entries_in_state(
                 session=session, conversation_id=new.id or 0, state="queued"
             )
