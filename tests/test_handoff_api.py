@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import ClassVar
 
+from app.agents.base import Activity, AgentEvent, MessageDone, TextDelta, TurnDone
 from app.handoff import HANDOFF_REQUEST
+from app.storage import Storage
+from app.tools import SAVE_HANDOFF
 from tests.relay import LiveRelay, make_settings
+from tests.stand_in import StandIn
 
 DEMO_BLOCK = (
     "[Handoff from the previous session]\n"
@@ -142,3 +150,34 @@ def test_deleting_a_conversation_keeps_the_projects_handoff(relay: LiveRelay) ->
     other = relay.create(title="Next")["id"]  # the same project (the default cwd)
     handoff = relay.http.get(f"/api/conversations/{other}/handoff").json()["handoff"]
     assert handoff["done"] == "Talked with the demo agent, which quoted every message."
+
+
+class Handoffer(StandIn):
+    """Calls save_handoff at once after its call's event (as the CLI does), while the storage
+    writer is busy a moment with other work."""
+
+    storage: Storage | None = None
+    HANDOFF: ClassVar[dict[str, object]] = {"done": "d", "next": "n", "files": ["f.py"]}
+
+    async def turn(self, prompt: str) -> AsyncIterator[AgentEvent]:
+        assert Handoffer.storage is not None
+        Handoffer.storage.submit(time.sleep, 0.3)  # another conversation's write, a slow disk
+        yield TextDelta("m1", "Saving a handoff now.")
+        await asyncio.sleep(0.05)
+        yield MessageDone("m1", "Saving a handoff now.")
+        yield Activity("t1", SAVE_HANDOFF, "call", summary="save_handoff", input=self.HANDOFF)
+        tool = next(t for t in self.spec.tools if t.name == SAVE_HANDOFF)
+        result = await tool.call(self.HANDOFF)
+        yield Activity("t1", SAVE_HANDOFF, "result", summary="save_handoff", output=result.text)
+        yield MessageDone("m2", "Done.")
+        yield TurnDone()
+
+
+def test_the_handoff_card_comes_after_the_call_that_saved_it(relay: LiveRelay) -> None:
+    # A review: with the writer busy, the card was stored above its save_handoff call.
+    Handoffer.storage = relay.supervisor.storage
+    relay.supervisor.agent_factory = lambda _p, spec, _s: Handoffer(spec)
+    cid = relay.create(title="Handoff order")["id"]
+    assert relay.send(cid, "save a handoff").status_code == 202
+    kinds = [e["data"].get("type") or e["kind"] for e in relay.wait_idle(cid)["timeline"]]
+    assert kinds == ["user", "agent", "tool", "handoff", "agent"], kinds

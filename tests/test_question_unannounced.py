@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.agents.base import AgentEvent, MessageDone, PermissionRequest, TurnDone
-from app.supervisor.turns import ANNOUNCE_WAIT
+from app.supervisor.runner import ANNOUNCE_WAIT
 from tests.relay import LiveRelay, make_settings
 from tests.stand_in import StandIn
 

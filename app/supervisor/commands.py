@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from app.questions import EXPIRED_STOPPED, checked_answers, checked_mode, decisi
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, NoRoom
 from app.supervisor.runner import (
+    ANNOUNCE_WAIT,
     DELETING,
     READ_ONLY,
     STILL_STOPPING,
@@ -683,6 +685,11 @@ class Commands(SupervisorState):
     ) -> ToolResult:
         """The save_handoff tool: check the arguments (errors go back to the agent), store."""
         handoff = parse_handoff(arguments)
+        runner = self.runners.get(conversation_id)
+        if runner is not None:  # the card after its call's row (the CLI calls at once)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(ANNOUNCE_WAIT):
+                    await runner.until_handoff_call()
         conversation = await self._conversation(conversation_id)
         await self.storage.write(self.save_handoff, conversation, handoff, source="agent")
         return ToolResult(saved_text(handoff))

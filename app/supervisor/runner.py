@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from app.agents.base import Agent, Notice, PermissionDecision
 from app.live_render import LiveRender
 from app.models import Conversation, Entry
+from app.tools import SAVE_HANDOFF
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class ConversationError(Exception):
 
 DELETING = "This conversation is being deleted."
 READ_ONLY = "This conversation is archived; it can be read, not written."
+ANNOUNCE_WAIT = 5.0  # the longest a question (or a handoff card) waits for its call's row
 STILL_STOPPING = "This conversation's agent is still stopping; try again in a moment."
 
 
@@ -158,6 +160,9 @@ class Runner:
     cut_by_shutdown: bool = False
     calls: set[str] = field(default_factory=set)  # this turn's tool calls with a stored row
     call_waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    # save_handoff calls stored and not yet followed by their card, and a wake-up for a wait.
+    handoff_calls: deque[str] = field(default_factory=deque)
+    handoff_stored: asyncio.Event = field(default_factory=asyncio.Event)
 
     def call_stored(self, tool_id: str) -> None:
         """A tool call's row is stored (on the loop, after its job): its question may follow."""
@@ -165,6 +170,18 @@ class Runner:
         waiter = self.call_waiters.pop(tool_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        entry = self.tools.get(tool_id)
+        if entry is not None and str(entry.data.get("tool", "")).endswith(SAVE_HANDOFF):
+            self.handoff_calls.append(tool_id)
+            self.handoff_stored.set()
+
+    async def until_handoff_call(self) -> None:
+        """Return once a save_handoff call's row is stored: its "Handoff saved" card (which
+        the tool writes) then comes after it, and after every event before it."""
+        while not self.handoff_calls:
+            self.handoff_stored.clear()
+            await self.handoff_stored.wait()
+        self.handoff_calls.popleft()
 
     async def until_call_stored(self, tool_id: str) -> None:
         """Return once the call's row is stored (every event before it is then stored too)."""

@@ -35,6 +35,7 @@ from app.questions import EXPIRED_ENDED, EXPIRED_SHUTDOWN, EXPIRED_STOPPED, QUES
 from app.supervisor.base import SupervisorState
 from app.supervisor.pool import ARCHIVED_WORK_LINE, STOPPED_BY_USER
 from app.supervisor.runner import (
+    ANNOUNCE_WAIT,
     Locked,
     NotBegun,
     Runner,
@@ -54,7 +55,6 @@ OUTAGE_RETRY_MAX = 2.0
 
 RETRY_SECONDS = 1.0  # first wait before a runner retries a database that failed
 RETRY_MAX_SECONDS = 30.0
-ANNOUNCE_WAIT = 5.0  # the longest a question waits for the row of the call it is about
 
 
 IMAGES_GONE = "{} image(s) of this message no longer exist; it was sent without them."
@@ -522,6 +522,7 @@ class Turns(SupervisorState):
                 self._save(session, conversation, entry, state="interrupted", data=entry.data)
             runner.tools.clear()
             self.storage.soon(runner.calls.clear)
+            self.storage.soon(runner.handoff_calls.clear)
             # Cut by the shutdown before an answer: still active, for the next start (Recovery).
             store.update_conversation(
                 session=session, conversation=conversation, turn_active=runner.cut_by_shutdown
