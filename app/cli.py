@@ -156,7 +156,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     if settings.redis_url and settings.node_id:  # (a default name is unique already)
         from app.cluster.alive import twin_error
 
-        if problem := twin_error(settings.redis_url, settings.node_id, settings.lease_seconds):
+        if problem := twin_error(settings.redis_url, settings.node_id):
             sys.exit(problem)
     app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host

@@ -121,21 +121,27 @@ def test_a_setting_that_cannot_be_used_is_one_line_not_a_traceback(
     # is a file, a database URL that is not one, … each gave a 30-140 line traceback.
     file = tmp_path / "a-file"
     file.write_text("")
+    last = refused(command, {k: v.format(file=file) for k, v in env.items()}, tmp_path)
+    assert said.format(file=file) in last
+    assert "sekrit" not in last
+
+
+def refused(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    """Run `python -m app <command>` with env as its only OARLOCK_* settings: it must end with
+    status 1 and no traceback; its last line (serve logs its start before it)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
-    environ |= {k: v.format(file=file) for k, v in env.items()}
+    environ |= env
     done = subprocess.run(
         [sys.executable, "-m", "app", *command],
-        cwd=tmp_path,
+        cwd=cwd,
         env=environ,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    last = done.stderr.strip().splitlines()[-1]  # (serve logs its start before it)
-    assert said.format(file=file) in last, done.stderr
-    assert "sekrit" not in done.stderr
+    assert "Traceback" not in done.stderr and "sekrit" not in done.stderr, done.stderr
+    return done.stderr.strip().splitlines()[-1]
 
 
 def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_current(
@@ -174,24 +180,17 @@ def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_current(
 
 def test_a_database_a_newer_oarlock_migrated_is_refused_in_one_line(tmp_path: Path) -> None:
     # A self-hoster's review: going back to an older oarlock gave an Alembic traceback.
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
-    environ["OARLOCK_DATA_DIR"] = str(tmp_path / "data")
-
-    def migrate() -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "app", "migrate"]
-        return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=60)
-
-    assert migrate().returncode == 0
+    env = {"OARLOCK_DATA_DIR": str(tmp_path / "data")}
+    migrated = subprocess.run(
+        [sys.executable, "-m", "app", "migrate"],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=60,
+    )
+    assert migrated.returncode == 0
     with sqlite3.connect(tmp_path / "data" / "oarlock.db") as database:
         database.execute("UPDATE alembic_version SET version_num = '0099'")
-    done = migrate()
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert (
-        done.stderr.strip()
-        .splitlines()[-1]
-        .endswith(
-            "was migrated by a newer oarlock (Can't locate revision identified by '0099'): "
-            "run that version, or restore a copy of the data taken before."
-        )
-    ), done.stderr
+    assert refused(["migrate"], env, tmp_path).endswith(
+        "was migrated by a newer oarlock (Can't locate revision identified by '0099'): "
+        "run that version, or restore a copy of the data taken before."
+    )

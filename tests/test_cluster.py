@@ -34,6 +34,7 @@ from tests.fake_anthropic import FakeAnthropic
 from tests.relay import TOKEN, receive, receive_until
 from tests.test_api import first as first_of
 from tests.test_api import has_pending_question, is_permission
+from tests.test_cli_entry import refused
 
 
 @pytest.fixture
@@ -538,15 +539,9 @@ def test_a_second_live_node_under_one_name_is_refused(tmp_path: Path) -> None:
         while not client.exists("oarlock:node:twin"):  # its first heartbeat wrote its name
             assert time.monotonic() < deadline, "the node never wrote its name"
             time.sleep(0.1)
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
-        environ |= nodes.env(OARLOCK_NODE_ID="twin", OARLOCK_TOKEN=TOKEN)
-        command = [sys.executable, "-m", "app", "serve", "--port", "1"]
-        command += ["--data-dir", str(tmp_path / "twin")]
-        done = subprocess.run(
-            command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
-        )
-        assert done.returncode == 1, done.stdout + done.stderr
-        assert done.stderr.strip().splitlines()[-1] == (
+        env = nodes.env(OARLOCK_NODE_ID="twin", OARLOCK_TOKEN=TOKEN)
+        command = ["serve", "--port", "1", "--data-dir", str(tmp_path / "twin")]
+        assert refused(command, env, ROOT) == (
             "OARLOCK_NODE_ID: another live relay runs as node 'twin'; give each node its own "
             "name (two would both run the same conversations' agents)."
         )

@@ -103,9 +103,13 @@ print("ok")
     ("provider", "sdk"), [("claude", "claude_agent_sdk"), ("copilot", "copilot")]
 )
 def test_a_provider_is_loaded_and_what_it_built_frozen(provider: str, sdk: str) -> None:
-    # In a fresh interpreter: this one imported every SDK long ago.
+    fresh_interpreter(LOAD, provider, sdk)  # (this one imported every SDK long ago)
+
+
+def fresh_interpreter(script: str, *args: str) -> None:
+    """Run script in a new interpreter; it must print ok."""
     done = subprocess.run(
-        [sys.executable, "-c", LOAD, provider, sdk],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -146,15 +150,7 @@ print("ok")
 @pytest.mark.parametrize("way", ["import", "recovery"])
 def test_the_sdk_is_frozen_whoever_imports_it_first(way: str) -> None:
     # Left in the collector's generations, its 49,000 objects slowed every full collection.
-    done = subprocess.run(
-        [sys.executable, "-c", FROZEN_BY, way],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
+    fresh_interpreter(FROZEN_BY, way)
 
 
 WATCH_IMPORTS = """

@@ -4,7 +4,7 @@ Two processes with one OARLOCK_NODE_ID would both hold that node's leases, and b
 same conversation's agent. Each node writes `oarlock:node:<name>` (its own random value,
 expiring after a lease) at every heartbeat; a node starting under a name whose key another
 process still renews is refused. A key left by a node that died is only waited out: it is
-not renewed, and a start within a lease of the death waits one heartbeat to tell.
+not renewed, and a start within a lease of the death waits until it expires.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ def instance() -> str:
     return secrets.token_hex(8)
 
 
-def twin_error(url: str, node: str, lease_seconds: float) -> str | None:
+def twin_error(url: str, node: str) -> str | None:
     """Why this node cannot start under its name (another live process renews it), or None.
 
-    Blocking (run before the app starts): at most one heartbeat's wait, and only when the key
-    exists.
+    Blocking (run before the app starts): only when the key exists, until it is renewed or
+    expires (at most a lease: a live node renews it at every heartbeat).
     """
     client = redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
     try:
-        return _twin(client, node, lease_seconds)
+        return _twin(client, node)
     except (redis.RedisError, OSError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return f"OARLOCK_REDIS_URL cannot be used: {reason}"
@@ -40,16 +40,19 @@ def twin_error(url: str, node: str, lease_seconds: float) -> str | None:
         client.close()
 
 
-def _twin(client: redis.Redis, node: str, lease_seconds: float) -> str | None:
+def _twin(client: redis.Redis, node: str) -> str | None:
+    """Watch the key until it is renewed (a live twin) or expires (a dead namesake's)."""
     first = client.pttl(KEY + node)
     if first < 0:  # no key (-2), or one without expiry (-1, not ours): free
         return None
-    waited = lease_seconds / 3 + 0.5  # a live node renews within a heartbeat
-    time.sleep(waited)
-    later = client.pttl(KEY + node)
-    if later > first - waited * 1000 + 250:  # renewed meanwhile
-        return (
-            f"OARLOCK_NODE_ID: another live relay runs as node {node!r}; give each node "
-            "its own name (two would both run the same conversations' agents)."
-        )
-    return None
+    began = time.monotonic()
+    while True:
+        time.sleep(0.1)
+        left = client.pttl(KEY + node)
+        if left < 0:
+            return None  # expired: nobody renews it
+        if left > first - (time.monotonic() - began) * 1000 + 250:  # renewed meanwhile
+            return (
+                f"OARLOCK_NODE_ID: another live relay runs as node {node!r}; give each node "
+                "its own name (two would both run the same conversations' agents)."
+            )
