@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:
         for entry in value:
-            if not entry.startswith(("http://", "https://")) or entry.count("/") != 2:
+            if not entry.startswith(("http://", "https://")) or entry.rstrip("/").count("/") != 2:
                 raise ValueError(
                     f"{entry!r} is not an origin: a scheme and a host, with a port if any "
                     "(https://oar.example.com)"
