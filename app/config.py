@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     @classmethod
     def _hosts(cls, value: list[str]) -> list[str]:
         for entry in value:
-            if "/" in entry:
+            if "/" in entry or "*" in entry:
                 raise ValueError(
                     f"{entry!r} is not a host name: give the name alone, as the browser's "
                     "address bar shows it after the scheme (oar.example.com, or with :port)"

@@ -69,7 +69,17 @@ MIN_TOKEN = 16  # characters of a configured token (a generated one has 43)
 def token_error(configured: str | None) -> str | None:
     """Why a configured token is refused, if it is: a short one can be guessed, and whoever
     has it runs shell commands through the agents."""
-    if configured is None or len(configured) >= MIN_TOKEN:
+    if configured is None:
+        return None
+    if configured != configured.strip() or not configured.isascii() or not configured.isprintable():
+        # An Authorization header trims spaces and carries ASCII only: such a token could
+        # log in by its URL and never through the form's neighbour, the API.
+        return (
+            "OARLOCK_TOKEN must be printable ASCII without a space at either end (an API "
+            "client's Authorization header could not carry it), or unset it (a token is "
+            "generated for you)."
+        )
+    if len(configured) >= MIN_TOKEN:
         return None
     return (
         f"OARLOCK_TOKEN is {len(configured)} characters: use at least {MIN_TOKEN}, or unset it "
@@ -219,7 +229,8 @@ class Guard:
     ) -> None:
         self.app = app
         self.token = token
-        self.allowed_hosts = {h.lower() for h in allowed_hosts}
+        # As a Host header's name is compared: without its port and IPv6 brackets.
+        self.allowed_hosts = {host_name(h).lower() or h.lower() for h in allowed_hosts}
         self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
         self.max_body = max_body
         self.limiter = limiter or FailureLimiter()
