@@ -147,17 +147,15 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
             f"Refusing to listen on {settings.host} without a token: agents run shell commands.\n"
             "Unset OARLOCK_NO_AUTH (a token is generated for you) or listen on 127.0.0.1."
         )
-    problem = setting_error(settings) or token_error(settings.token)
-    if (problem := problem or provider_error(settings) or host_error(settings)) is not None:
+    problem = setting_error(settings) or token_error(settings.token) or place_error(settings)
+    problem = problem or provider_error(settings) or host_error(settings)
+    if settings.redis_url and problem is None:  # before the database is made or migrated
+        from app.cluster.alive import redis_error
+
+        problem = redis_error(settings.redis_url, settings.node_id)
+    if problem is not None:
         sys.exit(problem)
     logging.getLogger(__name__).info("%s.", open_data(settings).said())
-    if (problem := place_error(settings)) is not None:  # (the data directory may be a root)
-        sys.exit(problem)
-    if settings.redis_url and settings.node_id:  # (a default name is unique already)
-        from app.cluster.alive import twin_error
-
-        if problem := twin_error(settings.redis_url, settings.node_id):
-            sys.exit(problem)
     app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"
@@ -194,7 +192,7 @@ def provider_error(settings: Settings) -> str | None:
     """Why OARLOCK_DEFAULT_PROVIDER cannot be used, or None."""
     from app.providers import TRAITS
 
-    names = ["demo", *TRAITS]
+    names = list(TRAITS)
     if settings.default_provider is not None and settings.default_provider not in names:
         return f"OARLOCK_DEFAULT_PROVIDER: {settings.default_provider!r} is not one of {names}."
     return None

@@ -154,8 +154,19 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(REDIS_SCHEMES):
+        from redis.connection import parse_url
+
+        if value is None:
+            return value
+        if not value.startswith(REDIS_SCHEMES):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        try:
+            parse_url(value)
+        except ValueError:  # (never the value itself: it may hold a password)
+            raise ValueError(
+                "cannot be read as a Redis URL (redis://:password@host:port/0; in a password, "
+                "write / as %2F, # as %23, ? as %3F and @ as %40)"
+            ) from None
         return value
 
     @model_validator(mode="after")
@@ -211,13 +222,16 @@ def place_error(settings: Settings) -> str | None:
     """Why the directories the settings name cannot serve, or None (read at start: a root
     that is missing would fail only at the first new conversation, without naming its setting).
     """
+    data = settings.resolved_data_dir  # made at start: a root may be it
     for root in settings.roots:
-        if not root.is_dir():
+        if root.is_file() or (not root.is_dir() and root != data):
             return f"OARLOCK_WORKSPACE_ROOTS: {root} is not a directory."
     cwd = settings.cwd_default
     if not any(cwd == root or root in cwd.parents for root in settings.roots):
         roots = ", ".join(str(root) for root in settings.roots)
         return f"OARLOCK_DEFAULT_CWD: {cwd} is not inside OARLOCK_WORKSPACE_ROOTS ({roots})."
+    if settings.default_cwd is not None and not cwd.is_dir():
+        return f"OARLOCK_DEFAULT_CWD: {cwd} is not a directory."
     backups = settings.resolved_backups_dir
     if backups.exists() and not backups.is_dir():
         return f"OARLOCK_BACKUPS_DIR: {backups} is not a directory."

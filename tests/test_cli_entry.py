@@ -83,6 +83,21 @@ def test_python_m_gives_the_oarlock_command(module: str) -> None:
             "OARLOCK_REDIS_URL: must start with redis://",
         ),
         (
+            ["migrate"],
+            {"OARLOCK_REDIS_URL": "redis://:sekrit/yz@127.0.0.1:1/0"},
+            "OARLOCK_REDIS_URL: cannot be read as a Redis URL",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_ALLOWED_HOSTS": "*"},
+            "OARLOCK_ALLOWED_HOSTS: '*' is not a host name",
+        ),
+        (
+            ["serve"],
+            {"OARLOCK_WORKSPACE_ROOTS": "{file}/..", "OARLOCK_DEFAULT_CWD": "{file}.missing"},
+            "OARLOCK_DEFAULT_CWD: {file}.missing is not a directory.",
+        ),
+        (
             ["serve"],
             {"OARLOCK_WORKSPACE_ROOTS": "{file}"},
             "OARLOCK_WORKSPACE_ROOTS: {file} is not a directory.",
@@ -124,6 +139,7 @@ def test_a_setting_that_cannot_be_used_is_one_line_not_a_traceback(
     last = refused(command, {k: v.format(file=file) for k, v in env.items()}, tmp_path)
     assert said.format(file=file) in last
     assert "sekrit" not in last
+    assert not (tmp_path / "data" / "oarlock.db").exists()  # refused before making anything
 
 
 def refused(command: list[str], env: dict[str, str], cwd: Path) -> str:

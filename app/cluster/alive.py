@@ -10,6 +10,7 @@ not renewed, and a start within a lease of the death waits until it expires.
 from __future__ import annotations
 
 import secrets
+import sys
 import time
 
 import redis
@@ -24,15 +25,22 @@ def instance() -> str:
     return secrets.token_hex(8)
 
 
-def twin_error(url: str, node: str) -> str | None:
-    """Why this node cannot start under its name (another live process renews it), or None.
+def redis_error(url: str, node: str | None) -> str | None:
+    """Why Redis cannot serve this node (not answering, a password wrong or missing, no such
+    database, or its name another live node's), or None. Blocking: run before the app starts.
 
-    Blocking (run before the app starts): only when the key exists, until it is renewed or
-    expires (at most a lease: a live node renews it at every heartbeat).
+    The name is watched only when it was given (a default name is unique), and only while its
+    key exists: until it is renewed or expires (at most a lease).
     """
     client = redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
     try:
-        return _twin(client, node)
+        client.ping()
+        return _twin(client, node) if node else None
+    except redis.AuthenticationError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else "refused"
+        if "HELLO" in reason or "NOAUTH" in reason:
+            reason = "the server needs a password (redis://:password@host:port/0)"
+        return f"OARLOCK_REDIS_URL cannot be used: {reason}"
     except (redis.RedisError, OSError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return f"OARLOCK_REDIS_URL cannot be used: {reason}"
@@ -45,6 +53,12 @@ def _twin(client: redis.Redis, node: str) -> str | None:
     first = client.pttl(KEY + node)
     if first < 0:  # no key (-2), or one without expiry (-1, not ours): free
         return None
+    print(  # (a start within a lease of a crash waits here: say why)
+        f"Node name {node!r} was in use a moment ago: waiting up to {first / 1000:.0f} s "
+        "to tell a stopped node from a live one…",
+        file=sys.stderr,
+        flush=True,
+    )
     began = time.monotonic()
     while True:
         time.sleep(0.1)
