@@ -17,15 +17,28 @@ const isShown = (entry) => entry.kind !== 'agent' || Boolean(entry.text) || Bool
 
 // ---- rendering per kind ------------------------------------------------------------------------
 
-// A bidi control in a mention (@"rtl\u202etxt.exe", picked from the @ menu: the real name)
-// reversed the rest of its line in the sent message: each mention is isolated (<bdi>) then.
+// A direction override or embedding (U+202A–E, U+2066–9) reverses the rest of its line: a file
+// name picked from the @ menu (rtl\u202etxt.exe), or repeated by the agent, made the words after
+// it read backwards. In shown text each word holding one is isolated (<bdi>): it reverses that
+// word at most.
 const CONTROL = /[\u202a-\u202e\u2066-\u2069]/;
-const MENTIONS = /(@(?:"[^"\n]*"|[^\s"]+))/; // split() keeps each at an odd index
+const CONTROL_WORD = /(\S*[\u202a-\u202e\u2066-\u2069]\S*)/; // split() keeps each at an odd index
+
+/** root with every word that holds a direction control isolated; root itself. */
+export function isolateControls(root) {
+  if (!CONTROL.test(root.textContent)) return root;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const found = [];
+  while (walker.nextNode()) if (CONTROL.test(walker.currentNode.data)) found.push(walker.currentNode);
+  for (const node of found) {
+    const parts = node.data.split(CONTROL_WORD);
+    node.replaceWith(...parts.map((part, i) => (i % 2 ? h('bdi', { text: part }) : part)));
+  }
+  return root;
+}
 
 function userText(text) {
-  if (!CONTROL.test(text)) return h('div', { class: 'plain', dir: 'auto', text });
-  const parts = text.split(MENTIONS).map((part, i) => (i % 2 ? h('bdi', { text: part }) : part));
-  return h('div', { class: 'plain', dir: 'auto' }, parts);
+  return isolateControls(h('div', { class: 'plain', dir: 'auto', text }));
 }
 
 function userEntry(entry, old, timeline) {
@@ -103,14 +116,14 @@ function agentEntry(entry) {
     const body = h('div', { class: 'md', dir: 'auto', testid: 'streaming-md' });
     body.innerHTML = entry.html; // sanitized by the server, like a finished message
     streamTail(body, entry.tail, entry.gap);
-    bubble.append(body);
+    bubble.append(isolateControls(body));
   } else if (entry.state === 'streaming' || entry.html == null) {
-    bubble.append(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', dir: 'auto', text: entry.text }));
+    bubble.append(isolateControls(h('div', { class: entry.state === 'streaming' ? 'plain streaming' : 'plain', dir: 'auto', text: entry.text })));
   } else {
     const body = h('div', { class: 'md', dir: 'auto' });
     body.innerHTML = entry.html; // sanitized by the server: the only HTML the UI inserts
     enhance(body);
-    bubble.append(body);
+    bubble.append(isolateControls(body));
   }
   const foot = [];
   if (entry.state === 'interrupted') foot.push('Interrupted');
@@ -699,7 +712,7 @@ export class Timeline {
     item.entry = { ...was, text: full, ...update };
     const streaming = item.el && was.state === 'streaming';
     const plain = streaming && html == null ? item.el.querySelector('.stream-tail, .plain') : null;
-    if (plain) plain.append(text);
+    if (plain && !CONTROL.test(text)) plain.append(text); // (one holding a control: redrawn isolated)
     else this.draw(item);
     this.changed(true);
   }

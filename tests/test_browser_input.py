@@ -103,22 +103,31 @@ def test_override_in_a_message_does_not_reverse_the_demo_reply_around_it(
     reply = by_id(page, "entry-agent").locator(".md p").first
     expect(reply).to_contain_text("You said:")
     relay.wait_idle(cid)
-    # The demo's closing quote stays after the quoted text: the override ends with the quote.
-    lefts = reply.evaluate(
-        """p => [...p.firstChild.data].map((_, i) => {
-          const range = document.createRange();
-          range.setStart(p.firstChild, i);
-          range.setEnd(p.firstChild, i + 1);
-          return range.getBoundingClientRect().left;
-        })"""
+    # The demo's closing quote stays after the quoted text, and the override reverses its own
+    # word only ("world"; "123" after it reads left to right: before, it was reversed too).
+    text, lefts = reply.evaluate(
+        """p => {
+          const walker = document.createTreeWalker(p, NodeFilter.SHOW_TEXT);
+          const text = [], lefts = [];
+          while (walker.nextNode()) {
+            const node = walker.currentNode;
+            for (let i = 0; i < node.data.length; i++) {
+              const range = document.createRange();
+              range.setStart(node, i);
+              range.setEnd(node, i + 1);
+              text.push(node.data[i]);
+              lefts.push(range.getBoundingClientRect().left);
+            }
+          }
+          return [text.join(''), lefts];
+        }"""
     )
-    text = reply.evaluate("p => p.firstChild.data")
-    assert text.endswith("\u201d")  # ”
-    assert lefts[-1] == max(lefts), list(zip(text, lefts, strict=True))
-    # Inside the quote the user's override still works: "world 123" is drawn reversed.
+    quote = text.index("\u201d")  # ” (the line's end: the demo's own words follow it)
+    assert lefts[quote] == max(lefts[: quote + 1]), list(zip(text, lefts, strict=True))
     at = text.index("world")
-    world = lefts[at : at + 5]
-    assert world == sorted(world, reverse=True)
+    assert lefts[at : at + 5] == sorted(lefts[at : at + 5], reverse=True)  # drawn reversed
+    digits = text.index("123")
+    assert lefts[digits : digits + 3] == sorted(lefts[digits : digits + 3])
     pages.assert_clean()
 
 
