@@ -152,7 +152,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     if settings.redis_url and problem is None:  # before the database is made or migrated
         from app.cluster.alive import redis_error
 
-        problem = redis_error(settings.redis_url, settings.node_id)
+        problem = redis_error(settings.redis_url, settings.node_id, settings.token)
     if problem is not None:
         sys.exit(problem)
     logging.getLogger(__name__).info("%s.", open_data(settings).said())

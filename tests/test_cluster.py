@@ -529,7 +529,7 @@ def test_redis_losing_its_data_gives_tabs_a_new_epoch_and_a_snapshot(tmp_path: P
     assert answered({"timeline": entries}, "after the flush")
 
 
-def test_a_second_live_node_under_one_name_is_refused(tmp_path: Path) -> None:
+def test_a_second_live_node_under_one_name_or_another_token_is_refused(tmp_path: Path) -> None:
     # A self-hoster's review: two processes with one OARLOCK_NODE_ID started without a word;
     # both would hold that node's leases and run the same conversations' agents.
     with cluster(tmp_path) as nodes:
@@ -548,4 +548,12 @@ def test_a_second_live_node_under_one_name_is_refused(tmp_path: Path) -> None:
         nodes.kill(first)  # its key is no longer renewed: a new process takes the name
         (again,) = nodes.start(1, OARLOCK_NODE_ID="twin")
         assert again.http.get("/healthz").status_code == 200
+        # Another token than the running nodes': refused (they would refuse its logins).
+        env = nodes.env(OARLOCK_TOKEN="another-token-0123456789")
+        command = ["serve", "--port", "1", "--data-dir", str(tmp_path / "other")]
+        assert refused(command, env, ROOT) == (
+            "OARLOCK_TOKEN is not the token of the nodes running now (node 'twin'): give every "
+            "node the same one; to change it, stop every node first (a stopped node's name is "
+            "forgotten a lease after it stops)."
+        )
         client.close()

@@ -82,16 +82,18 @@ def test_redis_without_postgresql_is_a_configuration_error(tmp_path: Path, url: 
 
 def test_postgresql_with_redis_and_either_alone_are_fine(tmp_path: Path) -> None:
     pg = "postgresql://oarlock@db/oarlock"
-    assert (
-        setting_error(Settings(data_dir=tmp_path, database_url=pg, redis_url="redis://r")) is None
-    )
-    assert (
-        setting_error(
-            Settings(data_dir=tmp_path, database_url="postgres://o@db/o", redis_url="redis://r")
-        )
-        is None
-    )
+    token = "a-token-long-enough-0123"
+    for url in (pg, "postgres://o@db/o"):
+        settings = Settings(data_dir=tmp_path, database_url=url, redis_url="redis://r", token=token)
+        assert setting_error(settings) is None
     assert setting_error(Settings(data_dir=tmp_path)) is None
+
+
+def test_several_nodes_need_a_token_set(tmp_path: Path) -> None:
+    # A node without OARLOCK_TOKEN makes one of its own, which the other nodes refuse.
+    pg = "postgresql://oarlock@db/oarlock"
+    error = setting_error(Settings(data_dir=tmp_path, database_url=pg, redis_url="redis://r"))
+    assert error is not None and "needs OARLOCK_TOKEN, the same on every node" in error
 
 
 async def test_stopping_ends_a_task_that_loses_the_first_cancel() -> None:

@@ -31,6 +31,11 @@ def setting_error(settings: Settings) -> str | None:
             "node shares: set OARLOCK_DATABASE_URL=postgresql://… (SQLite is one process's "
             "file), or unset OARLOCK_REDIS_URL to run one relay."
         )
+    if settings.token is None and not settings.no_auth:
+        return (
+            "OARLOCK_REDIS_URL (several relay nodes) needs OARLOCK_TOKEN, the same on every "
+            "node (a node without it would make a token of its own, which the others refuse)."
+        )
     return None
 
 

@@ -2,13 +2,16 @@
 
 Two processes with one OARLOCK_NODE_ID would both hold that node's leases, and both run the
 same conversation's agent. Each node writes `oarlock:node:<name>` (its own random value,
-expiring after a lease) at every heartbeat; a node starting under a name whose key another
-process still renews is refused. A key left by a node that died is only waited out: it is
-not renewed, and a start within a lease of the death waits until it expires.
+expiring after a lease, with a mark of its token) at every heartbeat; a node starting under a
+name whose key another process still renews is refused, and so is one whose token is not the
+one the nodes running now use (they would not accept each other's logins). A key left by a
+node that died is only waited out: it is not renewed, and a start within a lease of the death
+waits until it expires.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import sys
 import time
@@ -20,12 +23,20 @@ from app.cluster.events import PREFIX, TIMEOUT
 KEY = PREFIX + "node:"
 
 
-def instance() -> str:
-    """This process's value for its node's key."""
-    return secrets.token_hex(8)
+def token_mark(token: str | None) -> str:
+    """What the nodes compare of their token: a slow hash (scrypt), never the token itself."""
+    if not token:
+        return "-"
+    mark = hashlib.scrypt(token.encode(), salt=b"oarlock node token", n=2**14, r=8, p=1)
+    return mark[:8].hex()
 
 
-def redis_error(url: str, node: str | None) -> str | None:
+def instance(token: str | None) -> str:
+    """This process's value for its node's key: its own random part and its token's mark."""
+    return f"{secrets.token_hex(8)}:{token_mark(token)}"
+
+
+def redis_error(url: str, node: str | None, token: str | None) -> str | None:
     """Why Redis cannot serve this node (not answering, a password wrong or missing, no such
     database, or its name another live node's), or None. Blocking: run before the app starts.
 
@@ -35,7 +46,7 @@ def redis_error(url: str, node: str | None) -> str | None:
     client = redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
     try:
         client.ping()
-        return _twin(client, node) if node else None
+        return _other_token(client, token_mark(token)) or (_twin(client, node) if node else None)
     except redis.AuthenticationError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else "refused"
         if "HELLO" in reason or "NOAUTH" in reason:
@@ -46,6 +57,20 @@ def redis_error(url: str, node: str | None) -> str | None:
         return f"OARLOCK_REDIS_URL cannot be used: {reason}"
     finally:
         client.close()
+
+
+def _other_token(client: redis.Redis, mark: str) -> str | None:
+    """Why this node's token is not the one the nodes running now use, or None."""
+    for key in client.scan_iter(match=KEY + "*", count=100):
+        value = client.get(key)
+        if value is not None and value.decode().rpartition(":")[2] != mark:
+            node = key.decode().removeprefix(KEY)
+            return (
+                f"OARLOCK_TOKEN is not the token of the nodes running now (node {node!r}): "
+                "give every node the same one; to change it, stop every node first (a stopped "
+                "node's name is forgotten a lease after it stops)."
+            )
+    return None
 
 
 def _twin(client: redis.Redis, node: str) -> str | None:

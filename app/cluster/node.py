@@ -117,7 +117,7 @@ class ClusterNode:
         self.held: set[int] = set()
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
         self.presence = Presence(self.redis, self.node, self.seconds)
-        self.alive = alive.instance()  # this process's value of its node's key (alive.py)
+        self.alive = alive.instance(settings.token)  # its node's key's value (alive.py)
         self._named = False  # its first write takes the name over (a dead namesake's key)
         self.limiter = SharedFailureLimiter(self.redis)
         self._tasks: list[asyncio.Task[None]] = []
