@@ -144,10 +144,11 @@ class Settings(BaseSettings):
             host = make_url(value.replace("postgres://", "postgresql://", 1)).host or ""
         except (ArgumentError, ValueError):
             host = "@"
-        if "@" in host:  # (never the value itself: it may hold a password)
-            raise ValueError(
-                "cannot be read as a database URL (postgresql://user:password@host:port/name; "
-                "in a password, write @ as %40, : as %3A and / as %2F)"
+        if "@" in host:  # (an "@" left in the host: one of the password's)
+            raise _unreadable_url(
+                "database",
+                "postgresql://user:password@host:port/name",
+                "@ as %40, : as %3A and / as %2F",
             )
         return value
 
@@ -162,10 +163,11 @@ class Settings(BaseSettings):
             raise ValueError("must start with redis://, rediss:// or unix://")
         try:
             parse_url(value)
-        except ValueError:  # (never the value itself: it may hold a password)
-            raise ValueError(
-                "cannot be read as a Redis URL (redis://:password@host:port/0; in a password, "
-                "write / as %2F, # as %23, ? as %3F and @ as %40)"
+        except ValueError:
+            raise _unreadable_url(
+                "Redis",
+                "redis://:password@host:port/0",
+                "/ as %2F, # as %23, ? as %3F and @ as %40",
             ) from None
         return value
 
@@ -216,6 +218,11 @@ class Settings(BaseSettings):
     def cwd_default(self) -> Path:
         """The working directory given to new conversations that name none."""
         return (self.default_cwd or self.roots[0]).expanduser().resolve()
+
+
+def _unreadable_url(kind: str, shape: str, escapes: str) -> ValueError:
+    """A URL setting that cannot be read, said without its value (it may hold a password)."""
+    return ValueError(f"cannot be read as a {kind} URL ({shape}; in a password, write {escapes})")
 
 
 def place_error(settings: Settings) -> str | None:
