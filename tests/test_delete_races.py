@@ -18,8 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from app.agents.demo import DemoAgent
-from app.supervisor.runner import DELETING
+from app.supervisor import commands
+from app.supervisor.runner import DELETING, STILL_STOPPING
 from tests.crash import TIMEOUT
 from tests.relay import LiveRelay, receive, receive_until
 from tests.test_cluster_races import Pause
@@ -178,8 +181,21 @@ def test_a_handoff_for_a_conversation_deleted_meanwhile_is_not_found(relay: Live
 class SlowToClose(DemoAgent):
     """The demo agent, a second to stop (as a CLI asked to exit can take)."""
 
+    seconds = 1.0
+
     async def close(self) -> None:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(self.seconds)
+
+
+def retiring(relay: LiveRelay, cid: int) -> None:
+    """Archive the conversation (its agent live) and wait until its agent is being stopped."""
+    assert relay.send(cid, "hello").status_code == 202
+    relay.wait_idle(cid)
+    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
+    deadline = time.monotonic() + TIMEOUT
+    while not relay.supervisor.runners[cid].retiring:
+        assert time.monotonic() < deadline, "the archived conversation's agent never stopped"
+        time.sleep(0.01)
 
 
 def test_a_delete_right_after_an_archive_waits_for_the_agent_to_stop(relay: LiveRelay) -> None:
@@ -188,13 +204,25 @@ def test_a_delete_right_after_an_archive_waits_for_the_agent_to_stop(relay: Live
     /compact). It waits for the agent now."""
     relay.supervisor.agent_factory = lambda _p, spec, _s: SlowToClose(spec)
     cid = relay.create(title="Archived, then deleted")["id"]
-    assert relay.send(cid, "hello").status_code == 202
-    relay.wait_idle(cid)
-    assert relay.http.post(f"/api/conversations/{cid}/archive").status_code == 200
-    deadline = time.monotonic() + TIMEOUT
-    while not relay.supervisor.runners[cid].retiring:  # its agent being stopped
-        assert time.monotonic() < deadline, "the archived conversation's agent never stopped"
-        time.sleep(0.01)
+    retiring(relay, cid)
     deleted = relay.http.delete(f"/api/conversations/{cid}")
     assert deleted.status_code == 204, deleted.text
     assert relay.http.get(f"/api/conversations/{cid}").status_code == 404
+
+
+def test_an_agent_stopping_longer_than_a_delete_waits_says_so(
+    relay: LiveRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/api.md: past the wait (15 s; 0.3 s here), 409 "still stopping", not "stop it"."""
+    monkeypatch.setattr(commands, "RETIRE_WAIT", 0.3)
+    slow = type("SlowerToClose", (SlowToClose,), {"seconds": 3.0})
+    relay.supervisor.agent_factory = lambda _p, spec, _s: slow(spec)
+    cid = relay.create(title="Stopping slowly")["id"]
+    retiring(relay, cid)
+    refused = relay.http.delete(f"/api/conversations/{cid}")
+    assert (refused.status_code, refused.json()) == (409, {"detail": STILL_STOPPING})
+    deadline = time.monotonic() + TIMEOUT
+    while relay.supervisor.runners[cid].retiring:  # stopped: the delete goes through
+        assert time.monotonic() < deadline, "the agent never stopped"
+        time.sleep(0.05)
+    assert relay.http.delete(f"/api/conversations/{cid}").status_code == 204
