@@ -28,7 +28,7 @@ from app.cluster import ENGINE_DOWN
 from app.cluster.node import MOVED_LINE
 from app.questions import EXPIRED_TAKEOVER
 from app.supervisor import SHUTDOWN_LINE
-from tests.cluster import Nodes, cluster
+from tests.cluster import LEASE_SECONDS, Nodes, cluster
 from tests.crash import ROOT, TIMEOUT, RelayProcess, entry, of_kind
 from tests.fake_anthropic import FakeAnthropic
 from tests.relay import TOKEN, receive, receive_until
@@ -538,6 +538,13 @@ def test_a_second_live_node_under_one_name_or_another_token_is_refused(tmp_path:
         deadline = time.monotonic() + TIMEOUT
         while not client.exists("oarlock:node:twin"):  # its first heartbeat wrote its name
             assert time.monotonic() < deadline, "the node never wrote its name"
+            time.sleep(0.1)
+        # A twin started at the same moment (past the check) writes the name too: logged.
+        mark = client.get("oarlock:node:twin").decode().rpartition(":")[2]
+        client.set("oarlock:node:twin", f"another-process:{mark}", ex=LEASE_SECONDS)
+        said = "another live relay runs as node 'twin': OARLOCK_NODE_ID must differ"
+        while said not in first.log.read_text():
+            assert time.monotonic() < deadline, "the pair was never logged"
             time.sleep(0.1)
         env = nodes.env(OARLOCK_NODE_ID="twin", OARLOCK_TOKEN=TOKEN)
         command = ["serve", "--port", "1", "--data-dir", str(tmp_path / "twin")]
