@@ -215,11 +215,12 @@ def app_or_exit(settings: Settings, create: Callable[[Settings], FastAPI]) -> Fa
         return create(settings)
     import redis
 
+    from app.cluster.alive import unusable
+
     try:
         return create(settings)
-    except (redis.RedisError, OSError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        sys.exit(f"OARLOCK_REDIS_URL cannot be used: {reason}")
+    except (redis.RedisError, OSError) as error:  # (it failed between the check and now)
+        sys.exit(unusable(error))
 
 
 class RelayServer(uvicorn.Server):

@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from tests import postgres
 from tests.cluster import LEASE_SECONDS, Nodes, cluster
 from tests.crash import TIMEOUT, RelayProcess, of_kind
+from tests.redis import RedisServer
 from tests.test_cli_entry import refused
 
 PAUSE = LEASE_SECONDS + 2.0  # seconds Redis answers nothing: past the lease
@@ -108,5 +111,19 @@ def test_a_redis_that_cannot_be_used_at_start_is_one_line(tmp_path: Path) -> Non
         }
         last = refused(["serve", "--port", "1"], env, tmp_path)
         assert last.startswith("OARLOCK_REDIS_URL cannot be used: Error 111 connecting"), last
+        server = RedisServer().start()
+        try:
+            with redis.Redis.from_url(server.url) as client:
+                client.config_set("requirepass", "sekrit-password")
+            for given, said in (
+                (server.url, "the server needs a password (redis://:password@host:port/0)"),
+                (server.url.replace("//", "//:wrong@"), "invalid username-password pair"),
+            ):
+                last = refused(
+                    ["serve", "--port", "1"], env | {"OARLOCK_REDIS_URL": given}, tmp_path
+                )
+                assert last.startswith("OARLOCK_REDIS_URL cannot be used: ") and said in last, last
+        finally:
+            server.stop()
     finally:
         postgres.start().drop_database(url)

@@ -47,16 +47,18 @@ def redis_error(url: str, node: str | None, token: str | None) -> str | None:
     try:
         client.ping()
         return _other_token(client, token_mark(token)) or (_twin(client, node) if node else None)
-    except redis.AuthenticationError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else "refused"
-        if "HELLO" in reason or "NOAUTH" in reason:
-            reason = "the server needs a password (redis://:password@host:port/0)"
-        return f"OARLOCK_REDIS_URL cannot be used: {reason}"
     except (redis.RedisError, OSError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return f"OARLOCK_REDIS_URL cannot be used: {reason}"
+        return unusable(error)
     finally:
         client.close()
+
+
+def unusable(error: Exception) -> str:
+    """The line that says Redis cannot be used, from its error's first line."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, redis.AuthenticationError) and ("HELLO" in reason or "NOAUTH" in reason):
+        reason = "the server needs a password (redis://:password@host:port/0)"
+    return f"OARLOCK_REDIS_URL cannot be used: {reason}"
 
 
 def _other_token(client: redis.Redis, mark: str) -> str | None:
