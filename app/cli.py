@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import logging
 import signal
@@ -116,6 +117,7 @@ def main(context: click.Context) -> None:
 
 
 QUIET_AT_DEBUG = ("markdown_it",)  # libraries kept at INFO under OARLOCK_LOG_LEVEL=debug
+LATE_CHECK = 0.02  # seconds between looks for connections accepted while the stop began
 
 
 @main.command()
@@ -224,19 +226,38 @@ def app_or_exit(settings: Settings, create: Callable[[Settings], FastAPI]) -> Fa
 
 
 class RelayServer(uvicorn.Server):
-    """uvicorn's server, whose forced exit (Ctrl+C a second time) still stops the relay.
+    """uvicorn's server, with two fixes to its stop.
 
-    uvicorn then skips the app's shutdown, and the relay's is what stops the agents and
-    writes "Interrupted: the relay was shut down." in the turns it cuts: a second Ctrl+C left
-    a turn cut without a word. It no longer waits for connections to close; the app's shutdown
-    runs as after one Ctrl+C.
+    A connection accepted while the stop begins (its accept already under way when uvicorn
+    told the open connections to close) was never told, and the stop waited for it: a kept-
+    alive connection for up to its 75 s, a browser reconnecting then for ever. Each one
+    arriving during the stop is now told as the others were.
+
+    A forced exit (Ctrl+C a second time) still stops the relay: uvicorn then skips the app's
+    shutdown, and the relay's is what stops the agents and writes "Interrupted: the relay was
+    shut down." in the turns it cuts (a second Ctrl+C left a turn cut without a word). It no
+    longer waits for connections to close; the app's shutdown runs as after one Ctrl+C.
     """
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's shutdown, then the app's if uvicorn skipped it."""
-        await super().shutdown(sockets)
+        """uvicorn's shutdown, telling late connections too, then the app's if uvicorn
+        skipped it."""
+        told = set(self.server_state.connections)  # those uvicorn's shutdown tells
+        late = asyncio.create_task(self._tell_late(told), name="oarlock-late-connections")
+        try:
+            await super().shutdown(sockets)
+        finally:
+            late.cancel()
         if self.force_exit:
             await self.lifespan.shutdown()
+
+    async def _tell_late(self, told: set[Any]) -> None:
+        while True:
+            await asyncio.sleep(LATE_CHECK)
+            for connection in list(self.server_state.connections):
+                if connection not in told:
+                    told.add(connection)
+                    connection.shutdown()
 
 
 def announce(server: uvicorn.Server, lines: list[str]) -> None:

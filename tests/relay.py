@@ -29,7 +29,7 @@ import uvicorn
 import uvicorn.server
 from websockets.sync.client import ClientConnection, connect
 
-from app.cli import server_options
+from app.cli import RelayServer, server_options
 from app.config import Settings
 from app.db import get_session
 from app.main import create_app
@@ -170,7 +170,7 @@ class LiveRelay:
         self.settings = settings
         migrated(settings.db_url)
         self.app = create_app(settings)
-        self.server = uvicorn.Server(
+        self.server = RelayServer(
             uvicorn.Config(
                 self.app,
                 host="127.0.0.1",

@@ -230,7 +230,12 @@ def test_screen_readers_are_told_replies_questions_and_who_needs_them(
     assert relay.send(other, "ask permission").status_code == 202
     expect(said).to_contain_text("“Elsewhere” needs you.")  # (with a reply ending then)
     send_text(page, "slow")  # the demo's long reply: only its first 400 characters are said
-    reply = relay.wait_idle(cid, timeout=60)["timeline"][-1]["text"]
+    # (idle alone is not enough: the page's POST may not have landed yet, as a CI run found)
+    done = {"state": "idle", "queued": 0}
+    view = relay.wait_for(
+        cid, lambda v: v["turn"] == done and v["timeline"][-2]["text"] == "slow", 60
+    )
+    reply = view["timeline"][-1]["text"]
     assert len(reply) > 400
     expect(said).to_have_text(re.compile(r"^Agent: .{400}…$"))
     pages.assert_clean()
