@@ -318,6 +318,8 @@ def report_hang(relay: LiveRelay) -> None:
     """
     out = io.StringIO()
     out.write(f"A relay on port {relay.settings.port} did not stop within 30 s.\n")
+    for connection in list(relay.server.server_state.connections):  # (what uvicorn waits on)
+        out.write(f"-- connection {type(connection).__name__} {vars(connection).get('client')}\n")
     loop = relay.supervisor.storage.loop
     for task in asyncio.all_tasks(loop) if loop is not None else ():
         out.write(f"-- task {task.get_name()}\n")
