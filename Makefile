@@ -83,16 +83,16 @@ redis:
 			$(SUDO) service redis-server stop >/dev/null 2>&1 || true; }; }
 	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server is missing" >&2; exit 1; }
 
-# Run a second time against PostgreSQL: the storage, migration, API (HTTP, WebSocket, schema
-# fuzz), supervisor, reliability, import, search, archive and steer tests and tests/test_postgres.py, on a
-# server the run starts and stops itself (tests/postgres.py).
+# Run a second time against PostgreSQL: the storage (and its threads), migration, API (HTTP,
+# WebSocket, schema fuzz), supervisor, reliability, import, search, archive and steer tests and
+# tests/test_postgres.py, on a server the run starts and stops itself (tests/postgres.py).
 POSTGRES_TESTS := tests/test_store.py tests/test_migrations.py tests/test_api.py tests/test_ws.py \
 	tests/test_schema_fuzz.py tests/test_supervisor.py tests/test_reliability.py \
 	tests/test_postgres.py tests/test_import.py tests/test_import_hostile.py tests/test_search.py \
 	tests/test_archive.py \
 	tests/test_archive_relay.py tests/test_steer_api.py tests/test_steer_store.py \
 	tests/test_overhead_store.py tests/test_waiting.py tests/test_attachments.py \
-	tests/test_get_routes.py
+	tests/test_get_routes.py tests/test_storage_thread.py
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check app tests bench alembic/env.py

@@ -80,14 +80,16 @@ class Storage:
             thread.start()
 
     async def stop(self) -> None:
-        """Finish the queued jobs, then stop the threads."""
+        """Finish the queued jobs and the reads under way (those not begun are cancelled),
+        then stop the threads: the engine is disposed of next, and a connection handed back
+        after that stayed open in a discarded pool."""
         if self._writer is not None:
             self._jobs.put(None)  # the writer ends after the queued jobs, then the syncer
             await asyncio.to_thread(self._writer.join, 30)
             if self._syncer is not None:
                 await asyncio.to_thread(self._syncer.join, 30)
             self._writer = self._syncer = None
-        self._readers.shutdown(wait=False)
+        await asyncio.to_thread(self._readers.shutdown, wait=True, cancel_futures=True)
 
     # -- running work --------------------------------------------------------------------------
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +152,26 @@ def test_hub_fills_a_number_given_back_after_a_later_one() -> None:
     hub.rewind(1, failed)  # cannot be given back: a skip event takes its place
     events = [json.loads(t) for t in subscriber.pending()]
     assert [(e["type"], e["seq"]) for e in events] == [("skip", failed), ("delta", later["seq"])]
+
+
+def test_a_read_under_way_as_the_relay_stops_leaves_no_connection_open(tmp_path: Path) -> None:
+    # The stop disposed of the engine while a reader thread still held a connection: handed
+    # back to the discarded pool, it stayed open until the collector found it (psycopg's
+    # ResourceWarning in a later, unrelated test of a CI run on PostgreSQL).
+    relay = LiveRelay(make_settings(tmp_path / "data")).start()
+    storage, pool = relay.supervisor.storage, relay.supervisor.engine.pool
+    reading = threading.Event()
+
+    def slow_read() -> int:
+        with relay.supervisor.engine.connect() as connection:
+            reading.set()
+            time.sleep(0.5)
+            return int(connection.execute(text("select 1")).scalar_one())
+
+    read = asyncio.run_coroutine_threadsafe(storage.read(slow_read), storage.loop)
+    assert reading.wait(10)
+    relay.stop()
+    with contextlib.suppress(Exception):  # (answered or not: the relay is gone)
+        read.result(10)
+    time.sleep(0.6)  # past the read's end in any case
+    assert (pool.checkedout(), pool.checkedin()) == (0, 0), "a connection left open"
