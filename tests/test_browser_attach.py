@@ -50,6 +50,13 @@ def loaded(images: Locator) -> None:
         assert images.nth(n).evaluate("i => i.naturalWidth") > 0
 
 
+def uploaded(page: Page, count: int) -> None:
+    """count images wait, and the page's own uploads are answered: one shows (from the relay's
+    event) before its upload's answer, and Enter then says an image is still uploading."""
+    expect(by_id(page, "attached")).to_have_count(count)
+    expect(by_id(page, "attached-uploading")).to_have_count(0)
+
+
 def opened(pages: Pages, relay: LiveRelay) -> tuple[Page, int]:
     cid = relay.create(title="Pictures")["id"]
     page = pages.open(relay, f"/c/{cid}")
@@ -65,7 +72,7 @@ def test_an_image_picked_with_the_clip_goes_with_the_message(
     picture.write_bytes(png(8, 8))
     expect(by_id(page, "attach-button")).to_be_visible()
     by_id(page, "attach-input").set_input_files(str(picture))
-    expect(by_id(page, "attached")).to_have_count(1)
+    uploaded(page, 1)
     loaded(by_id(page, "attached").locator("img"))
     box = by_id(page, "message-input")
     box.fill("what colour?")
@@ -90,7 +97,7 @@ def test_pasted_and_dropped_images_wait_until_sent_or_removed(
     assert give(page, "paste", png(), "screenshot.png", "image/png")  # not pasted as text
     expect(by_id(page, "attached")).to_have_count(1)  # uploaded first (two uploads may cross)
     assert give(page, "drop", GIF, "dot.gif", "image/gif")
-    expect(by_id(page, "attached")).to_have_count(2)
+    uploaded(page, 2)
     loaded(by_id(page, "attached").locator("img"))
     # Kept by the relay, not the page: a reload shows them again.
     page.reload()
@@ -146,7 +153,7 @@ def test_a_message_taken_back_brings_its_image_back(pages: Pages, relay: LiveRel
     box.fill("slow")
     box.press("Enter")  # a long turn: the next message waits in the queue
     give(page, "paste", png(), "shot.png", "image/png")
-    expect(by_id(page, "attached")).to_have_count(1)
+    uploaded(page, 1)
     box.fill("look at this")
     box.press("Enter")
     queued = user_bubble(page, "look at this")
@@ -166,6 +173,7 @@ def test_every_tab_shows_the_images_waiting(pages: Pages, relay: LiveRelay) -> N
         expect(by_id(page, "title")).to_have_text("Two tabs")
     give(first, "paste", png(), "shot.png", "image/png")
     give(first, "paste", GIF, "dot.gif", "image/gif")
+    uploaded(first, 2)
     expect(by_id(second, "attached")).to_have_count(2)  # told, not reloaded
     remove = by_id(second, "attached-remove").first
     remove.focus()
@@ -185,7 +193,7 @@ def test_every_tab_shows_the_images_waiting(pages: Pages, relay: LiveRelay) -> N
 def test_a_message_the_relay_refuses_gives_its_images_back(pages: Pages, relay: LiveRelay) -> None:
     page, _cid = opened(pages, relay)
     give(page, "paste", png(), "shot.png", "image/png")
-    expect(by_id(page, "attached")).to_have_count(1)
+    uploaded(page, 1)
     box = by_id(page, "message-input")
     box.fill("no words either")
     page.route(
@@ -227,7 +235,7 @@ def test_five_images_go_with_a_message_and_the_rest_wait(pages: Pages, relay: Li
     page, _cid = opened(pages, relay)
     for n in range(7):
         give(page, "paste", png(2 + n, 2), f"shot{n}.png", "image/png")
-    expect(by_id(page, "attached")).to_have_count(7)
+    uploaded(page, 7)
     box = by_id(page, "message-input")
     box.fill("the first five")
     box.press("Enter")
