@@ -97,9 +97,13 @@ def make_engine(url: str) -> Engine:
     if backend == "postgresql":
         return postgres_engine(url)
     if backend != "sqlite":
-        return create_engine(url)
+        return create_engine(url, hide_parameters=True)
     private_sqlite_files(url)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT})
+    engine = create_engine(
+        url,
+        hide_parameters=True,  # errors and logs name no user's text (a refused write's message)
+        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT},
+    )
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -119,6 +123,7 @@ def postgres_engine(url: str) -> Engine:
     # Pre-ping: a server restart or a proxy's idle timeout costs a reconnect, not a request.
     engine = create_engine(
         url,
+        hide_parameters=True,
         pool_pre_ping=True,
         pool_size=POOL_SIZE,
         max_overflow=MAX_OVERFLOW,

@@ -292,7 +292,9 @@ def write_lock(database: Path) -> Iterator[subprocess.Popen[str]]:
         assert released == "released\n"
 
 
-def test_locked_database_answers_503_while_sockets_flow(relay: LiveRelay) -> None:
+def test_locked_database_answers_503_while_sockets_flow(
+    relay: LiveRelay, caplog: pytest.LogCaptureFixture
+) -> None:
     cid = relay.create(title="locked")["id"]
     database = relay.settings.resolved_data_dir / "oarlock.db"
     with relay.socket() as ws:
@@ -309,6 +311,9 @@ def test_locked_database_answers_503_while_sockets_flow(relay: LiveRelay) -> Non
             assert receive(ws) == {"type": "pong"}
             assert relay.get(cid)["timeline"] == []  # reading works; nothing was stored
             assert holder.poll() is None
+    # Logged without the statement's values: a user's text is not the log's to keep.
+    assert "database error" in caplog.text
+    assert "while locked" not in caplog.text
     assert relay.send(cid, "while locked").status_code == 202  # the lock is gone: stored
     user, agent = relay.wait_idle(cid)["timeline"]
     assert (user["text"], agent["text"][:24]) == ("while locked", "You said: “while locked”")
