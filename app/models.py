@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     UniqueConstraint,
+    text,
 )
 from sqlmodel import Field, SQLModel
 
@@ -81,6 +82,9 @@ def utcnow() -> datetime:
 # newest conversation gave its id, its links and its tabs' places to the next one; migration
 # 0010). PostgreSQL's sequences never reuse one.
 NEVER_REUSED = {"sqlite_autoincrement": True}
+# The condition of the index a timeline page is read with, written as its query writes it (a
+# literal: SQLite uses a partial index only for a query whose terms imply its condition).
+NOT_QUEUED = "state != 'queued'"
 
 
 class Conversation(SQLModel, table=True):
@@ -136,6 +140,14 @@ class Entry(SQLModel, table=True):
         Index("ix_entry_conversation_kind_seq", "conversation_id", "kind", "seq"),
         Index("ix_entry_conversation_state_seq", "conversation_id", "state", "seq"),
         Index("ix_entry_state_conversation", "state", "conversation_id"),  # startup recovery
+        # A timeline page: the last entries that are not queued, however many are (store.py).
+        Index(
+            "ix_entry_conversation_shown_seq",
+            "conversation_id",
+            "seq",
+            sqlite_where=text(NOT_QUEUED),
+            postgresql_where=text(NOT_QUEUED),
+        ),
         NEVER_REUSED,
     )
 

@@ -18,6 +18,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    text,
     update,
 )
 from sqlalchemy.exc import InvalidRequestError
@@ -28,7 +29,7 @@ from sqlalchemy.orm.util import identity_key
 from sqlmodel import Session, col, select
 
 from app import attachment_store
-from app.models import Conversation, Entry, Handoff, Pin, utcnow
+from app.models import NOT_QUEUED, Conversation, Entry, Handoff, Pin, utcnow
 from app.summary import SUMMARY_WINDOW
 
 MESSAGE_KINDS = ("user", "agent")
@@ -422,8 +423,9 @@ def answered_questions(*, session: Session, entry_ids: Collection[int]) -> list[
 def last_entries(
     *, session: Session, conversation_id: int, limit: int, before_seq: int | None = None
 ) -> list[Entry]:
-    """The last `limit` entries (before before_seq), oldest first; one index range scan."""
-    query = select(Entry).where(Entry.conversation_id == conversation_id)
+    """The last `limit` entries that are not queued (before before_seq), oldest first; one
+    range scan of the index that holds only those (queued ones are read on their own)."""
+    query = select(Entry).where(Entry.conversation_id == conversation_id, text(NOT_QUEUED))
     if before_seq is not None:
         query = query.where(Entry.seq < before_seq)
     query = query.order_by(col(Entry.seq).desc()).limit(limit)

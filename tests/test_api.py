@@ -1278,6 +1278,34 @@ def test_a_read_shows_the_next_hundred_queued_messages_and_counts_them_all(
     assert view["timeline"][-1]["text"] == "got m105"  # every one delivered, in order
 
 
+def test_a_long_queue_takes_no_place_in_a_page(relay: LiveRelay) -> None:
+    # Found by an API review: queued messages took a page's places. With limit=2 and 20
+    # queued, a page showed no history at all, and paging back with `earlier` walked the queue.
+    relay.supervisor.agent_factory = lambda _p, spec, _s: Holding(spec)
+    Holding.go_on.set()
+    cid = relay.create()["id"]
+    for n in range(2):
+        relay.send(cid, f"h{n}")
+        relay.wait_idle(cid)
+    Holding.go_on.clear()
+    for n in range(21):  # the first runs (and waits), 20 queue behind it
+        assert relay.send(cid, f"m{n}").status_code == 202
+    pages = []
+    before = None
+    while True:
+        params = {"limit": 2} if before is None else {"limit": 2, "before": before}
+        view = relay.http.get(f"/api/conversations/{cid}", params=params).json()
+        pages.append([e["text"] for e in view["timeline"] if e["state"] != "queued"])
+        queued = [e["text"] for e in view["timeline"] if e["state"] == "queued"]
+        if not view["has_more"]:
+            break
+        before = view["earlier"]
+    Holding.go_on.set()  # (before the checks: a failed one must not hold the relay's stop)
+    assert pages == [["got h1", "m0"], ["got h0", "h1"], ["h0"]]
+    assert queued == [f"m{n}" for n in range(1, 21)]  # on every page, after it
+    assert relay.wait_idle(cid, timeout=60)["timeline"][-1]["text"] == "got m20"
+
+
 def test_permission_not_a_question_404(relay: LiveRelay) -> None:
     cid = relay.create()["id"]
     entry = relay.send(cid, "hello").json()

@@ -178,6 +178,26 @@ def test_message_the_cli_received_is_shown_cut_not_sent_again(
     assert prompts_sent(fake, "second [[LONG:300]]") == 2
 
 
+def test_a_reply_streaming_when_the_relay_is_killed_keeps_its_text_to_the_last_second(
+    relay: RelayProcess, fake: FakeAnthropic, home: Path, cli_pids: list[int]
+) -> None:
+    # A review found no text after a kill -9: it came less than a second after the reply began,
+    # before its first checkpoint. Past that, what was stored stays, cut (README, After a crash).
+    fake.long_word_delay = 0.1
+    relay.start()
+    cid = relay.create(provider="claude", title="Killed while streaming")
+    relay.send(cid, "tell me [[LONG:300]]")
+    relay.wait_for(cid, lambda v: any(e["state"] == "streaming" for e in of_kind(v, "agent")))
+    time.sleep(2.5)
+    (shown,) = of_kind(relay.get(cid), "agent")
+    crash(relay, home, cli_pids)
+    relay.start()
+    (kept,) = of_kind(relay.wait_idle(cid), "agent")
+    assert kept["state"] == "interrupted"
+    assert kept["text"] and shown["text"].startswith(kept["text"])
+    assert len(kept["text"].split()) >= 5  # (a word each 0.1 s: at least its first second's)
+
+
 def test_a_message_whose_reply_was_stored_is_not_sent_again_before_the_transcript_says_so(
     relay: RelayProcess, fake: FakeAnthropic, home: Path, cli_pids: list[int], tmp_path: Path
 ) -> None:

@@ -86,8 +86,7 @@ class Timeline(SupervisorState):
             for entry in entries
         ]
         view["has_more"] = has_more
-        # Where the page before this one ends: the lowest seq read, not the lowest shown (a
-        # page of queued messages read again below shows nothing of its own).
+        # Where the page before this one ends.
         view["earlier"] = page[0].seq if has_more and page else None
         view["turn"] = self.turn_view(conversation_id, session)
         if state is not None:  # this node runs it
@@ -310,21 +309,10 @@ class Timeline(SupervisorState):
 
 
 def _page_without(page: list[Entry], queued: list[Entry]) -> list[Entry]:
-    """A page of entries without the queued messages read on their own, nor those queued
-    after them (left out when QUEUED_SHOWN were read: no gap among those shown).
-
-    A message the page read as queued and the second read did not (its turn began between
-    the two: on PostgreSQL each statement sees the latest commits) stays. Filtered here, not
-    in the page's query: a condition on the state would read every queued row to skip it.
-    """
+    """A page of entries without the queued messages read on their own (a message queued
+    again between the two reads: on PostgreSQL each statement sees the latest commits)."""
     ids = {entry.id for entry in queued}
-    last = queued[-1].seq if len(queued) == QUEUED_SHOWN else None
-    return [
-        entry
-        for entry in page
-        if entry.id not in ids
-        and not (entry.state == "queued" and last is not None and entry.seq > last)
-    ]
+    return [entry for entry in page if entry.id not in ids]
 
 
 def rolled_back(session: Session) -> None:
