@@ -165,22 +165,27 @@ class TimedHttpProtocol(HttpToolsProtocol):
     _head_begun = False
     _in_head = True  # the bytes that arrive belong to a request head (none since: a body)
     _head_bytes = 0
+    _head_tail = b""  # the head's last 3 bytes so far (its end can span two reads)
 
     def data_received(self, data: bytes) -> None:
-        """Count a head's bytes; refuse a head over the limit."""
-        counted = self._in_head
-        if counted:
-            self._head_bytes += len(data)
+        """Count a head's bytes, up to its blank line; refuse a head over the limit before
+        the parser reads it (a head that arrived whole in one read included: counted after
+        the parser, it had ended, and a head of 64-128 KiB was served)."""
+        if self._in_head:
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+            self._head_tail = seen[-3:]
+            if self._head_bytes > MAX_HEAD and not self.transport.is_closing():
+                detail = f"The request head is over the limit of {MAX_HEAD} bytes."
+                self._refuse(b"431 Request Header Fields Too Large", detail)
+                return
         super().data_received(data)
-        over = counted and self._in_head and self._head_bytes > MAX_HEAD
-        if over and not self.transport.is_closing():
-            detail = f"The request head is over the limit of {MAX_HEAD} bytes."
-            self._refuse(b"431 Request Header Fields Too Large", detail)
 
     def on_message_complete(self) -> None:
         """A request's body is complete: what follows is the next request's head."""
         super().on_message_complete()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._head_tail = True, 0, b""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Start the head's clock."""

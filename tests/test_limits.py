@@ -185,6 +185,19 @@ def test_a_head_over_the_limit_gets_431_and_is_closed(served: tuple[Relay, httpx
         sock.sendall(head("GET", "/healthz", f"X-Filler: {filler}"))
         status, _headers, _body = response(sock)
         assert status == 200
+    # Over the limit in one read (a review: 64-128 KiB heads sent whole were served), and a
+    # small head with a large body in the same read (the body is not the head's).
+    with connection(relay) as sock:
+        sock.sendall(head("GET", "/healthz", f"X-Filler: {'a' * (MAX_HEAD + 1)}"))
+        status, headers, body = response(sock)
+        assert (status, json.loads(body)) == (431, HEAD_OVER)
+    with connection(relay) as sock:
+        payload = json.dumps({"title": "a" * (2 * MAX_HEAD)}).encode()
+        lines = [f"Authorization: Bearer {TOKEN}", "Content-Type: application/json"]
+        length = f"Content-Length: {len(payload)}"
+        sock.sendall(head("POST", "/api/conversations", *lines, length) + payload)  # one write
+        status, _headers, _body = response(sock)
+        assert status == 422  # read and refused as a title, not as a head
     assert_answers(client)
 
 
