@@ -20,6 +20,9 @@ UPLOAD_PATH = re.compile(r"/api/conversations/[0-9]+/attachments")
 # The raster types the Messages API reads. Never SVG: it is a document that can run script.
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
 TYPES_TEXT = "PNG, JPEG, GIF or WebP"
+# How each of the four begins: one Pillow cannot even open (its header cut or damaged) is a
+# damaged image of that type, not another type.
+SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 MAX_SIDE = 8000  # pixels: the Messages API refuses an image wider or taller
 TOO_WIDE = f"The image is over {MAX_SIDE} pixels wide or tall (the Messages API's limit)."
 
@@ -73,12 +76,17 @@ def media_type_of(content: bytes) -> str:
     except PIL.Image.DecompressionBombError:
         raise ImageRefused(422, TOO_WIDE) from None
     except (PIL.UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        if kind is None:  # not an image Pillow knows (SVG, text, anything else)
+        if kind is None and not content.startswith(SIGNATURES) and not _is_webp(content):
+            # not an image Pillow knows (SVG, text, anything else)
             raise ImageRefused(415, f"Only {TYPES_TEXT} images can be attached.") from None
         raise ImageRefused(422, "The image cannot be read: it is damaged or cut short.") from None
     if max(size) > MAX_SIDE or min(size) < 1:
         raise ImageRefused(422, TOO_WIDE)
     return kind
+
+
+def _is_webp(content: bytes) -> bool:
+    return content[:4] == b"RIFF" and content[8:12] == b"WEBP"
 
 
 def content_blocks(text: str, images: Sequence[Image]) -> str | list[dict[str, Any]]:

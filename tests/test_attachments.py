@@ -55,12 +55,16 @@ def test_the_type_is_read_from_the_image_itself() -> None:
     only_types = (415, "Only PNG, JPEG, GIF or WebP images can be attached.")
     assert refused(SVG) == only_types
     assert refused(encoded("BMP")) == only_types  # an image, not one the API reads
-    assert refused(b"\x89PNG\r\n\x1a\n" + b"not a png at all") == only_types  # a signature only
+    damaged = (422, "The image cannot be read: it is damaged or cut short.")
     cut = png(64, 64)
-    assert refused(cut[: len(cut) - 20]) == (
-        422,
-        "The image cannot be read: it is damaged or cut short.",
-    )
+    assert refused(cut[: len(cut) - 20]) == damaged
+    # Damaged before Pillow can even open them (a review: "Only PNG, JPEG…" for a PNG): a
+    # header cut short or wrong, after one of the four's signatures.
+    bad_header = cut[:29] + bytes([cut[29] ^ 0xFF]) + cut[30:]  # the IHDR chunk's checksum
+    for content in (cut[:40], cut[:8], bad_header, b"\x89PNG\r\n\x1a\nnot a png at all"):
+        assert refused(content) == damaged
+    for kind in ("GIF", "JPEG", "WEBP"):
+        assert refused(encoded(kind)[:20]) == damaged, kind
     too_wide = (422, "The image is over 8000 pixels wide or tall (the Messages API's limit).")
     assert refused(png(8001, 1)) == too_wide
     assert media_type_of(png(8000, 1)) == "image/png"
