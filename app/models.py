@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictBool, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StrictInt,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 from sqlalchemy import (
     JSON,
@@ -308,7 +315,8 @@ class ConversationUpdate(SQLModel):
 
     title: Text | None = Field(default=None, max_length=200)
     permission_mode: Text | None = None
-    auto_compact_window: int | None = None
+    # Taken as sent, for window.validate_setting to judge ("100000" or true is not a notch).
+    auto_compact_window: Any = None
     chosen_model: Text | None = Field(default=None, max_length=100)
 
     _title = field_validator("title")(_visible_title)
@@ -322,7 +330,7 @@ class MessageCreate(SQLModel):
 
     text: Text
     # Images uploaded to this conversation (POST …/attachments), sent with the text.
-    attachments: list[Annotated[int, Field(ge=1, le=2**63 - 1)]] = Field(
+    attachments: list[Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]] = Field(
         default_factory=list, max_length=5
     )
 

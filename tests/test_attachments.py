@@ -148,6 +148,9 @@ def test_what_is_not_an_image_is_refused_and_nothing_is_stored(relay: LiveRelay)
     assert refused.status_code == 409
     assert send(relay, cid, "look", [theirs, theirs]).status_code == 409
     assert send(relay, cid, "look", list(range(1, 7))).status_code == 422  # over 5
+    mine = uploaded(relay, cid, png())
+    for loose in (True, str(mine), float(mine)):  # (an API review: true was image 1)
+        assert send(relay, cid, "look", [loose]).status_code == 422, loose  # type: ignore[list-item]
     assert [e for e in relay.get(cid)["timeline"] if e["kind"] == "user"] == []
 
 

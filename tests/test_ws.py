@@ -249,6 +249,7 @@ def test_subscribe_bad_fields_is_error(relay: LiveRelay) -> None:
         {"type": "subscribe", "conversation_id": 1, "seq": "5"},
         {"type": "subscribe", "conversation_id": 2**70},  # beyond SQLite's integers
         {"type": "subscribe", "conversation_id": True},
+        {"type": "subscribe", "conversation_id": 1, "seq": True},  # (was read as seq 1)
         {"type": "subscribe", "conversation_id": 999},
     ]
     with relay.socket() as ws:
@@ -256,7 +257,7 @@ def test_subscribe_bad_fields_is_error(relay: LiveRelay) -> None:
         answers = [ask(ws, message) for message in messages]
         pong = ask(ws, {"type": "ping"})
     assert (answers, pong) == (
-        [*[BAD_SUBSCRIBE] * 5, gone_error(999)],
+        [*[BAD_SUBSCRIBE] * 6, gone_error(999)],
         {"type": "pong"},
     )
 

@@ -167,7 +167,7 @@ async def _answer(
         return [{"type": "error", "detail": f"Unknown message type {named}."}]
     conversation_id = request.get("conversation_id")
     seq = request.get("seq")
-    if not _is_id(conversation_id) or (seq is not None and not isinstance(seq, int)):
+    if not _is_id(conversation_id) or (seq is not None and not _is_seq(seq)):
         return [
             {"type": "error", "detail": "subscribe needs an integer conversation_id (and seq)."}
         ]
@@ -241,6 +241,11 @@ async def _warm(supervisor: Supervisor, request: dict[str, Any]) -> Event:
     except ConversationError as error:
         return {"type": "error", "detail": str(error)}
     return {"type": "warm", "conversation_id": conversation_id, "agent": state}
+
+
+def _is_seq(value: Any) -> bool:
+    """A sequence number (true is not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_id(value: Any) -> bool:
