@@ -226,6 +226,21 @@ def test_create_conversation_invalid_422(relay: LiveRelay) -> None:
         422,
         ["extra_forbidden"],
     )
+    # Given empty, not left out: refused, not the default (an API review: a script's unset
+    # variable made a Claude Code conversation without a word).
+    empty = [
+        relay.http.post("/api/conversations", json=body)
+        for body in ({"provider": ""}, {"provider": "demo", "permission_mode": ""})
+    ]
+    assert [(r.status_code, r.json()) for r in empty] == [
+        (422, {"detail": f"Unknown provider ''; choose one of {ids}."}),
+        (422, {"detail": MODE_ERROR}),
+    ]
+    no_cwd = relay.http.post("/api/conversations", json={"provider": "demo", "cwd": ""})
+    assert (no_cwd.status_code, no_cwd.json()) == (
+        400,
+        {"detail": "The working directory must be an absolute path."},
+    )
     assert relay.http.get("/api/conversations").json()["conversations"] == []
 
 

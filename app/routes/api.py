@@ -77,7 +77,7 @@ async def ask_trust(provider: str, settings: Settings, cwd: Path) -> None:
 def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
     """The conversation's working directory: inside the allowed roots, existing; else 400."""
     try:
-        return usable_cwd(cwd or settings.cwd_default, settings.roots)
+        return usable_cwd(settings.cwd_default if cwd is None else cwd, settings.roots)
     except WorkspaceError as error:
         raise HTTPException(400, str(error)) from None
 
@@ -146,7 +146,10 @@ async def create_conversation(
     """Start a conversation."""
     settings = _settings(request)
     infos = {info.id: info for info in provider_infos(settings)}
-    provider = body.provider or default_provider(settings, list(infos.values()))
+    # Left out: the default. Given empty: refused (a script's unset variable, not a choice).
+    provider = body.provider
+    if provider is None:
+        provider = default_provider(settings, list(infos.values()))
     if provider not in infos:
         raise HTTPException(
             422, f"Unknown provider {provider!r}; choose one of {', '.join(infos)}."
@@ -155,7 +158,7 @@ async def create_conversation(
         raise HTTPException(
             409, f"{infos[provider].name} cannot run here: {infos[provider].reason}"
         )
-    mode = body.permission_mode or settings.permission_mode
+    mode = settings.permission_mode if body.permission_mode is None else body.permission_mode
     if mode not in PERMISSION_MODES:
         raise HTTPException(422, f"permission_mode must be one of: {', '.join(PERMISSION_MODES)}.")
     if (refused := mode_refused(provider, mode, settings)) is not None:
