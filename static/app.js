@@ -530,6 +530,8 @@ function onRemoved(id) {
     const typed = state.drafts.get(id) || '';
     state.drafts.delete(id);
     showMissing('This conversation was deleted.', typed);
+    // Its address no longer names anything: a reload opens the list's newest, not a 404.
+    if (pathId() === id) history.replaceState(null, '', '/');
   } else if ((state.drafts.get(id) || '').trim() && known) {
     // Typed in, then left for another: the text is kept at its address (openConversation).
     toast(`“${isolate(known.title || 'Untitled')}” was deleted; what you had typed in it is kept.`, {
