@@ -840,7 +840,11 @@ async function loadEarlier() {
   const cur = state.current;
   const before = timeline.pageBefore();
   if (!cur || !cur.loaded || before == null) return;
-  byId('load-earlier').disabled = true;
+  const button = byId('load-earlier');
+  // Pressed from the keyboard: the focus stays on it, or goes to the timeline once it is gone
+  // (disabled meanwhile, then hidden, it left the focus to the page's body).
+  const focused = document.activeElement === button;
+  button.disabled = true;
   try {
     const { data } = await api(`/api/conversations/${cur.id}?limit=200&before=${before}`);
     if (state.current === cur) {
@@ -848,8 +852,9 @@ async function loadEarlier() {
     }
   } catch (err) {
     toast(err.message);
-    byId('load-earlier').disabled = false;
+    button.disabled = false;
   }
+  if (focused && state.current === cur) (button.hidden ? byId('timeline') : button).focus({ preventScroll: true });
 }
 
 // ---- the chat's header, notices and banner -----------------------------------------------------

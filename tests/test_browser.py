@@ -1115,8 +1115,10 @@ def test_a_long_queue_leaves_every_page_its_history(pages: Pages, relay: LiveRel
         expect(replies).to_have_count(200)  # a whole page of the turn's replies (10 to 209)
         expect(page.get_by_test_id("queued-badge")).to_have_count(100)  # then the queue's next
         expect(user_bubble(page, "long turn")).to_have_count(0)
-        by_id(page, "load-earlier").click()
+        by_id(page, "load-earlier").focus()
+        page.keyboard.press("Enter")
         expect(user_bubble(page, "long turn")).to_have_count(1)
+        expect(by_id(page, "timeline")).to_be_focused()  # the button gone (a review: the body)
         expect(replies.filter(has_text="done: hello")).to_have_count(1)
         expect(page.get_by_test_id("queued-badge")).to_have_count(100)  # none twice
     finally:
