@@ -124,7 +124,7 @@ export class HandoffSection {
     byId('handoff-edit').addEventListener('click', () => this.edit());
     byId('handoff-cancel').addEventListener('click', () => {
       this.drafts.delete(this.convId);
-      this.show();
+      this.shown();
     });
     for (const id of ['handoff-done', 'handoff-next', 'handoff-files']) {
       byId(id).addEventListener('input', () => this.drafts.set(this.convId, this.typed()));
@@ -175,6 +175,13 @@ export class HandoffSection {
     edit.textContent = handoff ? 'Edit' : 'Write a handoff';
   }
 
+  /** Back from the form (saved or cancelled): the focus goes to Edit, not to the page's body
+   *  (the form it was in is hidden). */
+  shown() {
+    this.show();
+    byId('handoff-edit').focus();
+  }
+
   /** The agent saved a handoff while the modal is open (and not being edited): show it. */
   onEntry(convId, entry) {
     const saved = entry.data && entry.data.type === 'handoff';
@@ -208,7 +215,7 @@ export class HandoffSection {
       this.drafts.delete(convId);
       if (this.convId !== convId) return;
       this.handoff = data.handoff;
-      this.show();
+      this.shown();
     } catch (err) {
       const error = byId('handoff-error');
       error.textContent = err.message;

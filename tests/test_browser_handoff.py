@@ -204,6 +204,7 @@ def test_a_handoff_being_written_survives_the_modal_closing(pages: Pages, relay:
     expect(by_id(page, "handoff-done")).to_have_value("The parser")
     expect(by_id(page, "handoff-next")).to_have_value("Its tests")
     by_id(page, "handoff-cancel").click()  # Cancel lets it go
+    expect(by_id(page, "handoff-edit")).to_be_focused()  # (a review: the page's body had it)
     by_id(page, "context-close").click()
     by_id(page, "context-button").click()
     expect(by_id(page, "handoff-edit")).to_have_text("Write a handoff")
@@ -212,8 +213,10 @@ def test_a_handoff_being_written_survives_the_modal_closing(pages: Pages, relay:
     # Save lets it go too: reopened, the modal shows the handoff saved, not a form.
     by_id(page, "handoff-edit").click()
     by_id(page, "handoff-done").fill("The lexer")
-    by_id(page, "handoff-save").click()
+    by_id(page, "handoff-save").focus()
+    page.keyboard.press("Enter")  # saved from the keyboard
     expect(by_id(page, "handoff-text")).to_contain_text("The lexer")
+    expect(by_id(page, "handoff-edit")).to_be_focused()
     by_id(page, "context-close").click()
     by_id(page, "context-button").click()
     expect(by_id(page, "handoff-text")).to_contain_text("The lexer")
