@@ -27,6 +27,13 @@ export class Search {
       }
     });
     this.results.addEventListener('keydown', (e) => {
+      if (e.key === 'Escape') { // as in the box: the results go, the box empty, its focus back
+        e.preventDefault();
+        e.stopPropagation();
+        this.clear();
+        this.input.focus();
+        return;
+      }
       if (e.key !== 'ArrowDown' && e.key !== 'ArrowUp') return;
       const hits = [...this.results.querySelectorAll('.search-hit')];
       const at = hits.indexOf(document.activeElement);

@@ -49,14 +49,18 @@ def test_search_opens_the_message_scrolled_and_highlighted(pages: Pages, relay: 
     expect(hit.locator("mark")).to_have_text("xylophone")
     expect(hit).to_contain_text("we chose the <b>xylophone</b> plan")  # text, never markup
     expect(hit).to_contain_text("Long one")
-    hit.click()
+    by_id(page, "search-input").press("ArrowDown")  # from the keyboard: the hit, then Enter
+    expect(hit).to_be_focused()
+    page.keyboard.press("Enter")
     expect(page).to_have_url(re.compile(rf"/c/{cid}$"))
     target = page.locator(f'#entries [data-entry-id="{entry_id}"]')
     expect(target).to_have_class(re.compile(r"\bsearch-target\b"))
     expect(target).to_be_in_viewport()
-    by_id(page, "search-input").press("Escape")
+    page.keyboard.press("Escape")  # on the hit, as in the box (a review: it did nothing)
     expect(by_id(page, "search-results")).to_be_hidden()
     expect(by_id(page, "conversation-list")).to_be_visible()
+    expect(by_id(page, "search-input")).to_be_focused()
+    expect(by_id(page, "search-input")).to_have_value("")
     pages.assert_clean()
 
 
