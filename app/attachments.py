@@ -32,13 +32,16 @@ def body_limit(method: str, path: str, default: int) -> int:
     return MAX_IMAGE_BYTES if method == "POST" and UPLOAD_PATH.fullmatch(path) else default
 
 
-def is_image_upload(path: str, content_type: str) -> bool:
-    """An image's bytes sent to the upload route (a type a page cannot send cross-origin
+def is_upload(path: str) -> bool:
+    """The route images are uploaded to (its body an image's bytes, not JSON)."""
+    return UPLOAD_PATH.fullmatch(path) is not None
+
+
+def is_image_type(content_type: str) -> bool:
+    """A Content-Type an image's bytes may come with (one a page cannot send cross-origin
     without a preflight, which the relay never grants: safe from forged requests)."""
     kind = content_type.split(";")[0].strip().lower()
-    return UPLOAD_PATH.fullmatch(path) is not None and (
-        kind.startswith("image/") or kind == "application/octet-stream"
-    )
+    return kind.startswith("image/") or kind == "application/octet-stream"
 
 
 @dataclass(frozen=True)

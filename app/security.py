@@ -25,7 +25,7 @@ import anyio
 from sqlalchemy.exc import OperationalError
 from starlette.requests import cookie_parser
 
-from app.attachments import body_limit, is_image_upload
+from app.attachments import body_limit, is_image_type, is_upload
 from app.db import unavailable
 from app.sessions import LIFETIME, Sessions
 
@@ -345,7 +345,10 @@ class Guard:
             if length is None and "transfer-encoding" in headers:
                 return 411, "Send a Content-Length header.", []
             kind = headers.get("content-type", "")
-            if int(length or 0) > 0 and not (_is_json(kind) or is_image_upload(path, kind)):
+            if int(length or 0) > 0 and is_upload(path):
+                if not is_image_type(kind):
+                    return 415, "An image is uploaded as image/… or application/octet-stream.", []
+            elif int(length or 0) > 0 and not _is_json(kind):
                 return 415, "The API accepts application/json only.", []
         return None
 

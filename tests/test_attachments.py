@@ -132,8 +132,14 @@ def test_what_is_not_an_image_is_refused_and_nothing_is_stored(relay: LiveRelay)
     svg = upload(relay, cid, SVG, "image/svg+xml")
     assert svg.status_code == 415
     assert svg.json()["detail"] == "Only PNG, JPEG, GIF or WebP images can be attached."
-    text = upload(relay, cid, png(), "text/plain")  # not an image type: refused at the door
-    assert text.status_code == 415
+    # Not an image type: refused at the door, saying what the route takes (a review: "The API
+    # accepts application/json only", and JSON was taken).
+    for kind in ("text/plain", "application/json"):
+        wrong = upload(relay, cid, png(), kind)
+        assert (wrong.status_code, wrong.json()) == (
+            415,
+            {"detail": "An image is uploaded as image/… or application/octet-stream."},
+        ), kind
     # A type a browser sends for a file it does not know: taken, the bytes decide.
     assert upload(relay, cid, GIF, "application/octet-stream").json()["media_type"] == "image/gif"
     big = upload(relay, cid, png() + b"\x00" * MAX_IMAGE_BYTES)
