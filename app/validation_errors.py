@@ -36,11 +36,13 @@ def _finite(value: Any) -> Any:
 def unreadable_json(error: BaseException, what: str) -> str | None:
     """Why Python would not read JSON that parses (what: "The message", "The request body").
 
-    An integer of over 4,300 digits is a ValueError; "[[[[…" thousands deep, a RecursionError.
-    None for any other error.
+    An integer of over 4,300 digits is a ValueError; "[[[[…" thousands deep, a RecursionError;
+    bytes that are not UTF-8, a UnicodeDecodeError. None for any other error.
     """
     if isinstance(error, RecursionError):
         return f"{what} is nested too deeply."
+    if isinstance(error, UnicodeDecodeError):  # JSON is text: UTF-8 (or UTF-16 or -32)
+        return f"{what} is not UTF-8 text."
     if isinstance(error, ValueError) and "digits" in str(error):
         return f"{what} holds a number too long."
     return None

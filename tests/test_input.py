@@ -85,9 +85,10 @@ def test_bad_working_directory_is_a_400_and_stores_nothing(relay: LiveRelay, cas
 SURROGATE_MESSAGE = "The text is not valid Unicode (it holds a lone surrogate such as \\ud800)."
 
 
-def post_raw(client: httpx.Client, method: str, path: str, body: str) -> httpx.Response:
+def post_raw(client: httpx.Client, method: str, path: str, body: str | bytes) -> httpx.Response:
     """Send a JSON body as written (json.dumps would escape what we want to send)."""
-    return client.request(method, path, content=body.encode(), headers=JSON_HEADERS)
+    content = body.encode() if isinstance(body, str) else body
+    return client.request(method, path, content=content, headers=JSON_HEADERS)
 
 
 HANDOFF_FILE = '{"done": "a", "next": "b", "files": ["ok.py", "\\ud800.py"]}'
@@ -250,6 +251,7 @@ def test_deeply_nested_json_body_is_a_4xx(relay: LiveRelay) -> None:
     for sent, said in (
         (body, "The request body is nested too deeply."),
         (long_number, "The request body holds a number too long."),
+        (b'{"text": "\xff\xfe"}', "The request body is not UTF-8 text."),  # (an API review)
     ):
         with fresh_client(relay) as client:
             response = post_raw(client, "POST", f"/api/conversations/{cid}/messages", sent)
