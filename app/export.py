@@ -10,7 +10,7 @@ from typing import Any, Literal
 from sqlmodel import Session, col, select
 
 from app.models import Conversation, Entry
-from app.views import conversation_view
+from app.views import conversation_view, utc_text
 
 ExportFormat = Literal["md", "jsonl"]
 MEDIA_TYPES = {"md": "text/markdown; charset=utf-8", "jsonl": "application/x-ndjson"}
@@ -108,7 +108,7 @@ def jsonl_lines(conversation: Conversation, entries: Iterator[Entry]) -> Iterato
                 "state": entry.state,
                 "text": entry.text,
                 "data": entry.data,
-                "created_at": entry.created_at.isoformat(),
+                "created_at": utc_text(entry.created_at),
             }
         )
 

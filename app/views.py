@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from typing import Any
 
 from app.models import Conversation, ConversationPublic, Entry, EntryPublic
 from app.providers import WINDOW_PROVIDERS
 from app.render import render_markdown, render_partial
 from app.window import ENV_VAR, ResolvedWindow, engine_window, resolve_window
+
+
+def utc_text(moment: datetime) -> str:
+    """A time as every answer gives one: ISO 8601 in UTC ending in Z (pydantic's own form)."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def entry_view(entry: Entry, text: str | None = None) -> dict[str, Any]:

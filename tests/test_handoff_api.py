@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,6 +47,8 @@ def test_handoff_command_saves_a_handoff_and_shows_a_card(relay: LiveRelay) -> N
     stored = relay.http.get(f"/api/conversations/{cid}/handoff").json()
     assert stored["handoff"]["done"] == "Talked with the demo agent, which quoted every message."
     assert stored["handoff"]["source"] == "agent"
+    # In UTC with a Z, as every other time the API gives (an API review: "+00:00" here only).
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", stored["handoff"]["created_at"])
 
 
 def test_clear_carries_the_latest_handoff_and_moves_every_tab(relay: LiveRelay) -> None:

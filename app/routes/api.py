@@ -42,7 +42,7 @@ from app.supervisor.commands import DEFAULT_TITLE
 from app.supervisor.pool import ModelRefused
 from app.trust import trust_question, untrusted_settings
 from app.unicode_text import has_visible_character
-from app.views import conversation_view, entry_view
+from app.views import conversation_view, entry_view, utc_text
 from app.window import validate_setting
 from app.workspace import WorkspaceError, usable_cwd
 
@@ -373,7 +373,7 @@ def handoff_view(handoff: Handoff | None) -> dict[str, Any] | None:
         "files": list(handoff.files),
         "source": handoff.source,
         "conversation_id": handoff.conversation_id,
-        "created_at": handoff.created_at.isoformat(),
+        "created_at": utc_text(handoff.created_at),
     }
 
 

@@ -18,7 +18,7 @@ from app.models import Conversation
 from app.providers import agent_env, mode_refused, provider_infos
 from app.routes.api import SupervisorDep, ask_trust, resolve_cwd
 from app.supervisor import Supervisor
-from app.views import conversation_view
+from app.views import conversation_view, utc_text
 
 router = APIRouter(prefix="/api")
 SessionId = Annotated[str, PathParam(pattern=imports.SESSION_ID.pattern, max_length=36)]
@@ -59,7 +59,7 @@ async def list_claude_sessions(request: Request, supervisor: SupervisorDep) -> d
                 "session_id": s.session_id,
                 "cwd": s.cwd,
                 "title": s.title,
-                "updated_at": datetime.fromtimestamp(s.updated_at, UTC).isoformat(),
+                "updated_at": utc_text(datetime.fromtimestamp(s.updated_at, UTC)),
                 "size": s.size,
                 "conversation_id": held.get(s.session_id),
             }
