@@ -460,5 +460,11 @@ def test_docs_rows_come_from_the_schema(relay: LiveRelay) -> None:
     create = rows[("POST", "/api/conversations")]
     assert Field("title", "body", "string or null", False) in create.fields
     assert create.statuses == ["201", "422"]
+    # (an API review: /compact's 201 was missing)
+    assert rows[("POST", "/api/conversations/{conversation_id}/messages")].statuses == [
+        "202",
+        "201",
+        "422",
+    ]
     listing = rows[("GET", "/api/conversations")]
     assert Field("status", "query", "active | archived", False) in listing.fields

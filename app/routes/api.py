@@ -274,7 +274,11 @@ async def get_context(conversation_id: ConversationId, supervisor: SupervisorDep
     )
 
 
-@router.post("/conversations/{conversation_id}/messages", status_code=202)
+@router.post(
+    "/conversations/{conversation_id}/messages",
+    status_code=202,
+    responses={201: {"description": '`/compact` or `/clear` alone: `{"compacted_into": …}`'}},
+)
 async def send_message(
     conversation_id: ConversationId,
     body: MessageCreate,
