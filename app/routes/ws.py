@@ -244,10 +244,10 @@ async def _warm(supervisor: Supervisor, request: dict[str, Any]) -> Event:
 
 
 def _is_seq(value: Any) -> bool:
-    """A sequence number (true is not 1)."""
+    """An integer (true is not 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_id(value: Any) -> bool:
     """A conversation id SQLite can hold."""
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**63
+    return _is_seq(value) and 1 <= value < 2**63
