@@ -1307,19 +1307,19 @@ def test_a_long_queue_takes_no_place_in_a_page(relay: LiveRelay) -> None:
     Holding.go_on.clear()
     for n in range(21):  # the first runs (and waits), 20 queue behind it
         assert relay.send(cid, f"m{n}").status_code == 202
-    pages = []
+    pages, queues = [], []
     before = None
     while True:
         params = {"limit": 2} if before is None else {"limit": 2, "before": before}
         view = relay.http.get(f"/api/conversations/{cid}", params=params).json()
         pages.append([e["text"] for e in view["timeline"] if e["state"] != "queued"])
-        queued = [e["text"] for e in view["timeline"] if e["state"] == "queued"]
+        queues.append([e["text"] for e in view["timeline"] if e["state"] == "queued"])
         if not view["has_more"]:
             break
         before = view["earlier"]
     Holding.go_on.set()  # (before the checks: a failed one must not hold the relay's stop)
     assert pages == [["got h1", "m0"], ["got h0", "h1"], ["h0"]]
-    assert queued == [f"m{n}" for n in range(1, 21)]  # on every page, after it
+    assert queues == [[f"m{n}" for n in range(1, 21)]] * 3  # on every page, after it
     assert relay.wait_idle(cid, timeout=60)["timeline"][-1]["text"] == "got m20"
 
 
