@@ -16,11 +16,22 @@ def listed_problems(errors: Sequence[Any], limit: int = MAX_PROBLEMS) -> list[An
     Numbers JSON cannot hold (NaN, Infinity: Python's parser takes them, and a problem
     quotes its input) become their names as strings.
     """
-    listed = [_finite(error) for error in errors[:limit]]
+    listed = [_finite(_worded(error)) for error in errors[:limit]]
     if len(errors) > limit:
         left = len(errors) - limit
         listed.append({"type": "more", "loc": [], "msg": f"{left} more problems not listed."})
     return listed
+
+
+def _worded(error: Any) -> Any:
+    """A text over its length said as pydantic says it of a plain string: the relay's text
+    types check their characters first, and pydantic then counts "items"."""
+    if not isinstance(error, dict) or error.get("type") != "too_long":
+        return error
+    if not isinstance(error.get("input"), str) or "max_length" not in error.get("ctx", {}):
+        return error
+    said = f"String should have at most {error['ctx']['max_length']} characters"
+    return {**error, "msg": said}
 
 
 def _finite(value: Any) -> Any:

@@ -244,6 +244,17 @@ def test_create_conversation_invalid_422(relay: LiveRelay) -> None:
     assert relay.http.get("/api/conversations").json()["conversations"] == []
 
 
+def test_a_text_too_long_is_said_in_characters(relay: LiveRelay) -> None:
+    # (an API review: pydantic said "at most 200 items after validation" of a title)
+    response = relay.http.post("/api/conversations", json={"title": "a" * 201})
+    assert response.status_code == 422
+    (problem,) = response.json()["detail"]
+    assert (problem["loc"], problem["msg"]) == (
+        ["body", "title"],
+        "String should have at most 200 characters",
+    )
+
+
 def test_create_conversation_cwd_inside_roots(relay: LiveRelay) -> None:
     root = relay.settings.roots[0]
     inside = root / "work" / "project"
