@@ -268,6 +268,20 @@ function questionGroup(entryId, question, index) {
   return { question: question.question, fieldset, value };
 }
 
+/** Where pills of this height go on a rail this high, each as near its line's place as it can
+ *  be without covering another (close lines, or several pushed to an end, overlapped: a phone
+ *  with its keyboard up). Only when they cannot all fit do they overlap, at the top. */
+export function spacedTops(wanted, height, railHeight) {
+  const edge = Math.max(1, (24 - height) / 2 + 1); // the target's margin stays on the rail
+  const lowest = railHeight - height - edge;
+  const gap = Math.max(height, 24) + 2;
+  const tops = wanted.map((top) => Math.max(edge, Math.min(top, lowest)));
+  for (let i = 1; i < tops.length; i += 1) tops[i] = Math.max(tops[i], tops[i - 1] + gap);
+  if (tops.length && tops[tops.length - 1] > lowest) tops[tops.length - 1] = lowest;
+  for (let i = tops.length - 2; i >= 0; i -= 1) tops[i] = Math.min(tops[i], tops[i + 1] - gap);
+  return tops.map((top) => Math.max(edge, top));
+}
+
 // Whether the last input was a key (not a pointer): an answer given by keyboard gives the
 // keyboard back; a tap must not focus the composer (a phone would raise its keyboard).
 let byKeyboard = false;
@@ -851,7 +865,7 @@ export class Timeline {
     const total = this.scroller.scrollHeight;
     const railHeight = this.rail.clientHeight;
     const pills = [...this.rail.children];
-    lines.forEach((line, index) => {
+    const drawn = lines.map((line, index) => {
       let pill = pills[index];
       if (!pill) {
         pill = h('button', { type: 'button', class: 'compaction-pill', testid: 'compaction-pill' },
@@ -859,11 +873,15 @@ export class Timeline {
         pill.addEventListener('click', () => this.reveal(this.pillLines[+pill.dataset.index]));
         this.rail.append(pill);
       }
+      return pill;
+    });
+    const tops = spacedTops(lines.map((line) => (total > 0 ? (line.offsetTop / total) * railHeight : 0)),
+      drawn[0] ? drawn[0].offsetHeight : 0, railHeight);
+    lines.forEach((line, index) => {
+      const pill = drawn[index];
       const text = line.querySelector('.line-text');
-      const top = total > 0 ? (line.offsetTop / total) * railHeight : 0;
       pill.dataset.index = index;
-      const edge = Math.max(1, (24 - pill.offsetHeight) / 2 + 1); // the target's margin stays on the rail
-      pill.style.top = `${Math.max(edge, Math.min(top, railHeight - pill.offsetHeight - edge))}px`;
+      pill.style.top = `${tops[index]}px`;
       // Labelled with the line's numbers: shown beside the pill, and read out.
       const label = text.title ? `${text.textContent} (${text.title})` : text.textContent;
       if (pill.firstChild.textContent !== text.textContent) pill.firstChild.textContent = text.textContent;

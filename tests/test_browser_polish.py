@@ -7,6 +7,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -688,6 +689,27 @@ def test_compaction_pill_is_labelled_and_a_touch_target(pages: Pages, relay: Liv
     expect(label).to_have_text(by_id(desktop, "compaction-line").inner_text())
     by_id(phone, "compaction-pill").tap()
     expect(by_id(phone, "compaction-line")).to_be_in_viewport()
+    pages.assert_clean()
+
+
+def test_pills_of_close_compactions_do_not_cover_each_other(pages: Pages, relay: LiveRelay) -> None:
+    # A review: seven auto-compactions on a phone with its keyboard up (390x480): the pills of
+    # close lines, and those pushed to the rail's end, were drawn over each other.
+    use_script(relay, _compact_then_talk)
+    cid = relay.create(title="Close pills")["id"]
+    # A long history, then five compactions a reply apart: near each other on a short rail.
+    for text in [f"talk {n}" for n in range(20)] + ["compact"] * 5:
+        relay.send(cid, text)
+        relay.wait_idle(cid)
+    page = pages.open(relay, f"/c/{cid}", **{**PHONE, "viewport": {"width": 390, "height": 480}})
+    pills = by_id(page, "compaction-pill")
+    expect(pills).to_have_count(5)
+    boxes = [pills.nth(n).bounding_box() for n in range(5)]
+    tops = sorted((b["y"], b["y"] + b["height"]) for b in boxes if b is not None)
+    assert len(tops) == 5
+    assert all(below[0] >= above[1] for above, below in pairwise(tops)), tops
+    for n in range(5):
+        assert pills.nth(n).evaluate(HITS_SQUARE), n  # each still a whole touch target
     pages.assert_clean()
 
 
