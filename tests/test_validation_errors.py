@@ -36,13 +36,23 @@ def test_nan_or_infinity_in_a_body_gets_422_and_the_connection_serves_on(
     bodies = [
         ("POST", f"/api/conversations/{cid}/messages", b'{"text": NaN}'),
         ("POST", "/api/conversations", b'{"title": Infinity}'),
-        ("PATCH", f"/api/conversations/{cid}", b'{"auto_compact_window": -Infinity}'),
+        (
+            "POST",
+            f"/api/conversations/{cid}/messages",
+            b'{"text": "a", "attachments": [-Infinity]}',
+        ),
     ]
     for method, path, body in bodies:
         answer = relay.http.request(method, path, content=body, headers=headers)
         assert answer.status_code == 422, answer.text
         assert answer.json()["detail"][0]["input"] in ("NaN", "Infinity", "-Infinity")
         assert relay.http.get("/healthz").status_code == 200  # on the same connection
+    # The window is judged as sent (not a notch), its value not quoted.
+    body = b'{"auto_compact_window": -Infinity}'
+    answer = relay.http.patch(f"/api/conversations/{cid}", content=body, headers=headers)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"].startswith("auto_compact_window must be one of")
+    assert relay.http.get("/healthz").status_code == 200
 
 
 def test_a_body_of_many_stray_keys_gets_a_short_422(relay: LiveRelay) -> None:
