@@ -4,7 +4,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import BigInteger, Connection, Integer, event, inspect, text
+from sqlalchemy import BigInteger, Connection, Integer, inspect, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
@@ -251,30 +251,3 @@ def search_hits(engine: Engine, word: str) -> list[int]:
             "SELECT rowid FROM entry_fts WHERE entry_fts MATCH ?", (word,)
         )
         return list(found.scalars())
-
-
-def test_a_timeline_page_is_read_from_the_index_of_what_pages_show(engine: Engine) -> None:
-    # A page is the last entries that are not queued: read from the partial index, a long
-    # queue is neither in the way nor read (the query must say its condition as the index does).
-    seen: list[tuple[str, object]] = []
-
-    def note(
-        _conn: object, _cursor: object, statement: str, parameters: object, *_: object
-    ) -> None:
-        seen.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", note)
-    try:
-        with get_session(engine) as session:
-            store.last_entries(session=session, conversation_id=1, limit=3, before_seq=10)
-    finally:
-        event.remove(engine, "before_cursor_execute", note)
-    (statement, parameters), *_ = [s for s in seen if "FROM entry" in s[0]]
-    with engine.connect() as connection:
-        if engine.dialect.name == "sqlite":
-            explain = f"EXPLAIN QUERY PLAN {statement}"
-        else:
-            connection.exec_driver_sql("SET enable_seqscan = off")  # (an empty table else)
-            explain = f"EXPLAIN {statement}"
-        plan = " ".join(str(row) for row in connection.exec_driver_sql(explain, parameters))
-    assert "ix_entry_conversation_shown_seq" in plan, plan

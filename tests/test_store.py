@@ -372,6 +372,11 @@ def test_delete_entry_removes_it(engine: Engine) -> None:
         assert session.exec(select(func.count()).select_from(Entry)).one() == 0
 
 
+# A page is the last entries that are not queued: read from the partial index of those, a long
+# queue is neither in the way nor read (the query must say its condition as the index does).
+PAGE_INDEX = "ix_entry_conversation_shown_seq"
+
+
 @pytest.mark.parametrize("before_seq", [None, 60])
 def test_last_entries_uses_index(engine: Engine, before_seq: int | None) -> None:
     conversation = new_conversation(engine)
@@ -403,7 +408,7 @@ def test_last_entries_uses_index(engine: Engine, before_seq: int | None) -> None
             plan = [
                 row[0] for row in connection.exec_driver_sql(f"EXPLAIN {statement}", parameters)
             ]
-        assert any("Index Scan Backward using uq_entry_conversation_seq" in s for s in plan), plan
+        assert any(f"Index Scan Backward using {PAGE_INDEX}" in s for s in plan), plan
         assert [step for step in plan if "Sort" in step or "Seq Scan" in step] == [], plan
         return
     with engine.connect() as connection:
@@ -411,5 +416,5 @@ def test_last_entries_uses_index(engine: Engine, before_seq: int | None) -> None
             row[3]
             for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)
         ]
-    assert any("USING INDEX" in step or "USING COVERING INDEX" in step for step in plan), plan
+    assert any(f"USING INDEX {PAGE_INDEX}" in step for step in plan), plan
     assert [step for step in plan if step.startswith("SCAN entry") or "TEMP B-TREE" in step] == []
