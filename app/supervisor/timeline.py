@@ -65,18 +65,20 @@ class Timeline(SupervisorState):
         if self.cluster is not None:  # the text as delivered here up to seq, owner or not
             live = self.hub.live_text(conversation_id)
         conversation = self._load(session, conversation_id)
+        # Queued messages are shown at the end, whichever page is asked for: the next
+        # QUEUED_SHOWN (the turn's `queued` counts them all), so that a queue of many large
+        # messages cannot make every read of the conversation as large. Read before the page:
+        # on PostgreSQL each statement sees the latest commits, and a message delivered
+        # between the two reads is then in the page (read after), not in neither.
+        queued = store.entries_in_state(
+            session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
+        )
         entries = store.last_entries(
             session=session, conversation_id=conversation_id, limit=limit + 1, before_seq=before_seq
         )
         has_more = len(entries) > limit
-        # Queued messages are shown at the end, whichever page is asked for: the next
-        # QUEUED_SHOWN (the turn's `queued` counts them all), so that a queue of many large
-        # messages cannot make every read of the conversation as large.
-        queued = store.entries_in_state(
-            session=session, conversation_id=conversation_id, state="queued", limit=QUEUED_SHOWN
-        )
         page = entries[-limit:]
-        entries = [*_page_without(page, queued), *queued]
+        entries = [*page, *_queue_without(queued, page)]
         view = conversation_view(conversation)
         view["backup"] = self.backups.latest(conversation_id)
         # Live text only for what is stored as streaming: a stored message's own text is whole
@@ -308,11 +310,11 @@ class Timeline(SupervisorState):
                 self._line(session, conversation, text, level=level)
 
 
-def _page_without(page: list[Entry], queued: list[Entry]) -> list[Entry]:
-    """A page of entries without the queued messages read on their own (a message queued
-    again between the two reads: on PostgreSQL each statement sees the latest commits)."""
-    ids = {entry.id for entry in queued}
-    return [entry for entry in page if entry.id not in ids]
+def _queue_without(queued: list[Entry], page: list[Entry]) -> list[Entry]:
+    """The queued messages read first, without those the page (read after) shows delivered:
+    on PostgreSQL each statement sees the latest commits."""
+    ids = {entry.id for entry in page}
+    return [entry for entry in queued if entry.id not in ids]
 
 
 def rolled_back(session: Session) -> None:
