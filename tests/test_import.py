@@ -84,6 +84,8 @@ def test_terminal_session_is_listed_imported_and_resumed(
     assert found["session_id"] == transcript.stem
     assert found["title"] == FIRST
     assert found["conversation_id"] is None
+    # In UTC with a Z, as every time the API gives (it ended in "+00:00" here)
+    assert found["updated_at"].endswith("Z") and "+" not in found["updated_at"]
 
     response = import_session(live, found["session_id"])
     assert response.status_code == 201, response.text

@@ -458,8 +458,9 @@ def test_export_json_lines_with_ancestors(relay: LiveRelay) -> None:
     exported = [
         line for line in lines if line["type"] == "entry" and line["conversation_id"] == cid
     ]
-    assert [(e["id"], e["seq"], e["kind"], e["text"]) for e in exported] == [
-        (e["id"], e["seq"], e["kind"], e["text"]) for e in old_entries
+    # (created_at as the API gives it, ending in Z: the export's said "+00:00")
+    assert [(e["id"], e["seq"], e["kind"], e["text"], e["created_at"]) for e in exported] == [
+        (e["id"], e["seq"], e["kind"], e["text"], e["created_at"]) for e in old_entries
     ]
 
 
