@@ -258,6 +258,10 @@ def test_deeply_nested_json_body_is_a_4xx(relay: LiveRelay) -> None:
         assert response.status_code == 400, response.text
         assert response.headers["content-type"] == "application/json"
         assert response.json() == {"detail": said}
+    with fresh_client(relay) as client:  # not JSON at all: a problem in the list (docs/api.md)
+        broken = post_raw(client, "POST", f"/api/conversations/{cid}/messages", '{"text": ')
+    assert broken.status_code == 422
+    assert [problem["type"] for problem in broken.json()["detail"]] == ["json_invalid"]
     assert relay.get(cid)["timeline"] == []
     missing = relay.http.get("/api/conversations/999999")  # other HTTP errors: as they were
     assert (missing.status_code, missing.json()) == (404, {"detail": "No conversation 999999."})
