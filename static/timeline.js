@@ -25,7 +25,7 @@ const CONTROL = /[\u202a-\u202e\u2066-\u2069]/;
 const CONTROL_WORD = /(\S*[\u202a-\u202e\u2066-\u2069]\S*)/; // split() keeps each at an odd index
 
 /** root with every word that holds a direction control isolated; root itself. */
-export function isolateControls(root) {
+function isolateControls(root) {
   if (!CONTROL.test(root.textContent)) return root;
   const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
   const found = [];
@@ -271,7 +271,7 @@ function questionGroup(entryId, question, index) {
 /** Where pills of this height go on a rail this high, each as near its line's place as it can
  *  be without covering another (close lines, or several pushed to an end, overlapped: a phone
  *  with its keyboard up). Only when they cannot all fit do they overlap, at the top. */
-export function spacedTops(wanted, height, railHeight) {
+function spacedTops(wanted, height, railHeight) {
   const edge = Math.max(1, (24 - height) / 2 + 1); // the target's margin stays on the rail
   const lowest = railHeight - height - edge;
   const gap = Math.max(height, 24) + 2;
