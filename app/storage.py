@@ -60,6 +60,7 @@ class Storage:
         self._syncs: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()
         self._syncer: threading.Thread | None = None
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="oarlock-db-read")
+        self._aside = ThreadPoolExecutor(1, thread_name_prefix="oarlock-db-aside")  # write_aside
         self._local = threading.local()  # .job: the writer's current job; .relaxed
         self.wal = _wal_file(engine)
         event.listen(engine, "before_cursor_execute", self._check_thread)
@@ -89,7 +90,8 @@ class Storage:
             if self._syncer is not None:
                 await asyncio.to_thread(self._syncer.join, 30)
             self._writer = self._syncer = None
-        await asyncio.to_thread(self._readers.shutdown, wait=True, cancel_futures=True)
+        for pool in (self._readers, self._aside):
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
     # -- running work --------------------------------------------------------------------------
 
@@ -119,9 +121,18 @@ class Storage:
         return future
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run fn in a reader thread (it must not write)."""
+        """Run fn in a reader thread (it must not write: see write_aside)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, partial(fn, *args, **kwargs))
+
+    async def write_aside(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a write in a thread of its own, in no order with the writer's jobs or the reads.
+
+        For a short write that must not wait behind them and keeps its own order with them
+        (the cluster's lease renewal: a job or a read may wait seconds on Redis).
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._aside, partial(fn, *args, **kwargs))
 
     def soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call fn on the loop: now when on it, after the current job's burst from the writer."""

@@ -242,8 +242,9 @@ def test_a_delete_on_another_node_while_the_owner_warms_up_stops_that_agent(
 def test_a_lease_lost_while_the_warm_up_starts_the_agent_stops_that_agent(
     two_nodes: tuple[LiveRelay, LiveRelay],  # noqa: F811
 ) -> None:
-    """y's warm-up is starting the agent when y's heartbeat finds the lease lost: the beat goes
-    on at once (it renews y's other leases), and the agent is closed once started."""
+    """y's warm-up is starting the agent when y's renewal finds the lease lost: the renewal
+    ends at once (the next one is due a third of a lease later), and the agent is closed once
+    started."""
     _x, y = two_nodes
     y.supervisor.agent_factory = lambda _p, spec, _s: SlowStart(spec)
     SlowStart.go.clear()
@@ -259,8 +260,8 @@ def test_a_lease_lost_while_the_warm_up_starts_the_agent_stops_that_agent(
             connection.execute(
                 sql("UPDATE lease SET node = 'z' WHERE conversation_id = :c"), {"c": cid}
             )
-        beat = asyncio.run_coroutine_threadsafe(node._beat(), y.supervisor.storage.loop)
-        beat.result(TIMEOUT)  # (before: it waited for the agent's start)
+        renewal = asyncio.run_coroutine_threadsafe(node._renew_now(), y.supervisor.storage.loop)
+        renewal.result(TIMEOUT)  # (before: it waited for the agent's start)
         assert cid not in node.held
     finally:
         SlowStart.go.set()

@@ -36,8 +36,10 @@ def streaming(view: dict[str, Any]) -> bool:
 
 def test_a_turn_streaming_through_a_redis_pause_ends_whole_on_its_owner(tmp_path: Path) -> None:
     with cluster(tmp_path) as nodes:
-        # A slower demo: its 220 pieces take about 11 s, the pause falls inside.
-        owner, _other = nodes.start(2, OARLOCK_DEMO_DELAY="0.05")
+        # A slower demo: its 220 pieces take about 11 s, the pause falls inside. A lease of 2 s
+        # is shorter than a storage job waiting on Redis (2 s) plus a heartbeat: renewed behind
+        # such jobs, it lapsed, and the other node took the turn over (every time, before).
+        owner, _other = nodes.start(2, OARLOCK_DEMO_DELAY="0.05", OARLOCK_LEASE_SECONDS="2")
         cid = streaming_story(owner)
         redis = nodes.redis.process
         assert redis is not None

@@ -351,30 +351,54 @@ class Sending:
         return self.sent[0]
 
 
-def test_a_lease_taken_while_the_heartbeat_renews_stays_held(
+def test_a_lease_taken_while_the_leases_are_renewed_stays_held(
     two_nodes: tuple[LiveRelay, LiveRelay],
 ) -> None:
-    """A message's job takes a conversation's lease right after the heartbeat's renewal, in the
-    same burst of the writer: the beat must not count that lease lost.
+    """A message's job takes a conversation's lease while the renewal's UPDATE runs (in its
+    own thread, beside the writer): the renewal must not count that lease lost.
 
-    It did (a cluster reliability run left a message unanswered): the beat compared what the
-    node held once the renewal was answered, the new lease included, with what the renewal had
-    kept. The node forgot the conversation while its lease row stayed the node's, renewed at
-    every beat after, so no node ever ran it again.
+    It did once (a cluster reliability run left a message unanswered): the renewal compared
+    what the node held once it was answered, the new lease included, with what it had kept.
+    The node forgot the conversation while its lease row stayed the node's, renewed at every
+    beat after, so no node ever ran it again.
     """
     _x, y = two_nodes
-    cid = y.create(title="Renewed")["id"]
     storage, node = y.supervisor.storage, y.supervisor.cluster
-    with writer_held(storage) as queued:
-        beat = asyncio.run_coroutine_threadsafe(node._beat(), storage.loop)
-        queued(1)  # the renewal
-        sending = Sending(y, cid)
-        queued(2)  # the message, whose job takes the lease (claim_here)
-    beat.result(TIMEOUT)
+    other = y.create(title="Held already")  # (a renewal with nothing held asks nothing)
+    claimed = storage.write(node.claim_here, other["id"], other["cwd"])
+    asyncio.run_coroutine_threadsafe(claimed, storage.loop).result(TIMEOUT)
+    cid = y.create(title="Renewed")["id"]
+    renewing = Pause(y, lambda statement, _params: "UPDATE lease" in statement, "oarlock-db-aside")
+    renewing.armed = True
+    renewal = asyncio.run_coroutine_threadsafe(node._renew_now(), storage.loop)
+    assert renewing.reached.wait(TIMEOUT), "the leases were never renewed"
+    sending = Sending(y, cid)  # its job takes the lease (claim_here) in the writer meanwhile
+    deadline = time.monotonic() + TIMEOUT
+    while cid not in node.held:
+        assert time.monotonic() < deadline, "the message's job never took the lease"
+        time.sleep(0.01)
+    renewing.release.set()
+    renewal.result(TIMEOUT)
     assert sending.answer().status_code == 202
     assert cid in node.held
     view = y.wait_for(cid, lambda v: any(e["kind"] == "agent" for e in v["timeline"]))
     assert [e["state"] for e in view["timeline"] if e["kind"] == "user"] == ["sent"]
+
+
+def test_the_leases_are_renewed_while_the_writer_waits(
+    two_nodes: tuple[LiveRelay, LiveRelay],
+) -> None:
+    """The renewal does not wait behind the writer's jobs: a job waiting on Redis (up to 2 s
+    each while it answers nothing) held it back, and a lease lapsed under a running turn."""
+    _x, y = two_nodes
+    made = y.create(title="Renewed beside the writer")
+    storage, node = y.supervisor.storage, y.supervisor.cluster
+    claimed = storage.write(node.claim_here, made["id"], made["cwd"])
+    asyncio.run_coroutine_threadsafe(claimed, storage.loop).result(TIMEOUT)
+    with writer_held(storage):
+        renewal = asyncio.run_coroutine_threadsafe(node._renew_now(), storage.loop)
+        assert renewal.result(TIMEOUT) is None
+    assert made["id"] in node.held
 
 
 def test_a_lease_a_message_needs_is_not_given_back_as_idle(
@@ -395,29 +419,13 @@ def test_a_lease_a_message_needs_is_not_given_back_as_idle(
     claimed = storage.write(node.claim_here, cid, made["cwd"])
     asyncio.run_coroutine_threadsafe(claimed, storage.loop).result(TIMEOUT)
     assert cid in node.held and node._idle(cid)  # held, with nothing live: a beat releases it
-    # The renewal is held in the writer (a burst of its own) while the message's job and a
-    # gate are queued: they are the next burst, which the gate holds until the beat, its
-    # renewal answered, has queued its release behind them.
-    renewing = Pause(y, lambda statement, _params: "UPDATE lease" in statement, after=True)
-    renewing.armed = True
-    beat = asyncio.run_coroutine_threadsafe(node._beat(), storage.loop)
-    assert renewing.reached.wait(TIMEOUT), "the beat never renewed"
-    between, taken = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        taken.set()
-        between.wait(TIMEOUT)
-
-    gate = asyncio.run_coroutine_threadsafe(storage.write(hold), storage.loop)
-    queued = jobs_queued(storage)
-    queued(1)
-    sending = Sending(y, cid)
-    queued(2)  # the message, behind the gate
-    renewing.release.set()
-    assert taken.wait(TIMEOUT)  # the next burst taken (gate, message)
-    queued(1)  # then the beat's release queued behind it
-    between.set()
-    gate.result(TIMEOUT)
+    # The message's job and then the beat's release are queued while the writer is held:
+    # they run as one burst, in that order, once it lets go.
+    with writer_held(storage) as queued:
+        sending = Sending(y, cid)
+        queued(1)  # the message
+        beat = asyncio.run_coroutine_threadsafe(node._beat(), storage.loop)
+        queued(2)  # the beat's release, behind it
     beat.result(TIMEOUT)
     assert sending.answer().status_code == 202
     assert cid in node.held

@@ -5,8 +5,9 @@ the conversation's lease (leases.py). It runs the conversation if it gets it; ot
 sends a wake-up on the control channel (Redis pub/sub), and the owner delivers the queue from
 the database. Stop, a permission answer and a warm-up reach the owner the same way; a Stop
 (in Redis) and an answer (in the database) are recorded too, for the owner's heartbeat to
-find when their notice is lost. A heartbeat every third of OARLOCK_LEASE_SECONDS renews this
-node's leases, gives back those of conversations with nothing live here, and takes over
+find when their notice is lost. Every third of OARLOCK_LEASE_SECONDS this node renews its
+leases (in a task and a thread of their own: nothing else the node waits on holds a renewal
+back), and a heartbeat gives back those of conversations with nothing live here and takes over
 conversations with work whose lease expired (a dead node's): what it left open is closed as
 after a restart, the queue is delivered, and the agent resumes its session, or starts a new
 one seeded with the carry-over summary when the session's files are not reachable from this
@@ -40,6 +41,7 @@ from app.agents.transcript import config_dir
 from app.cluster import alive, leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub, cancel_all
 from app.cluster.failures import SharedFailureLimiter
+from app.cluster.held import Held
 from app.cluster.presence import Presence
 from app.config import Settings
 from app.providers import agent_env
@@ -114,7 +116,7 @@ class ClusterNode:
         self.supervisor = supervisor
         self.node = settings.node_id or default_node_id()
         self.seconds = settings.lease_seconds
-        self.held: set[int] = set()
+        self.held = Held()  # the conversations this node runs (their leases)
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=TIMEOUT)
         self.presence = Presence(self.redis, self.node, self.seconds)
         self.alive = alive.instance(settings.token)  # its node's key's value (alive.py)
@@ -154,6 +156,7 @@ class ClusterNode:
         """Listen on the control channel, start the heartbeat (which takes orphans at once)."""
         self._tasks = [
             asyncio.create_task(self._listen(), name="cluster-control"),
+            asyncio.create_task(self._renewals(), name="cluster-leases"),
             asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
         ]
 
@@ -500,7 +503,28 @@ class ClusterNode:
                 )
                 supervisor.settle_question(cid, entry_id, decision)
 
-    # -- the heartbeat -----------------------------------------------------------------------
+    # -- the leases' renewal and the heartbeat ------------------------------------------------
+
+    async def _renewals(self) -> None:
+        while True:
+            try:
+                await self._renew_now()
+            except Exception:  # the database failed: the next renewal tries again
+                log.exception("renewing the cluster leases failed")
+            await asyncio.sleep(self.seconds / 3)
+
+    async def _renew_now(self) -> None:
+        """Renew the leases this node holds; drop the agents of those that lapsed.
+
+        Not a writer job, nor a step of the heartbeat: both wait behind jobs that wait on Redis
+        (TIMEOUT each) while it answers nothing, and a lease lapsed under a turn still running
+        on this node, which another node then took over (a Redis pause longer than a lease).
+        """
+        began = time.monotonic()
+        lost = await self.supervisor.storage.write_aside(self._renew)
+        self.renewed_at = began
+        for cid in lost:  # expired under us (a stall longer than the lease)
+            self._background(self.supervisor.drop_agent(cid))
 
     async def _heartbeat(self) -> None:
         while True:
@@ -512,14 +536,6 @@ class ClusterNode:
 
     async def _beat(self) -> None:
         storage = self.supervisor.storage
-        began = time.monotonic()
-        # The leases first, in the database: a Redis that answers nothing (paused, cut off)
-        # must not cost them. Before, the beat waited on it, renewed nothing, and after a
-        # lease another node took every conversation over ("The relay restarted…").
-        lost = await storage.write(self._renew)
-        self.renewed_at = began
-        for cid in lost:  # expired under us (a stall longer than the lease)
-            await self.supervisor.drop_agent(cid)
         await storage.write(self._release_idle)
         for cid, cwd in await storage.read(leases.orphans, self.engine):
             await self.claim(cid, cwd)
@@ -557,17 +573,17 @@ class ClusterNode:
             )
 
     def _renew(self) -> set[int]:
-        """In the writer: renew the leases held; those that lapsed leave `held`, and are returned.
+        """In write_aside's thread: renew the leases held; the lapsed leave `held`, returned.
 
-        Judged here, against what was held when the renewal ran: a lease that a job after it
-        takes (a message's claim_here, in the same burst) is not lost. Judged on the loop once
-        this job was answered, it was: the node forgot it while its row stayed the node's.
+        Judged against what was held when the renewal looked (Held.lapsed): a lease taken
+        meanwhile (a message's claim_here in the writer) is not lost. Judged against what is
+        held afterwards, it was: the node forgot it while its row stayed the node's.
         """
-        held = set(self.held)
-        lost = held - leases.renew(self.engine, self.node, self.seconds, held)
+        asked = self.held.marks()
+        renewed = leases.renew(self.engine, self.node, self.seconds, set(asked))
+        lost = self.held.lapsed(asked, renewed)  # first: their runners start no other turn
         for cid in lost:
             log.warning("node %s lost the lease of conversation %s", self.node, cid)
-            self.held.discard(cid)  # first: its runner starts no other turn
         return lost
 
     def _release_idle(self) -> None:
