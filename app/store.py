@@ -396,6 +396,17 @@ def save_entry(
     return entry
 
 
+def write_checkpoint(*, session: Session, entry_id: int, text: str) -> None:
+    """Store a streaming entry's text so far (its crash-safe checkpoint) and commit.
+
+    One UPDATE by id: the entry's object is not in the session, so a write that fails leaves
+    nothing expired (a snapshot reads the streaming entry's object from another thread).
+    """
+    values = {"text": storable(text), "_entry_id": entry_id}
+    session.connection().execute(_update_entry(), values)
+    session.commit()
+
+
 def delete_entry(*, session: Session, entry: Entry) -> None:
     """Remove an entry from the timeline."""
     session.add(entry)  # as in save_entry: an expired entry reloads in the session

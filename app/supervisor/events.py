@@ -367,13 +367,25 @@ class Events(SupervisorState):
                 self.storage.soon(live.poke)  # (its timer is the loop's)
 
     def _checkpoint(self, streaming: Streaming, given: Session | None = None) -> None:
-        """Write the partial text; skipped while another program holds the write lock."""
+        """Write the partial text; skipped while another program holds the write lock.
+
+        A write that fails in a session holding nothing else (a burst of more text: its
+        checkpoints are its only writes) is skipped too: the text is published already, and
+        the next checkpoint writes all of it. Before, the database ending the burst's
+        connection at that moment stopped the turn.
+        """
         if not write_lock_free(self.engine):
             return  # the next delta tries again
-        streaming.entry.text = store.storable(streaming.text)  # as every stored text
         with contextlib.nullcontext(given) if given else self.session() as session:
-            session.add(streaming.entry)
-            session.commit()
+            try:
+                store.write_checkpoint(
+                    session=session, entry_id=streaming.entry_id, text=streaming.text
+                )
+            except DBAPIError as error:
+                if len(session.identity_map):  # a rollback would expire what the burst holds
+                    raise
+                session.rollback()
+                log.warning("a streaming reply's checkpoint was not written: %s", error)
 
     def _live_render(self, runner: Runner, message_id: str, streaming: Streaming) -> LiveRender:
         """Rendering of a streaming message, sent as a delta with html and no text."""
