@@ -5,12 +5,17 @@ events), MCP servers (commands it starts), an environment (ANTHROPIC_BASE_URL: w
 key goes), permission rules. In a terminal it first asks "Do you trust the files in this
 folder?"; driven by the relay it asks nothing. So the relay asks instead, once, when a Claude
 Code conversation is created in a folder that has such files, unless Claude Code recorded the
-folder as trusted already (its own question, answered in a terminal).
+folder as trusted already (its own question, answered in a terminal). Claude Code also
+starts the MCP servers of a `.mcp.json` in any folder above its working directory (a security
+review: one in a repository's top folder ran its command for a conversation in `repo/src`,
+one above the workspace root for every conversation under it); a parent's `.claude/` settings
+did not act there, so only that file is looked for above.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,8 +23,15 @@ PROJECT_FILES = (".claude/settings.json", ".claude/settings.local.json", ".mcp.j
 
 
 def project_settings(cwd: Path) -> list[str]:
-    """The Claude Code project files in the folder (paths relative to it)."""
-    return [name for name in PROJECT_FILES if (cwd / name).is_file()]
+    """The Claude Code project files that act for an agent in the folder: its own, then a
+    `.mcp.json` in each folder above it, nearest first (paths relative to it: `../.mcp.json`)."""
+    found = [name for name in PROJECT_FILES if (cwd / name).is_file()]
+    found += [
+        os.path.relpath(parent / ".mcp.json", cwd)
+        for parent in cwd.parents
+        if (parent / ".mcp.json").is_file()
+    ]
+    return found
 
 
 def trusted_by_claude(env: Mapping[str, str], cwd: Path) -> bool:

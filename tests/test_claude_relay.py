@@ -716,6 +716,32 @@ def test_a_folder_s_own_settings_act_only_once_the_user_trusts_them(
     assert ran.exists()  # trusted: its hook runs, as in Claude Code
 
 
+def test_a_mcp_json_above_the_folder_is_asked_about_too(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Found by a security review: Claude Code starts the servers of a .mcp.json in any folder
+    # above its working directory; the relay asked only about the folder's own, so a
+    # repository's .mcp.json ran its command for a conversation in one of its subfolders.
+    live = start()
+    repo = tmp_path / "data" / "repo"
+    work = repo / "src"
+    work.mkdir(parents=True)
+    ran = tmp_path / "server-ran"
+    server = {"command": "sh", "args": ["-c", f"touch {ran}"]}
+    (repo / ".mcp.json").write_text(json.dumps({"mcpServers": {"repo": server}}))
+    body = {"provider": "claude", "cwd": str(work)}
+    refused = live.http.post("/api/conversations", json=body)
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith(
+        "This folder has Claude Code settings (../.mcp.json) that can run commands"
+    )
+    assert live.http.get("/api/conversations").json()["conversations"] == []  # nothing made
+    created = live.http.post("/api/conversations", json=body | {"trust_project": True})
+    assert created.status_code == 201, created.text
+    turn(live, created.json()["id"], "hello")
+    assert ran.exists()  # trusted: Claude Code starts it from the folder above, as it did
+
+
 def subagent_asking(live: LiveRelay, fake: FakeAnthropic) -> tuple[int, dict[str, Any]]:
     """A Claude conversation whose background subagent asks to run `touch sub.txt`, its main
     turn over: its id and the question."""

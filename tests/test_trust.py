@@ -20,6 +20,21 @@ def test_the_project_files_that_act_as_the_agent_starts_are_found(tmp_path: Path
     assert project_settings(tmp_path) == [".claude/settings.json", ".mcp.json"]
 
 
+def test_a_mcp_json_above_the_folder_is_found_too(tmp_path: Path) -> None:
+    """Claude Code starts the servers of a .mcp.json in any folder above its working directory
+    (tests/test_claude_relay.py shows it with the real CLI); a parent's .claude/ does not act."""
+    work = tmp_path / "repo" / "src" / "deep"
+    work.mkdir(parents=True)
+    (tmp_path / "repo" / ".claude").mkdir()
+    (tmp_path / "repo" / ".claude" / "settings.json").write_text("{}")
+    assert project_settings(work) == []
+    (tmp_path / "repo" / ".mcp.json").write_text("{}")
+    (tmp_path / ".mcp.json").write_text("{}")
+    assert project_settings(work) == ["../../.mcp.json", "../../../.mcp.json"]
+    (work / ".mcp.json").write_text("{}")
+    assert project_settings(work) == [".mcp.json", "../../.mcp.json", "../../../.mcp.json"]
+
+
 def test_a_folder_claude_code_was_told_to_trust_is_not_asked_about(tmp_path: Path) -> None:
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
