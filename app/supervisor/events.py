@@ -369,10 +369,11 @@ class Events(SupervisorState):
     def _checkpoint(self, streaming: Streaming, given: Session | None = None) -> None:
         """Write the partial text; skipped while another program holds the write lock.
 
-        A write that fails in a session holding nothing else (a burst of more text: its
-        checkpoints are its only writes) is skipped too: the text is published already, and
-        the next checkpoint writes all of it. Before, the database ending the burst's
-        connection at that moment stopped the turn.
+        A write whose connection was lost (the database ended it, a network cut), in a session
+        holding nothing else (a burst of more text: its checkpoints are its only writes), is
+        skipped too: the text is published already, and the next checkpoint writes all of it.
+        Before, the database ending the burst's connection at that moment stopped the turn. A
+        database that refuses the write (its disk full) still stops the turn at once.
         """
         if not write_lock_free(self.engine):
             return  # the next delta tries again
@@ -382,7 +383,8 @@ class Events(SupervisorState):
                     session=session, entry_id=streaming.entry_id, text=streaming.text
                 )
             except DBAPIError as error:
-                if len(session.identity_map):  # a rollback would expire what the burst holds
+                # (a rollback would expire what the burst holds)
+                if not error.connection_invalidated or len(session.identity_map):
                     raise
                 session.rollback()
                 log.warning("a streaming reply's checkpoint was not written: %s", error)
