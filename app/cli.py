@@ -74,19 +74,27 @@ def setting_problems(error: ValidationError, given: Collection[str] = ()) -> lis
     return lines
 
 
-def open_data(settings: Settings) -> Upgraded:
-    """The data directory made (private) and the database migrated, or a line saying why not."""
+def open_data(settings: Settings, *, alone: bool = False) -> Upgraded:
+    """The data directory made (private) and the database migrated, or a line saying why not.
+
+    alone: the relay that serves: the data directory (and a SQLite file) locked for this
+    process first, before its start-up touches the database (app/single.py).
+    """
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.db import display_url, ensure_private_dir
+    from app.db import display_url, ensure_private_dir, sqlite_file
     from app.migrate import upgrade
+    from app.single import single_error
 
+    where = settings.resolved_data_dir
     try:
-        ensure_private_dir(settings.resolved_data_dir)
+        ensure_private_dir(where)
+        problem = single_error(where, sqlite_file(settings.db_url)) if alone else None
     except OSError as error:
-        where = settings.resolved_data_dir
         sys.exit(f"The data directory {where} cannot be used: {error.strerror or error}.")
+    if problem is not None:
+        sys.exit(problem)
     try:
         return upgrade(settings.db_url)
     except CommandError as error:  # a revision this code does not have: a newer oarlock's
@@ -157,7 +165,7 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
         problem = redis_error(settings.redis_url, settings.node_id, settings.token)
     if problem is not None:
         sys.exit(problem)
-    logging.getLogger(__name__).info("%s.", open_data(settings).said())
+    logging.getLogger(__name__).info("%s.", open_data(settings, alone=True).said())
     app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"

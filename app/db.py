@@ -30,15 +30,25 @@ def ensure_private_dir(path: Path) -> None:
         log.warning("data directory %s was mode %o; it is now 0700", path, mode)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite database URL (None: another database, in memory, a URI)."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database:
+        return None
+    if database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
 def private_sqlite_files(url: str) -> None:
     """Create the SQLite file 0600 before SQLite does (0644), tighten an existing one.
 
     SQLite gives the -wal and -shm files the mode of the database file, so they follow.
     """
-    database = make_url(url).database
-    if not database or database == ":memory:" or database.startswith("file:"):
+    path = sqlite_file(url)
+    if path is None:
         return
-    path = Path(database)
     if not path.exists() and path.parent.is_dir():
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     for name in (path, *(Path(f"{path}{suffix}") for suffix in ("-wal", "-shm", "-journal"))):

@@ -25,8 +25,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import event, make_url
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
+
+from app.db import sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -277,9 +279,5 @@ class Storage:
 
 def _wal_file(engine: Engine) -> Path | None:
     """The write-ahead log of a SQLite file database, or None."""
-    if engine.dialect.name != "sqlite":
-        return None
-    database = make_url(str(engine.url)).database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    return Path(f"{database}-wal")
+    database = sqlite_file(engine.url.render_as_string(hide_password=False))
+    return None if database is None else Path(f"{database}-wal")
