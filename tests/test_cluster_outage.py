@@ -70,6 +70,8 @@ def test_a_turn_streaming_through_a_database_cut_ends_whole_on_its_owner(
         finally:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
         assert_whole(nodes, cid)
+        for node in nodes.nodes:  # an outage's lines, not a traceback at every heartbeat
+            assert "Traceback" not in node.log.read_text(), node.log
 
 
 def streaming_story(owner: RelayProcess) -> int:

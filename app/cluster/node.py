@@ -42,6 +42,7 @@ from app.cluster import alive, leases
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub, cancel_all
 from app.cluster.failures import SharedFailureLimiter
 from app.cluster.held import Held
+from app.cluster.outage import Outage
 from app.cluster.presence import Presence
 from app.config import Settings
 from app.providers import agent_env
@@ -506,11 +507,14 @@ class ClusterNode:
     # -- the leases' renewal and the heartbeat ------------------------------------------------
 
     async def _renewals(self) -> None:
+        outage = Outage(log, "renewing the cluster leases")
         while True:
             try:
                 await self._renew_now()
-            except Exception:  # the database failed: the next renewal tries again
-                log.exception("renewing the cluster leases failed")
+            except Exception as error:  # noqa: BLE001 - logged; the next renewal tries again
+                outage.failed(error)
+            else:
+                outage.worked()
             await asyncio.sleep(self.seconds / 3)
 
     async def _renew_now(self) -> None:
@@ -527,11 +531,14 @@ class ClusterNode:
             self._background(self.supervisor.drop_agent(cid))
 
     async def _heartbeat(self) -> None:
+        outage = Outage(log, "the cluster heartbeat")
         while True:
             try:
                 await self._beat()
-            except Exception:  # the database or Redis failed: the next beat tries again
-                log.exception("cluster heartbeat failed")
+            except Exception as error:  # noqa: BLE001 - logged; the next beat tries again
+                outage.failed(error)
+            else:
+                outage.worked()
             await asyncio.sleep(self.seconds / 3)
 
     async def _beat(self) -> None:
