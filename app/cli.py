@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import faulthandler
 import logging
 import signal
@@ -88,6 +89,8 @@ def open_data(settings: Settings, *, alone: bool = False) -> Upgraded:
     from app.single import single_error
 
     where = settings.resolved_data_dir
+    if where.exists() and not where.is_dir():
+        sys.exit(f"The data directory {where} cannot be used: it is not a directory.")
     try:
         ensure_private_dir(where)
         problem = single_error(where, sqlite_file(settings.db_url)) if alone else None
@@ -166,6 +169,8 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     if problem is not None:
         sys.exit(problem)
     logging.getLogger(__name__).info("%s.", open_data(settings, alone=True).said())
+    if (problem := port_error(settings)) is not None:  # (after the lock: its line says more)
+        sys.exit(problem)
     app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{shown_host}:{settings.port}/"
@@ -205,12 +210,33 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
 
 
 def provider_error(settings: Settings) -> str | None:
-    """Why OARLOCK_DEFAULT_PROVIDER cannot be used, or None."""
-    from app.providers import TRAITS
+    """Why OARLOCK_DEFAULT_PROVIDER (or the default permission mode) cannot be used, or None."""
+    from app.providers import TRAITS, mode_refused
 
     names = list(TRAITS)
     if settings.default_provider is not None and settings.default_provider not in names:
         return f"OARLOCK_DEFAULT_PROVIDER: {settings.default_provider!r} is not one of {names}."
+    # (else every new Claude Code conversation was refused, unless its dialog changed the mode)
+    if refused := mode_refused("claude", settings.permission_mode, settings):
+        return f"OARLOCK_PERMISSION_MODE: {refused}"
+    return None
+
+
+def port_error(settings: Settings) -> str | None:
+    """Why the port cannot be listened on because another program does, or None (uvicorn
+    says what else is wrong)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                return None
+            return (
+                f"The port {settings.port} is in use (OARLOCK_PORT or --port): another program "
+                "listens there. If it is oarlock, it is running already."
+            )
     return None
 
 

@@ -141,15 +141,56 @@ class Settings(BaseSettings):
         if value is None:
             return value
         try:
-            host = make_url(value.replace("postgres://", "postgresql://", 1)).host or ""
+            url = make_url(value.replace("postgres://", "postgresql://", 1))
         except (ArgumentError, ValueError):
-            host = "@"
-        if "@" in host:  # (an "@" left in the host: one of the password's)
+            url = None
+        if url is None or "@" in (url.host or ""):  # (an "@" left in the host: the password's)
             raise _unreadable_url(
                 "database",
                 "postgresql://user:password@host:port/name",
-                "@ as %40, : as %3A and / as %2F",
+                "@ as %40, : as %3A, / as %2F and % as %25",
             )
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(
+                f"oarlock runs on SQLite (sqlite:////path/oarlock.db) or PostgreSQL "
+                f"(postgresql://…), not {url.get_backend_name()}"
+            )
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            raise ValueError(
+                "an in-memory SQLite database keeps nothing (and each connection has its "
+                "own): give a file, sqlite:////path/oarlock.db"
+            )
+        return value
+
+    @field_validator("push_contact")
+    @classmethod
+    def _push_contact(cls, value: str) -> str:
+        if not value.startswith(("mailto:", "https://")) or value in ("mailto:", "https://"):
+            raise ValueError("must be a mailto: or https: URL (push services write to it)")
+        return value
+
+    @field_validator("push_services")
+    @classmethod
+    def _push_services(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if "/" in entry or ":" in entry:
+                raise ValueError(f"{entry!r} is not a host name: give the name alone")
+        return value
+
+    @field_validator("deepseek_base_url", "openai_base_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        if value is not None and not (
+            value.startswith(("http://", "https://")) and value.split("/")[2]
+        ):
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or value != value.strip()):
+            raise ValueError("must be a name without a space at either end")
         return value
 
     @field_validator("redis_url")

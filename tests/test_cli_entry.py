@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -41,7 +42,44 @@ def test_python_m_gives_the_oarlock_command(module: str) -> None:
             {"OARLOCK_CONTEXT_SOFT": "100000", "OARLOCK_CONTEXT_HARD": "50000"},
             "The configuration: OARLOCK_CONTEXT_HARD must not be below OARLOCK_CONTEXT_SOFT.",
         ),
-        (["migrate"], {"OARLOCK_DATA_DIR": "{file}"}, "The data directory {file} cannot be used"),
+        (
+            ["migrate"],
+            {"OARLOCK_DATA_DIR": "{file}"},
+            "The data directory {file} cannot be used: it is not a directory.",
+        ),
+        # An operator's review: each of these was taken and failed later, or said too little.
+        (
+            ["migrate"],
+            {"OARLOCK_DATABASE_URL": "mysql://u@127.0.0.1/x"},
+            "OARLOCK_DATABASE_URL: oarlock runs on SQLite (sqlite:////path/oarlock.db) or "
+            "PostgreSQL (postgresql://…), not mysql",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_DATABASE_URL": "sqlite:///:memory:"},
+            "OARLOCK_DATABASE_URL: an in-memory SQLite database keeps nothing",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_PUSH_CONTACT": "notaurl"},
+            "OARLOCK_PUSH_CONTACT: must be a mailto: or https: URL",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_PUSH_SERVICES": "https://push.example/x"},
+            "OARLOCK_PUSH_SERVICES: 'https://push.example/x' is not a host name",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_OPENAI_BASE_URL": "notaurl"},
+            "OARLOCK_OPENAI_BASE_URL: must be an http:// or https:// URL with a host",
+        ),
+        (
+            ["migrate"],
+            {"OARLOCK_DEEPSEEK_BASE_URL": "https://"},
+            "OARLOCK_DEEPSEEK_BASE_URL: must be an http:// or https:// URL with a host",
+        ),
+        (["migrate"], {"OARLOCK_NODE_ID": " "}, "OARLOCK_NODE_ID: must be a name"),
         (
             ["migrate"],
             {"OARLOCK_DATABASE_URL": "garbage"},
@@ -211,6 +249,28 @@ def test_a_database_a_newer_oarlock_migrated_is_refused_in_one_line(tmp_path: Pa
     assert refused(["migrate"], env, tmp_path).endswith(
         "was migrated by a newer oarlock (Can't locate revision identified by '0099'): "
         "run that version, or restore a copy of the data taken before."
+    )
+
+
+def test_a_port_another_program_listens_on_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"OARLOCK_PORT": str(port), "OARLOCK_DATA_DIR": str(tmp_path / "data")}
+        env["OARLOCK_WORKSPACE_ROOTS"] = str(tmp_path)
+        assert refused(["serve"], env, tmp_path) == (
+            f"The port {port} is in use (OARLOCK_PORT or --port): another program listens "
+            "there. If it is oarlock, it is running already."
+        )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Claude Code refuses it as root only")
+def test_a_default_mode_claude_code_refuses_here_is_refused_at_start(tmp_path: Path) -> None:
+    env = {"OARLOCK_PERMISSION_MODE": "bypassPermissions", "OARLOCK_DATA_DIR": str(tmp_path)}
+    line = refused(["serve"], env | {"OARLOCK_WORKSPACE_ROOTS": str(tmp_path)}, tmp_path)
+    assert line.startswith(
+        "OARLOCK_PERMISSION_MODE: Claude Code refuses bypassPermissions when it runs as root"
     )
 
 
