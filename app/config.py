@@ -203,6 +203,8 @@ class Settings(BaseSettings):
         if not value.startswith(REDIS_SCHEMES):
             raise ValueError("must start with redis://, rediss:// or unix://")
         try:
+            if value.split("//", 1)[-1].split("/", 1)[0].count("@") > 1:  # one is the password's
+                raise ValueError
             parse_url(value)
         except ValueError:
             raise _unreadable_url(

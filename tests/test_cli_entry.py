@@ -82,6 +82,11 @@ def test_python_m_gives_the_oarlock_command(module: str) -> None:
         (["migrate"], {"OARLOCK_NODE_ID": " "}, "OARLOCK_NODE_ID: must be a name"),
         (
             ["migrate"],
+            {"OARLOCK_REDIS_URL": "redis://:sek@rit@127.0.0.1:1/0"},
+            "OARLOCK_REDIS_URL: cannot be read as a Redis URL",
+        ),
+        (
+            ["migrate"],
             {"OARLOCK_DATABASE_URL": "garbage"},
             "OARLOCK_DATABASE_URL: cannot be read as a database URL",
         ),
