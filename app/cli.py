@@ -181,9 +181,9 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
         lines.append(f"    {url}?token={quote(token, safe='')}")
     else:
         lines.append(f"    {url}")
-    if token and not sys.stdout.isatty():  # a service's log (the journal) has more readers
-        kept = "OARLOCK_TOKEN" if settings.token else settings.resolved_data_dir / "token"
-        lines.append(f"  and log in with the token ({kept}): it is shown in a terminal only.")
+        if token:  # a service's log (the journal) has more readers than a terminal
+            kept = "OARLOCK_TOKEN" if settings.token else settings.resolved_data_dir / "token"
+            lines.append(f"  and log in with the token ({kept}): it is shown in a terminal only.")
     if not is_loopback(settings.host) and not settings.allowed_hosts:
         lines.append(
             "  Listening beyond this machine: set OARLOCK_ALLOWED_HOSTS to the name you use."
