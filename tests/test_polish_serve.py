@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
 import signal
 import subprocess
 import sys
@@ -16,12 +18,48 @@ from tests.relay import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "polish-serve-token-0123456789abcdef"
+COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Terminal:
+    """The output of a process on a terminal (a pty), read line by line."""
+
+    def __init__(self) -> None:
+        self.leader, self.follower = pty.openpty()
+        self.buffer = b""
+
+    def line(self) -> str | None:
+        """The next line (None: the process closed the terminal)."""
+        while b"\n" not in self.buffer:
+            try:
+                chunk = os.read(self.leader, 4096)
+            except OSError:  # EIO: no process holds the terminal any more
+                chunk = b""
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return COLOURS.sub("", line.decode().rstrip("\r"))  # (uvicorn colours a terminal's)
+
+    def rest(self) -> list[str]:
+        """Every line until the process closes the terminal."""
+        lines = []
+        while (line := self.line()) is not None:
+            lines.append(line)
+        if self.buffer:
+            lines.append(self.buffer.decode().rstrip("\r"))
+        os.close(self.leader)
+        return lines
+
+
+TERMINALS: dict[int, Terminal] = {}  # by process id
 
 
 def run_serve(
     tmp_path: Path, token: str = TOKEN, **env: str
-) -> tuple[list[str], int, subprocess.Popen[str]]:
-    """Start `python -m app serve`; its output up to the printed URL, its port, the process."""
+) -> tuple[list[str], int, subprocess.Popen[bytes]]:
+    """Start `python -m app serve` on a terminal, as a user does (the URL with its token is
+    printed to a terminal only); its output up to the printed URL, its port, the process."""
     tmp_path.mkdir(parents=True, exist_ok=True)  # (the workspace root)
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
@@ -33,23 +71,26 @@ def run_serve(
     }
     command = [sys.executable, "-m", "app", "serve", "--port", str(port)]
     command += ["--data-dir", str(tmp_path / "data")]
+    terminal = Terminal()
     process = subprocess.Popen(
-        command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=ROOT, env=environ, stdout=terminal.follower, stderr=terminal.follower
     )
-    assert process.stdout is not None
+    os.close(terminal.follower)
+    TERMINALS[process.pid] = terminal
     lines: list[str] = []
     while "?token=" not in (lines[-1] if lines else ""):
-        line = process.stdout.readline()
-        assert line, f"serve ended before printing its URL: {lines}"
-        lines.append(line.rstrip("\n"))
+        line = terminal.line()
+        assert line is not None, f"serve ended before printing its URL: {lines}"
+        lines.append(line)
     return lines, port, process
 
 
-def stop(process: subprocess.Popen[str]) -> list[str]:
+def stop(process: subprocess.Popen[bytes]) -> list[str]:
     """SIGINT, then the rest of the output."""
     process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=60)
-    return rest.splitlines()
+    rest = TERMINALS.pop(process.pid).rest()
+    process.wait(timeout=60)
+    return rest
 
 
 def test_url_is_printed_once_the_server_answers(tmp_path: Path) -> None:
