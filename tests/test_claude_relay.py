@@ -703,17 +703,23 @@ def test_a_folder_s_own_settings_act_only_once_the_user_trusts_them(
     hook = {"hooks": [{"type": "command", "command": f"touch {ran}"}]}
     settings = {"hooks": {"UserPromptSubmit": [hook]}}
     (repo / ".claude" / "settings.json").write_text(json.dumps(settings))
-    body = {"provider": "claude", "cwd": str(repo)}
+    turn(live, created_once_trusted(live, repo, ".claude/settings.json"), "hello")
+    assert ran.exists()  # trusted: its hook runs, as in Claude Code
+
+
+def created_once_trusted(live: LiveRelay, cwd: Path, found: str) -> int:
+    """A Claude Code conversation in cwd: refused (409 naming found, nothing made), then
+    created once trusted; its id."""
+    body = {"provider": "claude", "cwd": str(cwd)}
     refused = live.http.post("/api/conversations", json=body)
     assert refused.status_code == 409
     assert refused.json()["detail"].startswith(
-        "This folder has Claude Code settings (.claude/settings.json) that can run commands"
+        f"This folder has Claude Code settings ({found}) that can run commands"
     )
     assert live.http.get("/api/conversations").json()["conversations"] == []  # nothing made
     created = live.http.post("/api/conversations", json=body | {"trust_project": True})
     assert created.status_code == 201, created.text
-    turn(live, created.json()["id"], "hello")
-    assert ran.exists()  # trusted: its hook runs, as in Claude Code
+    return int(created.json()["id"])
 
 
 def test_a_mcp_json_above_the_folder_is_asked_about_too(
@@ -729,16 +735,7 @@ def test_a_mcp_json_above_the_folder_is_asked_about_too(
     ran = tmp_path / "server-ran"
     server = {"command": "sh", "args": ["-c", f"touch {ran}"]}
     (repo / ".mcp.json").write_text(json.dumps({"mcpServers": {"repo": server}}))
-    body = {"provider": "claude", "cwd": str(work)}
-    refused = live.http.post("/api/conversations", json=body)
-    assert refused.status_code == 409
-    assert refused.json()["detail"].startswith(
-        "This folder has Claude Code settings (../.mcp.json) that can run commands"
-    )
-    assert live.http.get("/api/conversations").json()["conversations"] == []  # nothing made
-    created = live.http.post("/api/conversations", json=body | {"trust_project": True})
-    assert created.status_code == 201, created.text
-    turn(live, created.json()["id"], "hello")
+    turn(live, created_once_trusted(live, work, "../.mcp.json"), "hello")
     assert ran.exists()  # trusted: Claude Code starts it from the folder above, as it did
 
 

@@ -475,29 +475,42 @@ def test_a_checkpoint_due_during_a_burst_that_writes_nothing_waits_for_the_next_
         assert checkpoint.reached.wait(TIMEOUT), "the streaming reply was never checkpointed"
         armed = True  # the next burst: more text, its checkpoint written a moment ago
         assert held.wait(TIMEOUT)
-        admin = postgres.start().admin
-        assert admin is not None
-        name = x.settings.db_url.rsplit("/", 1)[1]
-        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         try:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            time.sleep(CHECKPOINT_SECONDS + 0.2)  # the held burst's checkpoint falls due
-            go.set()
-            time.sleep(1.0)  # the next bursts wait for the database
+            with database_cut(x):
+                time.sleep(CHECKPOINT_SECONDS + 0.2)  # the held burst's checkpoint falls due
+                go.set()
+                time.sleep(1.0)  # the next bursts wait for the database
         finally:
             go.set()
-            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-        view = x.wait_for(
-            cid, lambda v: v["turn"]["state"] == "idle" and v["timeline"][-1]["kind"] != "user"
+        assert_ended_whole(x, cid)
+
+
+@contextmanager
+def database_cut(relay: LiveRelay) -> Iterator[None]:
+    """Meanwhile, the relay's database has ended its connections and refuses new ones."""
+    admin = postgres.start().admin
+    assert admin is not None
+    name = relay.settings.db_url.rsplit("/", 1)[1]
+    admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    try:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
         )
-        lines = [e["text"] for e in view["timeline"] if e["kind"] == "line"]
-        assert lines == [], lines
-        agent = [e for e in view["timeline"] if e["kind"] == "agent"]
-        assert [e["state"] for e in agent] == ["done"], agent
-        assert agent[0]["text"].endswith("word199 word200"), agent[0]["text"][-80:]
+        yield
+    finally:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+def assert_ended_whole(relay: LiveRelay, cid: int) -> None:
+    """The demo's slow story ended whole, without a line (stopped, could not store)."""
+    view = relay.wait_for(
+        cid, lambda v: v["turn"]["state"] == "idle" and v["timeline"][-1]["kind"] != "user"
+    )
+    lines = [e["text"] for e in view["timeline"] if e["kind"] == "line"]
+    assert lines == [], lines
+    agent = [e for e in view["timeline"] if e["kind"] == "agent"]
+    assert [e["state"] for e in agent] == ["done"], agent
+    assert agent[0]["text"].endswith("word199 word200"), agent[0]["text"][-80:]
 
 
 def test_a_checkpoint_whose_connection_dies_under_it_does_not_stop_the_turn(
@@ -524,25 +537,10 @@ def test_a_checkpoint_whose_connection_dies_under_it_does_not_stop_the_turn(
         )
         checkpoint.armed = True  # the next one, held at its statement
         assert checkpoint.reached.wait(TIMEOUT), "the reply was never checkpointed again"
-        admin = postgres.start().admin
-        assert admin is not None
-        name = x.settings.db_url.rsplit("/", 1)[1]
-        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         try:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            checkpoint.release.set()  # its statement goes to a connection that is gone
-            time.sleep(1.0)
+            with database_cut(x):
+                checkpoint.release.set()  # its statement goes to a connection that is gone
+                time.sleep(1.0)
         finally:
             checkpoint.release.set()
-            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-        view = x.wait_for(
-            cid, lambda v: v["turn"]["state"] == "idle" and v["timeline"][-1]["kind"] != "user"
-        )
-        lines = [e["text"] for e in view["timeline"] if e["kind"] == "line"]
-        assert lines == [], lines
-        agent = [e for e in view["timeline"] if e["kind"] == "agent"]
-        assert [e["state"] for e in agent] == ["done"], agent
-        assert agent[0]["text"].endswith("word199 word200"), agent[0]["text"][-80:]
+        assert_ended_whole(x, cid)
