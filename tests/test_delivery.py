@@ -194,7 +194,9 @@ def test_a_reply_streaming_when_the_relay_is_killed_keeps_its_text_to_the_last_s
     relay.start()
     (kept,) = of_kind(relay.wait_idle(cid), "agent")
     assert kept["state"] == "interrupted"
-    assert kept["text"] and shown["text"].startswith(kept["text"])
+    # (Both are the reply's beginning; a checkpoint between the look and the kill keeps more.)
+    text, seen = kept["text"], shown["text"]
+    assert text and (seen.startswith(text) or text.startswith(seen)), (kept, shown)
     # A word each 0.1 s: what was shown at the kill (about 40 words), but for about its last
     # second (15 words: the last second's 10 and the time the kill took).
     assert len(kept["text"].split()) >= len(shown["text"].split()) - 15, (kept, shown)
