@@ -403,8 +403,11 @@ function onConversationEvent(message) {
     case 'pins': pins.set(cur.id, message.pins || []); break;
     case 'attachments': attachments.set(cur.id, message.attachments || []); break;
     case 'compacted':
-      if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       onConversation(message.into);
+      // Opened when archived already (Back to it, a link): read there, not followed. (A CI
+      // run: the event, replayed to the tab gone Back, sent it forward to the new one again.)
+      if (cur.openedArchived) break;
+      if (compactPreview.onCompacted(cur.id)) toast('This conversation was compacted in another tab; you are now in the new one.');
       followCompaction(message.into.id);
       break;
     default: break;
@@ -810,6 +813,7 @@ async function openConversation(id, { focus = false } = {}) {
   const input = byId('message-input');
   input.value = state.drafts.get(id) || ''; // (before the chrome: an archived one shows it)
   showConversation(data, { keepScroll: false, asked });
+  state.current.openedArchived = isArchived(state.current.conv);
   autosize();
   updateComposer();
   subscribe(true);
