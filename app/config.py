@@ -113,13 +113,12 @@ class Settings(BaseSettings):
     @field_validator("allowed_hosts")
     @classmethod
     def _hosts(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            if "/" in entry or "*" in entry:
-                raise ValueError(
-                    f"{entry!r} is not a host name: give the name alone, as the browser's "
-                    "address bar shows it after the scheme (oar.example.com, or with :port)"
-                )
-        return value
+        return _names_only(
+            value,
+            "/*",
+            ", as the browser's address bar shows it after the scheme (oar.example.com, or "
+            "with :port)",
+        )
 
     @field_validator("allowed_origins")
     @classmethod
@@ -172,10 +171,7 @@ class Settings(BaseSettings):
     @field_validator("push_services")
     @classmethod
     def _push_services(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            if "/" in entry or ":" in entry:
-                raise ValueError(f"{entry!r} is not a host name: give the name alone")
-        return value
+        return _names_only(value, "/:")
 
     @field_validator("deepseek_base_url", "openai_base_url")
     @classmethod
@@ -261,6 +257,14 @@ class Settings(BaseSettings):
     def cwd_default(self) -> Path:
         """The working directory given to new conversations that name none."""
         return (self.default_cwd or self.roots[0]).expanduser().resolve()
+
+
+def _names_only(value: list[str], refused: str, hint: str = "") -> list[str]:
+    """Host names as given, each refused when it holds one of the refused characters."""
+    for entry in value:
+        if any(character in entry for character in refused):
+            raise ValueError(f"{entry!r} is not a host name: give the name alone{hint}")
+    return value
 
 
 def _unreadable_url(kind: str, shape: str, escapes: str) -> ValueError:

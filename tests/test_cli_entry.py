@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sqlite3
@@ -283,11 +282,9 @@ def test_the_token_is_printed_to_a_terminal_only(tmp_path: Path) -> None:
     """Found by an operator review: under the documented systemd unit the start's URL, token
     included, went to the journal at every start (readable by more people than the relay's
     own files). A terminal still gets the URL to open, token included."""
-    import pty
-    import select
-
     from tests.crash import TOKEN, RelayProcess
-    from tests.relay import free_port
+    from tests.test_polish_serve import TOKEN as SERVE_TOKEN
+    from tests.test_polish_serve import run_serve, stop
 
     relay = RelayProcess(tmp_path / "logged").start()  # its output: a file
     try:
@@ -300,29 +297,7 @@ def test_the_token_is_printed_to_a_terminal_only(tmp_path: Path) -> None:
         assert "and log in with the token (OARLOCK_TOKEN): it is shown in a terminal only." in said
     finally:
         relay.close()
-    leader, follower = pty.openpty()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("OARLOCK_")}
-    port = str(free_port())
-    environ |= {"OARLOCK_DATA_DIR": str(tmp_path / "terminal"), "OARLOCK_PORT": port}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve"],
-        stdout=follower,
-        stderr=subprocess.DEVNULL,
-        env=environ,
-    )
-    os.close(follower)
-    try:
-        seen = b""
-        deadline = time.monotonic() + 30
-        while b"?token=" not in seen or not seen.endswith(b"\n\r\n"):
-            assert time.monotonic() < deadline and process.poll() is None, seen
-            if select.select([leader], [], [], 0.2)[0]:
-                with contextlib.suppress(OSError):  # (EIO once the process ended: asserted)
-                    seen += os.read(leader, 4096)
-        token = (tmp_path / "terminal" / "token").read_text().strip()
-        assert f"?token={token}".encode() in seen
-        assert b"shown in a terminal only" not in seen
-    finally:
-        process.terminate()
-        process.wait(30)
-        os.close(leader)
+    lines, port, process = run_serve(tmp_path / "terminal")  # its output: a terminal
+    rest = stop(process)
+    assert lines[-1].strip() == f"http://127.0.0.1:{port}/?token={SERVE_TOKEN}"
+    assert not [line for line in lines + rest if "shown in a terminal only" in line]

@@ -26,7 +26,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,8 +157,12 @@ class ClusterNode:
         """Listen on the control channel, start the heartbeat (which takes orphans at once)."""
         self._tasks = [
             asyncio.create_task(self._listen(), name="cluster-control"),
-            asyncio.create_task(self._renewals(), name="cluster-leases"),
-            asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
+            asyncio.create_task(
+                self._repeat(self._renew_now, "renewing the cluster leases"), name="cluster-leases"
+            ),
+            asyncio.create_task(
+                self._repeat(self._beat, "the cluster heartbeat"), name="cluster-heartbeat"
+            ),
         ]
 
     async def stop(self) -> None:
@@ -506,12 +510,13 @@ class ClusterNode:
 
     # -- the leases' renewal and the heartbeat ------------------------------------------------
 
-    async def _renewals(self) -> None:
-        outage = Outage(log, "renewing the cluster leases")
+    async def _repeat(self, step: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run step every third of a lease; its outages logged once (outage.py)."""
+        outage = Outage(log, what)
         while True:
             try:
-                await self._renew_now()
-            except Exception as error:  # noqa: BLE001 - logged; the next renewal tries again
+                await step()
+            except Exception as error:  # noqa: BLE001 - logged; the next one tries again
                 outage.failed(error)
             else:
                 outage.worked()
@@ -529,17 +534,6 @@ class ClusterNode:
         self.renewed_at = began
         for cid in lost:  # expired under us (a stall longer than the lease)
             self._background(self.supervisor.drop_agent(cid))
-
-    async def _heartbeat(self) -> None:
-        outage = Outage(log, "the cluster heartbeat")
-        while True:
-            try:
-                await self._beat()
-            except Exception as error:  # noqa: BLE001 - logged; the next beat tries again
-                outage.failed(error)
-            else:
-                outage.worked()
-            await asyncio.sleep(self.seconds / 3)
 
     async def _beat(self) -> None:
         storage = self.supervisor.storage
