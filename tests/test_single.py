@@ -71,3 +71,24 @@ def test_a_second_relay_on_the_same_data_is_refused_and_changes_nothing(tmp_path
         assert first.get(cid)["timeline"][-1]["kind"] == "agent"
     finally:
         first.close()
+
+
+def test_a_second_relay_on_the_same_sqlite_file_is_refused(tmp_path: Path) -> None:
+    """Its own data directory, the first relay's database kept elsewhere: refused as well."""
+    shared = tmp_path / "db"
+    shared.mkdir()
+    url = f"sqlite:///{shared / 'oarlock.db'}"
+    first = RelayProcess(tmp_path / "first").start(OARLOCK_DATABASE_URL=url)
+    try:
+        env = {
+            "OARLOCK_DATA_DIR": str(tmp_path / "second"),
+            "OARLOCK_DATABASE_URL": url,
+            "OARLOCK_WORKSPACE_ROOTS": str(tmp_path),
+        }
+        assert first.process is not None
+        assert refused(["serve"], env, tmp_path).startswith(
+            f"Another oarlock relay (process {first.process.pid}) runs on the database "
+            f"{shared / 'oarlock.db'}: "
+        )
+    finally:
+        first.close()
