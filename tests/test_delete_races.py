@@ -140,6 +140,14 @@ def test_a_warm_up_read_before_a_delete_starts_no_agent(relay: LiveRelay) -> Non
 
 def deleted_after_its_read(relay: LiveRelay, cid: int, request: Any) -> Any:
     """request()'s answer when cid is deleted after the request read it (its reader held)."""
+    runner = relay.supervisor.runners.get(cid)
+    reporting = runner.reporting if runner is not None else None
+    deadline = time.monotonic() + TIMEOUT
+    while reporting is not None and not reporting.done():
+        # (an agent's first turn asks it for its window after the turn: that read the pause
+        # would hold instead of the request's; a CI run saw it)
+        assert time.monotonic() < deadline, "the agent's context report never came"
+        time.sleep(0.01)
     pause = held_after_its_read(relay, cid)
     with ThreadPoolExecutor(1) as pool:
         answering = pool.submit(request)
