@@ -417,20 +417,23 @@ function onConversationEvent(message) {
 // ---- screen readers: what arrives, said once ----------------------------------------------------
 
 let saying = null; // what is about to be said: the words of one burst, joined
-/** Say text to screen readers (#announce). Said together with what came in the same moment (a
- *  question arrives in one frame with the end of the reply before it: neither may replace the
- *  other), questions first; the same words again are said again (cleared first). */
+const SAID_KEPT = 5; // the lines #announce keeps (the older ones dropped as new ones come)
+/** Say text to screen readers: a new line in #announce, a log whose added lines are read in
+ *  turn (a question said, then the reply before it ended a moment later: replacing the
+ *  region's text lost the question, as a CI run showed). Said together with what came in the
+ *  same moment (a question in one frame with the end of the reply before it), questions first;
+ *  the same words again are a new line, said again. */
 function announce(text, first = false) {
   if (saying) {
     saying.parts[first ? 'unshift' : 'push'](text);
     return;
   }
   saying = { parts: [text] };
-  const el = byId('announce');
-  el.textContent = '';
   setTimeout(() => {
-    el.textContent = saying.parts.join(' ');
+    const el = byId('announce');
+    el.append(h('div', { text: saying.parts.join(' ') }));
     saying = null;
+    while (el.childElementCount > SAID_KEPT) el.firstElementChild.remove();
   }, 60);
 }
 

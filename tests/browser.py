@@ -103,6 +103,11 @@ def by_id(page: Page, testid: str) -> Locator:
     return page.get_by_test_id(testid)
 
 
+def last_said(page: Page) -> Locator:
+    """The last line said to screen readers (#announce, a log of the latest lines)."""
+    return by_id(page, "announce").locator(":scope > div").last
+
+
 def item_menu(page: Page, title: str) -> None:
     """Open the ⋯ menu of the sidebar item with this title."""
     item = page.locator(".conv-item").filter(has=page.get_by_text(title, exact=True))

@@ -34,6 +34,7 @@ from tests.browser import (
     by_id,
     conv_id,
     item_menu,
+    last_said,
     line,
     own_relay,
     send_text,
@@ -224,7 +225,7 @@ def test_screen_readers_are_told_replies_questions_and_who_needs_them(
     expect(page.get_by_role("article", name="Agent")).to_have_count(1)
     relay.wait_idle(cid)
     send_text(page, "ask permission")
-    expect(said).to_have_text("Bash waits for your answer.")
+    expect(last_said(page)).to_have_text("Bash waits for your answer.")
     by_id(page, "permission-allow").click()
     relay.wait_idle(cid)
     assert relay.send(other, "ask permission").status_code == 202
@@ -237,7 +238,7 @@ def test_screen_readers_are_told_replies_questions_and_who_needs_them(
     )
     reply = view["timeline"][-1]["text"]
     assert len(reply) > 400
-    expect(said).to_have_text(re.compile(r"^Agent: .{400}…$"))
+    expect(last_said(page)).to_have_text(re.compile(r"^Agent: .{400}…$"))
     pages.assert_clean()
 
 
