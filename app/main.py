@@ -27,6 +27,7 @@ from app.cluster import install as install_cluster
 from app.cluster import make_hub, setting_error
 from app.config import Settings
 from app.db import ensure_private_dir, get_session, make_engine, unavailable
+from app.head import HeadAsGet
 from app.limits import BodyLimit, body_limit
 from app.models import Conversation
 from app.notify import Notifier
@@ -190,6 +191,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(
         BodyLimit, max_body=body_limit(settings.max_message_bytes), timeout=settings.request_timeout
     )
+    app.add_middleware(HeadAsGet)  # outermost: every layer sees the GET it answers as
     app.include_router(api.router)
     app.include_router(search.router)
     app.include_router(files.router)

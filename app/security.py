@@ -40,6 +40,8 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 PUBLIC_PATHS = ("/healthz", "/login", "/favicon.ico")
 CONVERSATION_PATH = re.compile(r"/c/[1-9][0-9]{0,18}")  # a conversation's own link
 PUBLIC_PREFIXES = ("/static/",)
+# Answered 401 without a token, as a script expects; other GETs are pages (to the login form).
+API_PATHS = ("/api/", "/openapi.json")
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -315,7 +317,7 @@ class Guard:
         if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
             return None
         if self.token is not None:
-            page = not websocket and method == "GET" and not path.startswith("/api/")
+            page = not websocket and method == "GET" and not path.startswith(API_PATHS)
             bearer = headers.get("authorization", "")
             if bearer.lower().startswith("bearer "):
                 ok = hmac.compare_digest(bearer[7:].strip().encode(), self.token.encode())

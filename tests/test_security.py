@@ -76,6 +76,7 @@ def test_api_without_token_401(anon: httpx.Client) -> None:
         ("GET", "/api/conversations"),
         ("GET", "/api/providers"),
         ("GET", "/api/conversations/1"),
+        ("GET", "/openapi.json"),  # the schema, as a script reads it (it was sent to /login)
         ("POST", "/api/conversations"),
         ("POST", "/api/conversations/1/messages"),
     ]
@@ -623,3 +624,16 @@ def test_token_is_compared_in_constant_time(
         == 200
     )
     assert compared == [(b"guess", TOKEN.encode()), (TOKEN.encode(), TOKEN.encode())]
+
+
+def test_head_is_answered_as_get_without_the_body(relay: LiveRelay, anon: httpx.Client) -> None:
+    # Uptime monitors and `curl -I` ask with HEAD; FastAPI's routes answered it 405.
+    for path in ("/healthz", "/login", "/api/conversations", "/static/app.js", "/"):
+        got, asked = relay.http.get(path), relay.http.head(path)
+        assert (asked.status_code, asked.content) == (got.status_code, b""), path
+        assert asked.headers["content-length"] == got.headers["content-length"], path
+    # Checked as the GET is: no token, the API's 401 and a page's way to the login form.
+    assert anon.head("/api/conversations").status_code == 401
+    page = anon.head("/")
+    assert (page.status_code, page.headers["location"]) == (303, "/login")
+    assert relay.http.head("/api/nothing").status_code == 404
