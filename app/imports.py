@@ -568,6 +568,7 @@ def save_import(
     cwd: str,
     session_id: str,
     permission_mode: str,
+    trusted_settings: list[str] | None,
     history: History,
     entries: list[Draft],
 ) -> Conversation:
@@ -577,6 +578,7 @@ def save_import(
         provider="claude",
         cwd=cwd,
         permission_mode=permission_mode,
+        trusted_settings=trusted_settings,
         session_id=session_id,
         context_tokens=history.context_tokens,
         model=history.model,

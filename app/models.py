@@ -135,6 +135,10 @@ class Conversation(SQLModel, table=True):
     # What the /compact, /clear or fresh start that made this conversation carried and left
     # out (app/steer.py); None for a conversation that was not compacted from another.
     carry: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # The Claude Code project files trusted for its folder (app/trust.py, migration 0015):
+    # an agent start that finds another asks first; None: not recorded yet (the next start
+    # records what it finds).
+    trusted_settings: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 

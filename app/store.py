@@ -163,11 +163,21 @@ def storable_data(value: Any) -> Any:
 
 
 def create_conversation(
-    *, session: Session, title: str, provider: str, cwd: str, permission_mode: str
+    *,
+    session: Session,
+    title: str,
+    provider: str,
+    cwd: str,
+    permission_mode: str,
+    trusted_settings: list[str] | None = None,
 ) -> Conversation:
     """Create an active conversation."""
     conversation = Conversation(
-        title=title, provider=provider, cwd=cwd, permission_mode=permission_mode
+        title=title,
+        provider=provider,
+        cwd=cwd,
+        permission_mode=permission_mode,
+        trusted_settings=trusted_settings,
     )
     session.add(conversation)
     session.commit()
@@ -407,6 +417,15 @@ def write_checkpoint(*, session: Session, entry_id: int, text: str) -> None:
     session.commit()
 
 
+def trust_settings(*, session: Session, conversation_id: int, files: list[str]) -> None:
+    """Record the project files trusted for a conversation's folder, uncommitted (not a
+    change the list shows: updated_at stays)."""
+    table = Conversation.__table__
+    session.connection().execute(
+        update(table).where(table.c.id == conversation_id).values(trusted_settings=files)
+    )
+
+
 def delete_entry(*, session: Session, entry: Entry) -> None:
     """Remove an entry from the timeline."""
     session.add(entry)  # as in save_entry: an expired entry reloads in the session
@@ -453,8 +472,11 @@ def entries_in_state(
     return list(session.exec(query, params=params))
 
 
-def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None:
-    """The user message delivered last (the one a cut turn was answering)."""
+def last_sent_message(
+    *, session: Session, conversation_id: int, before: int | None = None
+) -> Entry | None:
+    """The user message delivered last (the one a cut turn was answering); given before, the
+    last one before that seq."""
     query = (
         select(Entry)
         .where(
@@ -465,6 +487,8 @@ def last_sent_message(*, session: Session, conversation_id: int) -> Entry | None
         .order_by(col(Entry.seq).desc())
         .limit(1)
     )
+    if before is not None:
+        query = query.where(Entry.seq < before)
     return session.exec(query).first()
 
 
@@ -587,6 +611,7 @@ def compact_conversation(
         model=old.model,
         model_window=old.model_window,
         chosen_model=old.chosen_model,
+        trusted_settings=old.trusted_settings,
         pending_summary=summary,
         compacted_from_id=old.id,
         carry=carry,

@@ -9,7 +9,18 @@ folder as trusted already (its own question, answered in a terminal). Claude Cod
 starts the MCP servers of a `.mcp.json` in any folder above its working directory (a security
 review: one in a repository's top folder ran its command for a conversation in `repo/src`,
 one above the workspace root for every conversation under it); a parent's `.claude/` settings
-did not act there, so only that file is looked for above.
+did not act there, so only that file is looked for above; but from a subfolder of a git
+repository, the repository's own `.claude/settings.local.json` acts (a security review: its hook
+ran for a conversation in `repo/src`; its `.claude/settings.json` did not).
+
+A file that appears later (a `git pull` bringing a `.mcp.json`) would act at the agent's next
+start with nobody asked: so each conversation keeps the files trusted for it
+(`Conversation.trusted_settings`), and an agent start that finds another is refused with a
+line that names it, whose button trusts it and sends the message again. A live Claude Code
+agent also reads its settings files again when they change (a security review: a hook written
+between two turns ran at the next): the relay looks again before each turn, and every second
+while an agent lives (the pool's watch), and stops an agent whose folder has a file nobody
+trusted.
 """
 
 from __future__ import annotations
@@ -19,19 +30,39 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-PROJECT_FILES = (".claude/settings.json", ".claude/settings.local.json", ".mcp.json")
+from app.workspace import WorkspaceError
+
+LOCAL_SETTINGS = ".claude/settings.local.json"
+PROJECT_FILES = (".claude/settings.json", LOCAL_SETTINGS, ".mcp.json")
+# Skills and subagents whose front matter may name hooks: a skill's ran their commands once the
+# model used it (seen with the real CLI: its Stop and PreToolUse hooks).
+PROJECT_DIRS = (".claude/skills", ".claude/agents")
 
 
 def project_settings(cwd: Path) -> list[str]:
-    """The Claude Code project files that act for an agent in the folder: its own, then a
+    """The Claude Code project files that act for an agent in the folder: its own (settings,
+    MCP servers, and its skills' and subagents' folders), the
+    `.claude/settings.local.json` of the git repository it is in (from a subfolder), then a
     `.mcp.json` in each folder above it, nearest first (paths relative to it: `../.mcp.json`)."""
     found = [name for name in PROJECT_FILES if (cwd / name).is_file()]
+    found += [name for name in PROJECT_DIRS if (cwd / name).is_dir()]
+    root = git_root(cwd)
+    if root is not None and root != cwd and (root / LOCAL_SETTINGS).is_file():
+        found.append(os.path.relpath(root / LOCAL_SETTINGS, cwd))
     found += [
         os.path.relpath(parent / ".mcp.json", cwd)
         for parent in cwd.parents
         if (parent / ".mcp.json").is_file()
     ]
     return found
+
+
+def git_root(cwd: Path) -> Path | None:
+    """The top folder of the git repository (or worktree) cwd is in, or None."""
+    for folder in (cwd, *cwd.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
 
 
 def trusted_by_claude(env: Mapping[str, str], cwd: Path) -> bool:
@@ -46,12 +77,6 @@ def trusted_by_claude(env: Mapping[str, str], cwd: Path) -> bool:
     return isinstance(project, dict) and project.get("hasTrustDialogAccepted") is True
 
 
-def untrusted_settings(cwd: Path, env: Mapping[str, str]) -> list[str]:
-    """The project files a conversation in cwd would run with, unless trusted already."""
-    found = project_settings(cwd)
-    return [] if not found or trusted_by_claude(env, cwd) else found
-
-
 def trust_question(found: list[str]) -> str:
     """The 409's words: what was found, and how to go on."""
     return (
@@ -60,3 +85,31 @@ def trust_question(found: list[str]) -> str:
         ' conversation only if you trust this folder: tick "Trust this folder\'s settings"'
         ' (API: "trust_project": true).'
     )
+
+
+class UntrustedSettings(WorkspaceError):
+    """An agent start refused: project files appeared that nobody trusted for this folder."""
+
+    def __init__(self, files: list[str], *, stopped: bool = False) -> None:
+        act = "while it runs" if stopped else "as it starts"
+        then = "it was stopped" if stopped else "it was not started"
+        button = "Trust these settings" if stopped else "Trust and resend"
+        super().__init__(
+            f"Claude Code settings appeared in this folder since it was trusted"
+            f" ({', '.join(files)}). They can run commands (hooks, MCP servers) and change"
+            f" where the agent connects {act}, so {then}. If you trust them, press {button}."
+        )
+        self.files = files
+        self.stopped = stopped
+
+
+def new_settings(trusted: list[str], cwd: Path, env: Mapping[str, str]) -> list[str]:
+    """The project files in cwd that would act and are not in trusted (none when Claude
+    Code's own record trusts the folder)."""
+    found = unlisted(trusted, cwd)
+    return [] if not found or trusted_by_claude(env, cwd) else found
+
+
+def unlisted(trusted: list[str], cwd: Path) -> list[str]:
+    """The project files in cwd that would act and are not in trusted."""
+    return [name for name in project_settings(cwd) if name not in trusted]

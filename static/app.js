@@ -144,6 +144,12 @@ byId('toast').addEventListener('keydown', (event) => {
   if (event.key === 'Escape') hideToast();
 });
 
+/** A message a line's button sent again, shown queued in conversation cur (still open) unless
+ * the socket showed it already: the answer (queued) is older than what the socket said. */
+function showResent(cur, sent) {
+  if (state.current === cur && sent && sent.id != null && !timeline.has(sent.id)) timeline.upsert(sent);
+}
+
 const timeline = new Timeline({
   onPermission: async (entry, allow, answers, more = {}) => { // more: a plan's mode, a message
     const cur = state.current;
@@ -157,8 +163,12 @@ const timeline = new Timeline({
     const { data } = await api(`/api/conversations/${cur.id}/messages/${line.data.entry_id}/resend`, {
       method: 'POST',
     });
-    // The socket may have shown the resent message sent already: the answer (queued) is older.
-    if (state.current === cur && data && data.id != null && !timeline.has(data.id)) timeline.upsert(data);
+    showResent(cur, data);
+  },
+  onTrust: async (line) => {
+    const cur = state.current;
+    const { data } = await api(`/api/conversations/${cur.id}/lines/${line.id}/trust`, { method: 'POST' });
+    showResent(cur, data && data.message);
   },
   onWithdraw: (entry) => withdraw(entry),
   onLoadEarlier: () => loadEarlier(),

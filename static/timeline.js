@@ -481,21 +481,23 @@ function compactionTitle(entry) {
   return head;
 }
 
-/** Resend on a line of a cut turn whose message the agent may not have (data.resend). */
-function resendControl(entry, timeline) {
-  if (entry.data.resent) return h('span', { class: 'resend-done', testid: 'resend-done', text: 'Resent' });
+/** A line's button that sends its message again, once (data.resent: "Resent"): Resend on a
+ * cut turn's line (data.resend), Trust and resend on a start refused for new settings
+ * (data.trust). */
+function resendControl(entry, timeline, { text, title, testid, hook, done = 'Resent' }) {
+  if (entry.data.resent) return h('span', { class: 'resend-done', testid: `${testid}-done`, text: done });
   const error = h('span', { class: 'perm-error', role: 'alert', hidden: true });
   const button = h('button', {
-    type: 'button', class: 'btn btn-small', testid: 'resend', text: 'Resend',
-    title: 'Send this message to the agent again',
+    type: 'button', class: 'btn btn-small', testid, text, title,
     onclick: () => {
       button.disabled = true;
       error.hidden = true;
-      timeline.hooks.onResend(entry).catch((err) => {
-        if (err.status === 409) return; // resent elsewhere already: the line's event follows
+      hook(entry).catch((err) => {
         error.textContent = err.message;
         error.hidden = false;
-        button.disabled = false;
+        // 409: done elsewhere already (the line's event follows and redraws it) or the
+        // conversation archived or being deleted meanwhile: said, never pressed again.
+        button.disabled = err.status === 409;
       });
     },
   });
@@ -517,7 +519,22 @@ function lineEntry(entry, old, timeline) {
     if (ref) text.after(ref);
     return withDetails(line, text, entry, old);
   }
-  if (data.type === 'cut' && data.resend && timeline) line.append(resendControl(entry, timeline));
+  if (data.type === 'cut' && data.resend && timeline) {
+    line.append(resendControl(entry, timeline, {
+      text: 'Resend', title: 'Send this message to the agent again', testid: 'resend', hook: timeline.hooks.onResend,
+    }));
+  }
+  if (Array.isArray(data.trust) && timeline) {
+    const files = data.trust.join(', ');
+    // again false: a live agent was stopped (its turn over): trusted, nothing sent again.
+    line.append(resendControl(entry, timeline, data.again === false ? {
+      text: 'Trust these settings', title: `Let ${files} act in this conversation's agent`,
+      testid: 'trust-resend', hook: timeline.hooks.onTrust, done: 'Trusted',
+    } : {
+      text: 'Trust and resend', title: `Let ${files} act when the agent starts, and send the message again`,
+      testid: 'trust-resend', hook: timeline.hooks.onTrust,
+    }));
+  }
   return line;
 }
 
@@ -551,7 +568,7 @@ const RENDER = { user: withContextNote(userEntry), agent: agentEntry, activity: 
 // ---- the timeline ------------------------------------------------------------------------------
 
 export class Timeline {
-  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onWithdraw(entry) → Promise,
+  /** hooks: onPermission(entry, allow) → Promise, onResend(line) → Promise, onTrust(line) → Promise, onWithdraw(entry) → Promise,
    *  onLoadEarlier(), onPin(entry, on) */
   constructor(hooks) {
     this.hooks = hooks;

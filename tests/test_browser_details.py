@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from app.supervisor.runner import READ_ONLY
 from tests import test_claude_relay as claude_relay
 from tests.browser import Pages, by_id, context_categories, line, send_text, shown_categories
 from tests.fake_anthropic import FakeAnthropic
@@ -198,21 +199,22 @@ def test_the_agent_s_questions_are_a_form_whose_answers_it_gets(
     pages.assert_clean()
 
 
+@pytest.mark.parametrize(("folder", "found"), [("", ".mcp.json"), ("src", "../.mcp.json")])
 def test_a_folder_with_its_own_settings_is_created_in_once_trusted(
-    pages: Pages, start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+    pages: Pages, start: StartRelay, fake: FakeAnthropic, tmp_path: Path, folder: str, found: str
 ) -> None:
     live = start()
     repo = tmp_path / "data" / "repo"
-    repo.mkdir(parents=True)
-    (repo / ".mcp.json").write_text('{"mcpServers": {}}')
+    (repo / folder).mkdir(parents=True, exist_ok=True)
+    (repo / ".mcp.json").write_text('{"mcpServers": {}}')  # the folder's, or its parent's
     page = pages.open(live)
     by_id(page, "empty-new-conversation").click()
     expect(by_id(page, "new-trust")).to_be_hidden()  # asked only where it matters
     by_id(page, "new-provider").select_option("claude")
-    by_id(page, "new-cwd").fill(str(repo))
+    by_id(page, "new-cwd").fill(str(repo / folder))
     by_id(page, "new-create").click()
     expect(page.get_by_role("alert")).to_contain_text(
-        "This folder has Claude Code settings (.mcp.json) that can run commands"
+        f"This folder has Claude Code settings ({found}) that can run commands"
     )
     trust = by_id(page, "new-trust")
     expect(trust).to_be_visible()
@@ -220,8 +222,49 @@ def test_a_folder_with_its_own_settings_is_created_in_once_trusted(
     by_id(page, "new-create").click()
     expect(page).to_have_url(re.compile(r"/c/\d+$"))
     (conversation,) = live.http.get("/api/conversations").json()["conversations"]
-    assert conversation["cwd"] == str(repo)
+    assert conversation["cwd"] == str(repo / folder)
     pages.assert_clean("409")  # the first Create, refused as intended
+
+
+def test_settings_that_appear_later_are_trusted_from_the_line_and_the_message_resent(
+    pages: Pages, start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    live = start()
+    cid = claude_relay.create_claude(live)  # its folder had no settings then
+    ran = claude_relay.marking_server(Path(live.get(cid)["cwd"]), tmp_path, "pulled")
+    page = pages.open(live, f"/c/{cid}")
+    send_text(page, "hello")
+    refused = line(page, "The agent could not start: Claude Code settings appeared")
+    expect(refused).to_contain_text("(.mcp.json)", timeout=30_000)
+    assert not ran.exists() and fake.message_bodies() == []
+    refused.get_by_test_id("trust-resend").click()
+    expect(by_id(page, "trust-resend-done")).to_have_text("Resent", timeout=30_000)
+    expect(by_id(page, "entry-user").filter(has_text="hello")).to_have_count(2)
+    expect(page.locator('[data-testid="entry-agent"][data-state="done"]')).to_have_count(
+        1, timeout=30_000
+    )
+    expect(by_id(page, "trust-resend")).to_have_count(0)
+    assert ran.exists() and fake.user_texts_sent()[-1] == "hello"
+    # Settings written while its agent lives stop it: that line's button only trusts.
+    claude_relay.hook_settings(Path(live.get(cid)["cwd"]), "settings.local.json", ran)
+    stopped = line(page, "while it runs, so it was stopped")
+    expect(stopped).to_contain_text("(.claude/settings.local.json)", timeout=30_000)
+    button = stopped.get_by_test_id("trust-resend")
+    expect(button).to_have_text("Trust these settings")
+    button.click()
+    expect(stopped.get_by_test_id("trust-resend-done")).to_have_text("Trusted")
+    # An archived conversation's line offers nothing; a click that got there first is told.
+    claude_relay.hook_settings(Path(live.get(cid)["cwd"]), "settings.json", tmp_path / "late")
+    send_text(page, "once more")
+    late = line(page, "(.claude/settings.json)")
+    expect(late.get_by_test_id("trust-resend")).to_be_visible(timeout=30_000)
+    live.wait_idle(cid)  # the refused start's turn ends after its line (a CI run archived first)
+    archived = live.http.post(f"/api/conversations/{cid}/archive")
+    assert archived.status_code == 200, archived.text
+    expect(late.get_by_test_id("trust-resend")).to_be_hidden()
+    late.get_by_test_id("trust-resend").dispatch_event("click")  # (as if clicked just before)
+    expect(late.get_by_role("alert")).to_have_text(READ_ONLY)
+    pages.assert_clean("409")
 
 
 def test_a_question_that_comes_with_the_reply_before_it_is_said_too(

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
+from app import store
 from app.agents.claude_code import RESUME_FAILED
 from app.agents.common import DENIED
 from app.compaction import finished_text
@@ -673,12 +676,13 @@ def test_a_project_mcp_server_named_like_the_relay_s_is_asked_about(
     # Found by a security review: a repository's MCP server named "oarlock__tools" gave tool
     # names beginning "mcp__oarlock__", which the relay allowed without a question.
     live = start()
-    cid = create_claude(live)
-    work = Path(live.get(cid)["cwd"])
+    work = live.settings.cwd_default
+    work.mkdir(parents=True, exist_ok=True)
     server = {"type": "stdio", "command": sys.executable, "args": [str(STDIO_MCP)]}
     (work / ".mcp.json").write_text(json.dumps({"mcpServers": {"oarlock__tools": server}}))
     (work / ".claude").mkdir()
     (work / ".claude" / "settings.json").write_text('{"enableAllProjectMcpServers": true}')
+    cid = create_claude(live, trust_project=True)  # (its folder's own server: trusted)
     target = work / "touched.txt"
     fake.tool_calls.append(("mcp__oarlock__tools__run", {"path": str(target)}))
     assert live.send(cid, "hello").status_code == 202
@@ -722,6 +726,22 @@ def created_once_trusted(live: LiveRelay, cwd: Path, found: str) -> int:
     return int(created.json()["id"])
 
 
+def answered_once(live: LiveRelay) -> tuple[int, Path]:
+    """A Claude Code conversation in the default folder, its agent live after one turn; its
+    id and folder."""
+    cid = create_claude(live)
+    turn(live, cid, "hello")
+    return cid, Path(live.get(cid)["cwd"])
+
+
+def marking_server(folder: Path, tmp_path: Path, name: str) -> Path:
+    """A .mcp.json in folder whose one server's command touches a file: that file."""
+    ran = tmp_path / "server-ran"
+    server = {"command": "sh", "args": ["-c", f"touch {ran}"]}
+    (folder / ".mcp.json").write_text(json.dumps({"mcpServers": {name: server}}))
+    return ran
+
+
 def test_a_mcp_json_above_the_folder_is_asked_about_too(
     start: StartRelay, fake: FakeAnthropic, tmp_path: Path
 ) -> None:
@@ -732,11 +752,191 @@ def test_a_mcp_json_above_the_folder_is_asked_about_too(
     repo = tmp_path / "data" / "repo"
     work = repo / "src"
     work.mkdir(parents=True)
-    ran = tmp_path / "server-ran"
-    server = {"command": "sh", "args": ["-c", f"touch {ran}"]}
-    (repo / ".mcp.json").write_text(json.dumps({"mcpServers": {"repo": server}}))
+    ran = marking_server(repo, tmp_path, "repo")
     turn(live, created_once_trusted(live, work, "../.mcp.json"), "hello")
     assert ran.exists()  # trusted: Claude Code starts it from the folder above, as it did
+
+
+SKILL_WITH_HOOK = """---
+name: helper
+description: Use this skill first.
+hooks:
+  Stop:
+    - hooks:
+        - type: command
+          command: touch {ran}
+---
+Answer the user.
+"""
+
+
+def test_a_folder_s_skills_are_asked_about_for_the_hooks_they_carry(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Seen with the real CLI in session 45: a project skill's front matter hooks (Stop,
+    # PreToolUse) ran their commands once the model used the skill, which the relay's card
+    # showed only as "Skill wants permission" ({"skill": "helper"}).
+    live = start()
+    repo = tmp_path / "data" / "repo"
+    skill = repo / ".claude" / "skills" / "helper"
+    skill.mkdir(parents=True)
+    ran = tmp_path / "hook-ran"
+    (skill / "SKILL.md").write_text(SKILL_WITH_HOOK.format(ran=ran))
+    cid = created_once_trusted(live, repo, ".claude/skills")
+    fake.tool_calls.append(("Skill", {"skill": "helper"}))
+    assert live.send(cid, "do it").status_code == 202
+    question = wait_question(live, cid)
+    url = f"/api/conversations/{cid}/permissions/{question['id']}"
+    assert live.http.post(url, json={"allow": True}).status_code == 200
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert ran.exists()  # trusted: the skill's hook runs, as in Claude Code
+
+
+def test_settings_that_appear_after_the_question_are_asked_about_at_the_next_start(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Found by session 44's note: the relay asked only when the conversation was created; a
+    # .mcp.json that came later (a git pull) ran its command at the agent's next start.
+    live = start()
+    cid, work = answered_once(live)
+    ran = marking_server(work, tmp_path, "pulled")
+    live.stop()  # the agent's next start: after a restart (or its sleep)
+    live = start()
+    asked = len(fake.message_bodies())
+    turn(live, cid, "again")
+    line = of_kind(live.get(cid), "line")[-1]
+    assert line["text"].startswith(
+        "The agent could not start: Claude Code settings appeared in this folder since it was"
+        " trusted (.mcp.json)."
+    )
+    assert (line["data"]["level"], line["data"]["trust"]) == ("error", [".mcp.json"])
+    assert not ran.exists() and len(fake.message_bodies()) == asked  # nothing started
+    trust = f"/api/conversations/{cid}/lines/{line['id']}/trust"
+    trusted = live.http.post(trust)
+    assert trusted.status_code == 202, trusted.text
+    assert trusted.json()["message"]["text"] == "again"  # sent again, as a new message
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert ran.exists()  # trusted: Claude Code starts it
+    assert fake.user_texts_sent()[-1] == "again" and len(fake.message_bodies()) > asked
+    assert live.http.post(trust).status_code == 409  # once
+    (*_, again, resent) = of_kind(live.get(cid), "user")
+    assert (again["data"]["resent"], resent["data"]["resent_from"]) == (True, again["id"])
+    live.stop()
+    live = start()  # trusted for good: the next start asks nothing
+    turn(live, cid, "later")
+    assert of_kind(live.get(cid), "line")[-1]["id"] == line["id"]
+
+
+def hook_settings(folder: Path, name: str, ran: Path) -> None:
+    """A project settings file (folder/.claude/name) whose UserPromptSubmit hook touches ran."""
+    hook = {"hooks": [{"type": "command", "command": f"touch {ran}"}]}
+    (folder / ".claude").mkdir(exist_ok=True)
+    (folder / ".claude" / name).write_text(json.dumps({"hooks": {"UserPromptSubmit": [hook]}}))
+
+
+def trust_lines(live: LiveRelay, cid: int) -> list[dict[str, Any]]:
+    return [line for line in of_kind(live.get(cid), "line") if "trust" in line["data"]]
+
+
+def test_settings_written_while_the_agent_lives_stop_it_before_they_act(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Found by a security review: a live Claude Code CLI reads its settings files again when
+    # they change, so a hook written between two turns (a git pull) ran at the next message,
+    # in the same process, with nobody asked: the check at the agent's start never saw it.
+    live = start()
+    cid, work = answered_once(live)
+    ran = tmp_path / "hook-ran"
+    hook_settings(work, "settings.json", ran)
+    turn(live, cid, "at once")  # (before the watch's next look, or after it: either stops it)
+    assert not ran.exists()
+    refused = trust_lines(live, cid)[-1]  # the message's start, refused
+    assert refused["text"].startswith("The agent could not start: Claude Code settings appeared")
+    assert refused["data"]["trust"] == [".claude/settings.json"]
+    trust = f"/api/conversations/{cid}/lines/{refused['id']}/trust"
+    assert live.http.post(trust).json()["message"]["text"] == "at once"
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert ran.exists()  # trusted: its hook runs
+    # Between turns, the watch stops the live agent by itself, and its line only trusts.
+    ran.unlink()
+    hook_settings(work, "settings.local.json", ran)
+    deadline = time.monotonic() + TIMEOUT
+    while len(trust_lines(live, cid)) < 2:
+        assert time.monotonic() < deadline, "the live agent's new settings were not seen"
+        time.sleep(0.1)
+    stopped = trust_lines(live, cid)[-1]
+    assert stopped["text"].startswith("Claude Code settings appeared in this folder since it")
+    assert "while it runs, so it was stopped" in stopped["text"]
+    assert (stopped["data"]["trust"], stopped["data"]["again"]) == (
+        [".claude/settings.local.json"],
+        False,
+    )
+    assert live.get(cid)["agent"] == "asleep" and not ran.exists()
+    asked = len(fake.message_bodies())
+    trusted = live.http.post(f"/api/conversations/{cid}/lines/{stopped['id']}/trust")
+    assert trusted.status_code == 202 and trusted.json() == {"message": None}  # nothing resent
+    assert len(fake.message_bodies()) == asked
+    turn(live, cid, "later")
+    assert ran.exists() and len(trust_lines(live, cid)) == 2
+
+
+def test_a_folder_claude_code_trusts_keeps_its_live_agent_when_settings_appear(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path, home: Path
+) -> None:
+    # Claude Code's own record of the folder's trust (its terminal question) covers files
+    # that appear later too: the watch leaves the live agent running, and its hook acts.
+    live = start()
+    # Written before the CLI starts: it rewrites this file as it runs (a CI run saw the
+    # record written mid-conversation gone, and the agent stopped).
+    accepted = {"projects": {str(live.settings.cwd_default): {"hasTrustDialogAccepted": True}}}
+    (home / ".claude.json").write_text(json.dumps(accepted))
+    cid, work = answered_once(live)
+    assert str(work) == str(live.settings.cwd_default)
+    assert json.loads((home / ".claude.json").read_text())["projects"][str(work)][
+        "hasTrustDialogAccepted"
+    ]
+    agent = live.supervisor.runners[cid].agent
+    ran = tmp_path / "hook-ran"
+    hook_settings(work, "settings.json", ran)
+    time.sleep(2.5)  # past two of the watch's looks
+    assert live.supervisor.runners[cid].agent is agent and not trust_lines(live, cid)
+    turn(live, cid, "again")
+    assert ran.exists() and live.supervisor.runners[cid].agent is agent
+
+
+def test_a_git_repository_s_local_settings_act_in_its_subfolders_and_are_asked_about(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Found by a security review: Claude Code loads the .claude/settings.local.json of the git
+    # repository a subfolder is in; a conversation in repo/src was created without a question
+    # and that file's hook ran at its first message.
+    live = start()
+    repo = tmp_path / "data" / "repo"
+    work = repo / "src" / "deep"
+    work.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    ran = tmp_path / "hook-ran"
+    hook_settings(repo, "settings.local.json", ran)
+    turn(live, created_once_trusted(live, work, "../../.claude/settings.local.json"), "hello")
+    assert ran.exists()  # trusted: its hook runs, as Claude Code runs it there
+
+
+def test_a_conversation_made_before_the_record_trusts_what_its_folder_has(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # Conversations created before migration 0015 have no record (NULL): they were asked at
+    # creation, so their next start records what it finds and asks nothing.
+    live = start()
+    cid = create_claude(live)
+    ran = marking_server(Path(live.get(cid)["cwd"]), tmp_path, "old")
+    with live.supervisor.session() as session:
+        session.execute(text("UPDATE conversation SET trusted_settings = NULL"))
+        session.commit()
+    turn(live, cid, "hello")
+    assert ran.exists() and not of_kind(live.get(cid), "line")
+    with live.supervisor.session() as session:
+        conversation = store.get_conversation(session=session, conversation_id=cid)
+        assert conversation is not None and conversation.trusted_settings == [".mcp.json"]
 
 
 def subagent_asking(live: LiveRelay, fake: FakeAnthropic) -> tuple[int, dict[str, Any]]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -40,7 +41,7 @@ from app.routes.deps import fetch_conversation, supervisor_of
 from app.supervisor import ConversationError, Supervisor, is_compact_command
 from app.supervisor.commands import DEFAULT_TITLE
 from app.supervisor.pool import ModelRefused
-from app.trust import trust_question, untrusted_settings
+from app.trust import project_settings, trust_question, trusted_by_claude
 from app.unicode_text import has_visible_character
 from app.views import conversation_view, entry_view, utc_text
 from app.window import validate_setting
@@ -53,6 +54,7 @@ MODEL_FIXED = (
 
 router = APIRouter(prefix="/api")
 SupervisorDep = Annotated[Supervisor, Depends(supervisor_of)]
+T = TypeVar("T")
 MAX_ID = 2**63 - 1  # SQLite's largest integer
 PAGE_CURSOR = re.compile(r"^\d{1,17}-\d{1,19}$")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -66,12 +68,17 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
-async def ask_trust(provider: str, settings: Settings, cwd: Path) -> None:
-    """409 when the folder's own Claude Code settings would act and nobody trusted them."""
-    env = agent_env(provider, settings, None)
-    found = await asyncio.to_thread(untrusted_settings, cwd, env)
-    if found:
-        raise HTTPException(409, trust_question(found))
+async def ask_trust(provider: str, settings: Settings, cwd: Path, trust: bool) -> list[str] | None:
+    """The Claude Code project files a new conversation in cwd starts with, trusted (None for
+    a provider without them); 409 when some would act and nobody trusted them."""
+    if provider not in CLAUDE_CLI_PROVIDERS:
+        return None
+    found = await asyncio.to_thread(project_settings, cwd)
+    if found and not trust:
+        env = agent_env(provider, settings, None)
+        if not await asyncio.to_thread(trusted_by_claude, env, cwd):
+            raise HTTPException(409, trust_question(found))
+    return found
 
 
 def resolve_cwd(settings: Settings, cwd: str | None) -> Path:
@@ -165,14 +172,14 @@ async def create_conversation(
         raise HTTPException(409, refused)
     title = " ".join((body.title or "").split()) or DEFAULT_TITLE
     cwd = resolve_cwd(settings, body.cwd)
-    if provider in CLAUDE_CLI_PROVIDERS and not body.trust_project:
-        await ask_trust(provider, settings, cwd)
+    trusted = await ask_trust(provider, settings, cwd, body.trust_project)
     conversation = await supervisor.storage.write(
         supervisor.create_conversation,
         title=title,
         provider=provider,
         cwd=cwd,
         permission_mode=mode,
+        trusted_settings=trusted,
     )
     return conversation_view(conversation)
 
@@ -412,19 +419,40 @@ async def put_handoff(
     return {"cwd": conversation.cwd, "handoff": handoff_view(row)}
 
 
+async def _on_entry(
+    supervisor: Supervisor,
+    conversation_id: int,
+    job: Callable[[Conversation, int], T],
+    entry_id: int,
+) -> T:
+    """A writer job on one entry of a conversation: 404 when there is no such entry, 409 when
+    the conversation refuses it (archived, being deleted, the entry past it)."""
+    conversation = await fetch_conversation(supervisor, conversation_id)
+    try:
+        return await supervisor.storage.write(job, conversation, entry_id)
+    except LookupError as error:
+        raise HTTPException(404, str(error)) from None
+    except ConversationError as error:
+        raise HTTPException(409, str(error)) from None
+
+
 @router.post("/conversations/{conversation_id}/messages/{entry_id}/resend", status_code=202)
 async def resend_message(
     conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
 ) -> dict[str, Any]:
     """Queue again, as a new message, a message whose turn a relay restart cut (Resend)."""
-    conversation = await fetch_conversation(supervisor, conversation_id)
-    try:
-        entry = await supervisor.storage.write(supervisor.resend, conversation, entry_id)
-    except LookupError as error:
-        raise HTTPException(404, str(error)) from None
-    except ConversationError as error:
-        raise HTTPException(409, str(error)) from None
-    return entry_view(entry)
+    return entry_view(await _on_entry(supervisor, conversation_id, supervisor.resend, entry_id))
+
+
+@router.post("/conversations/{conversation_id}/lines/{entry_id}/trust", status_code=202)
+async def trust_and_resend(
+    conversation_id: ConversationId, entry_id: EntryId, supervisor: SupervisorDep
+) -> dict[str, Any]:
+    """Trust the Claude Code project files a refused agent start's line names (they appeared
+    in the folder since it was trusted), and queue its message again (Trust and resend)."""
+    job = supervisor.trust_and_resend
+    entry = await _on_entry(supervisor, conversation_id, job, entry_id)
+    return {"message": None if entry is None else entry_view(entry)}
 
 
 @router.delete("/conversations/{conversation_id}/messages/{entry_id}")
@@ -433,11 +461,4 @@ async def withdraw_message(
 ) -> dict[str, Any]:
     """Take a queued message back before the agent gets it (Edit); answers with it, text and
     all. 409 once it has gone to the agent."""
-    conversation = await fetch_conversation(supervisor, conversation_id)
-    try:
-        entry = await supervisor.storage.write(supervisor.withdraw, conversation, entry_id)
-    except LookupError as error:
-        raise HTTPException(404, str(error)) from None
-    except ConversationError as error:
-        raise HTTPException(409, str(error)) from None
-    return entry_view(entry)
+    return entry_view(await _on_entry(supervisor, conversation_id, supervisor.withdraw, entry_id))

@@ -100,8 +100,8 @@ async def import_claude_session(
     if cwd is None:
         raise HTTPException(422, "The session's transcript names no working directory.")
     resolved = resolve_cwd(settings, cwd)  # 400 when outside the roots or gone
-    if not (body and body.trust_project):  # (a terminal's Claude Code asked already: trusted)
-        await ask_trust("claude", settings, resolved)
+    # (a terminal's Claude Code asked already: trusted)
+    trusted = await ask_trust("claude", settings, resolved, bool(body and body.trust_project))
     pid = await asyncio.to_thread(_running_in_terminal, config, session_id)
     if pid is not None:
         raise HTTPException(
@@ -126,6 +126,7 @@ async def import_claude_session(
                 cwd=str(resolved),
                 session_id=session_id,
                 permission_mode=mode,
+                trusted_settings=trusted,
                 history=history,
                 entries=imports.notes(session_id, str(resolved), history) + history.entries,
             )

@@ -35,5 +35,6 @@ class SupervisorState:
     agent_budget: int
     cluster: ClusterNode | None
     _reaper: asyncio.Task[None] | None
+    _watch: asyncio.Task[None] | None
     _closing: bool
     _summary_reads: set[asyncio.Task[None]]

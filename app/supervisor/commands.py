@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,13 @@ class Commands(SupervisorState):
     """The commands routes call (mixed into Supervisor)."""
 
     def create_conversation(
-        self, *, title: str, provider: str, cwd: Path, permission_mode: str
+        self,
+        *,
+        title: str,
+        provider: str,
+        cwd: Path,
+        permission_mode: str,
+        trusted_settings: list[str] | None = None,
     ) -> Conversation:
         """Create a conversation and announce it."""
         with self.session() as session:
@@ -59,6 +65,7 @@ class Commands(SupervisorState):
                 provider=provider,
                 cwd=str(cwd),
                 permission_mode=permission_mode,
+                trusted_settings=trusted_settings,
             )
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
@@ -267,8 +274,10 @@ class Commands(SupervisorState):
         if conversation.status != "active":
             raise ConversationError(READ_ONLY)
 
-    def resend(self, conversation: Conversation, entry_id: int) -> Entry:
-        """Queue a cut turn's message again as a new message; the cut one remembers it."""
+    @contextlib.contextmanager
+    def _changing(self, conversation: Conversation) -> Iterator[Session]:
+        """A session for a change to an active conversation that is not being deleted (else
+        ConversationError), checked again in the writer's turn (_still_active)."""
         if conversation.status != "active":
             raise ConversationError(READ_ONLY)
         if conversation.id in self.deleting:
@@ -276,39 +285,79 @@ class Commands(SupervisorState):
         with self.session() as session:
             session.add(conversation)
             self._still_active(session, conversation)
+            yield session
+
+    def resend(self, conversation: Conversation, entry_id: int) -> Entry:
+        """Queue a cut turn's message again as a new message; the cut one remembers it."""
+        with self._changing(conversation) as session:
             entry = _user_message(session, conversation, entry_id)
             if "cut" not in entry.data:
                 raise ConversationError(
                     "Only a message whose turn a relay restart cut can be resent."
                 )
-            if entry.data.get("resent"):
-                raise ConversationError("This message was already resent.")
-            # Marked in the transaction that stores the new message: resent once, never lost.
-            # A carry-over it went out with goes again, with it (unknown whether it arrived).
-            entry.data = {**self._summary_back(session, conversation, entry.data), "resent": True}
-            session.add(entry)
             line_id = entry.data.get("cut_line")
             line = store.get_entry(session=session, entry_id=line_id) if line_id else None
-            if line is not None:
-                line.data = {**line.data, "resent": True}
-                session.add(line)
-            data: dict[str, Any] = {"resent_from": entry.id}
-            if "attachments" in entry.data:  # sent again with it (the rows stay the first's)
-                data["attachments"] = entry.data["attachments"]
-            claim = [image["id"] for image in data.get("attachments", ())]
-            if claim:  # the new message claims them, in its transaction (Edit gives them back)
-                release(session.connection(), entry.id or 0)
-            new = self._add(
-                session, conversation, "user", entry.text, state="queued", data=data, claim=claim
-            )
-            self._save(session, conversation, entry)
-            if line is not None:
-                self._save(session, conversation, line)
-            self._wake(conversation.id or 0)
-            self.publish_turn(conversation.id or 0, session)
+            new = self._send_again(session, conversation, entry, line)
         self.hub.broadcast(
             {"type": "conversation", "conversation": conversation_view(conversation)}
         )
+        return new
+
+    def trust_and_resend(self, conversation: Conversation, line_id: int) -> Entry | None:
+        """Trust the project files a refused agent start's line names, and send the message
+        whose start it refused again (the agent never had it); the new message, if any."""
+        with self._changing(conversation) as session:
+            line = store.get_entry(session=session, entry_id=line_id)
+            if line is None or line.conversation_id != conversation.id or "trust" not in line.data:
+                raise LookupError("No such line in this conversation.")
+            if line.data.get("resent"):
+                raise ConversationError("These settings were trusted already.")
+            trusted = list(conversation.trusted_settings or [])
+            trusted += [name for name in line.data["trust"] if name not in trusted]
+            store.trust_settings(
+                session=session, conversation_id=line.conversation_id, files=trusted
+            )
+            again = line.data.get("again", True)  # False: a live agent stopped, its turn over
+            entry = store.last_sent_message(
+                session=session, conversation_id=line.conversation_id, before=line.seq
+            )
+            if not again or entry is None or entry.data.get("resent"):  # trusted, nothing sent
+                line.data = {**line.data, "resent": True}
+                self._save(session, conversation, line)
+                return None
+            new = self._send_again(session, conversation, entry, line)
+        self.hub.broadcast(
+            {"type": "conversation", "conversation": conversation_view(conversation)}
+        )
+        return new
+
+    def _send_again(
+        self, session: Session, conversation: Conversation, entry: Entry, line: Entry | None
+    ) -> Entry:
+        """Queue a message again as a new one; it and the line that offered it remember it."""
+        if entry.data.get("resent"):
+            raise ConversationError("This message was already resent.")
+        # Marked in the transaction that stores the new message: resent once, never lost.
+        # A carry-over it went out with goes again, with it (unknown whether it arrived).
+        entry.data = {**self._summary_back(session, conversation, entry.data), "resent": True}
+        session.add(entry)
+        if line is not None:
+            line.data = {**line.data, "resent": True}
+            session.add(line)
+        data: dict[str, Any] = {"resent_from": entry.id}
+        if "attachments" in entry.data:  # sent again with it (the rows stay the first's)
+            data["attachments"] = entry.data["attachments"]
+        claim = [image["id"] for image in data.get("attachments", ())]
+        if claim:  # the new message claims them, in its transaction (Edit gives them back)
+            release(session.connection(), entry.id or 0)
+        new = self._add(
+            session, conversation, "user", entry.text, state="queued", data=data, claim=claim
+        )
+        self._save(session, conversation, entry)
+        if line is not None:
+            self._save(session, conversation, line)
+        self._wake(conversation.id or 0)
+        self.publish_turn(conversation.id or 0, session)
         return new
 
     def withdraw(self, conversation: Conversation, entry_id: int) -> Entry:

@@ -61,6 +61,7 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         hub.soon = self.storage.soon
         self.backups = Backups(settings.resolved_backups_dir, engine, self._on_backup)
         self._reaper: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None  # the live agents' project settings
         self._closing = False
         # Conversations whose delete began here: no message, Resend, warm-up or wake-up starts
         # anything for them any more (an id is never given again: migration 0010).
@@ -80,12 +81,14 @@ class Supervisor(Commands, Turns, Events, Timeline, Pool, Recovery, BackupHooks)
         else:
             await self.storage.write(self._recover_all)
         self._reaper = asyncio.create_task(self._reap_idle())
+        self._watch = asyncio.create_task(self._watch_settings())
 
     async def stop(self) -> None:
         """Interrupt running turns, keep what was streamed, stop every agent."""
         self._closing = True
-        if self._reaper:
-            self._reaper.cancel()
+        for task in (self._reaper, self._watch):
+            if task is not None:
+                task.cancel()
         for read in self._summary_reads:
             read.cancel()
         warming = [r.warming for r in self.live_runners() if r.warming and not r.warming.done()]

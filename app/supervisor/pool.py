@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,18 @@ from app.agents.base import (
 )
 from app.limits import give_back_memory
 from app.models import Conversation
-from app.providers import agent_env, load_provider, provider_loaded
+from app.providers import CLAUDE_CLI_PROVIDERS, agent_env, load_provider, provider_loaded
 from app.questions import EXPIRED_AGENT, EXPIRED_SHUTDOWN
 from app.supervisor.base import SupervisorState
-from app.supervisor.runner import Runner, TurnState, failure_reason
+from app.supervisor.runner import Runner, TurnState, Watched, failure_reason
 from app.tools import relay_tools
+from app.trust import (
+    UntrustedSettings,
+    new_settings,
+    project_settings,
+    trusted_by_claude,
+    unlisted,
+)
 from app.views import effective_window
 from app.window import ENV_VAR, restart_line
 from app.workspace import usable_cwd
@@ -41,6 +49,7 @@ ARCHIVED_WORK_LINE = "The conversation was archived; the agent's background work
 
 
 REFRESH_SECONDS = 3.0  # the longest the 🧠 modal waits for the agent's own report
+SETTINGS_WATCH = 1.0  # seconds between looks at a live Claude Code agent's project settings
 
 
 class NoRoom(Exception):
@@ -75,11 +84,14 @@ class Pool(SupervisorState):
             # A warm-up under way: its agent serves this turn (if it fails, this one starts).
             await asyncio.wait({warming})  # never raises its error, never cancels it
         if runner.agent is not None:
+            await self._look_again(runner)  # UntrustedSettings: stopped, the line says why
             return runner.agent
         conversation = await self._conversation(runner.conversation_id)
         # Checked again at each start (WorkspaceError: the turn's error line says why): the
         # roots may have changed, the directory gone, a symlink on its way pointed elsewhere.
-        await asyncio.to_thread(usable_cwd, conversation.cwd, self.settings.roots)
+        cwd = await asyncio.to_thread(usable_cwd, conversation.cwd, self.settings.roots)
+        if conversation.provider in CLAUDE_CLI_PROVIDERS:  # UntrustedSettings: the line says why
+            await self._check_trust(runner, conversation, cwd)
         if not provider_loaded(conversation.provider):  # its first agent: its SDK's import
             await asyncio.to_thread(load_provider, conversation.provider)
         spec = self._agent_spec(conversation, runner)
@@ -111,6 +123,74 @@ class Pool(SupervisorState):
             await self.apply_mode_here(runner.conversation_id)
             await self.apply_model_here(runner.conversation_id)
         return agent
+
+    async def _check_trust(self, runner: Runner, conversation: Conversation, cwd: Path) -> None:
+        """Refuse to start an agent with project files nobody trusted for its folder (they
+        appeared since: UntrustedSettings); a conversation from before they were recorded
+        (migration 0015) records what it finds, as the question was asked at its creation.
+        What was trusted is watched while the agent lives (_look_again, _watch_settings).
+        cwd: the folder resolved now, as the agent will see it (its parents are the ones
+        Claude Code looks in, should a folder on the stored path have become a symlink)."""
+        trusted = conversation.trusted_settings
+        if trusted is None:
+            trusted = await asyncio.to_thread(project_settings, cwd)
+            await self.storage.write(self._trusted, conversation.id or 0, trusted)
+        env = agent_env(conversation.provider, self.settings, None)
+        new = await asyncio.to_thread(new_settings, trusted, cwd, env)
+        if new:
+            raise UntrustedSettings(new)
+        runner.watched = Watched(cwd, trusted, env)
+
+    async def _untrusted_now(self, runner: Runner) -> list[str]:
+        """The files a live agent's folder has that nobody trusted (none when not watched)."""
+        watched = runner.watched
+        if watched is None or runner.agent is None:
+            return []
+        found = await asyncio.to_thread(unlisted, watched.trusted, watched.cwd)
+        if found and await asyncio.to_thread(trusted_by_claude, watched.env, watched.cwd):
+            # Claude Code's own record trusts the folder: not read again at every look.
+            runner.watched = replace(watched, trusted=[*watched.trusted, *found])
+            return []
+        return found
+
+    async def _stop_untrusted(self, runner: Runner) -> list[str]:
+        """Stop a live agent whose folder got project files nobody trusted; those files (none:
+        it goes on). Claude Code reads its settings files again when they change."""
+        new = await self._untrusted_now(runner)
+        if not new or runner.watched is None:
+            return []
+        log.warning(
+            "conversation %s: untrusted Claude Code settings appeared (%s): its agent is stopped",
+            runner.conversation_id,
+            ", ".join(new),
+        )
+        runner.watched = None
+        await self._close_agent(runner)
+        return new
+
+    async def _look_again(self, runner: Runner) -> None:
+        """Before a turn: files that appeared since the live agent started stop it
+        (UntrustedSettings: the turn's line says so)."""
+        if new := await self._stop_untrusted(runner):
+            raise UntrustedSettings(new)
+
+    async def _watch_settings(self) -> None:
+        """Every second, stop each live Claude Code agent whose folder got project settings
+        nobody trusted (a running turn with it), with a line whose button trusts them."""
+        while True:
+            await asyncio.sleep(SETTINGS_WATCH)
+            for runner in list(self.runners.values()):
+                try:
+                    if new := await self._stop_untrusted(runner):
+                        text = str(UntrustedSettings(new, stopped=True))
+                        await self._error_line_soon(runner, text, {"trust": new, "again": False})
+                except Exception:  # the next pass looks again
+                    log.exception("watching the settings of %s failed", runner.conversation_id)
+
+    def _trusted(self, conversation_id: int, files: list[str]) -> None:
+        with self.session() as session:
+            store.trust_settings(session=session, conversation_id=conversation_id, files=files)
+            session.commit()
 
     async def _apply_mode(self, runner: Runner, mode: str, *, turn_begins: bool) -> None:
         """Give the live agent the conversation's permission mode, if it runs with another.

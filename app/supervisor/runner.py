@@ -9,6 +9,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -74,6 +75,15 @@ def failure_reason(error: BaseException) -> str:
     if isinstance(error, DBAPIError) and error.orig is not None:
         return str(error.orig)
     return str(error) or type(error).__name__
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What a live Claude Code agent's folder was trusted with: looked at again while it lives."""
+
+    cwd: Path
+    trusted: list[str]
+    env: dict[str, str]
 
 
 @dataclass
@@ -148,6 +158,7 @@ class Runner:
     retiring: bool = False  # ... and it is being stopped now (runner.task waits for that)
     warming: asyncio.Task[None] | None = None  # an agent started before its message (warm)
     starting: bool = False  # the agent's process is being started
+    watched: Watched | None = None  # the project settings the live agent was trusted with
     again: bool = False  # a message was queued while the runner was looking at the queue
     own_turn: bool = False  # the agent began a turn by itself: run it once nothing is queued
     turn_conversation: Conversation | None = None  # as _begin_turn left it (read once a turn)

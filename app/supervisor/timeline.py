@@ -286,28 +286,36 @@ class Timeline(SupervisorState):
         self.hub.emit(conversation.id or 0, {"type": "conversation", "conversation": view})
         self.hub.broadcast({"type": "conversation", "conversation": view})
 
-    async def _error_line_soon(self, runner: Runner, text: str) -> None:
+    async def _error_line_soon(
+        self, runner: Runner, text: str, data: dict[str, Any] | None = None
+    ) -> None:
         """Show an error line, written in the storage thread (see _error_line)."""
-        await self._patiently(self._error_line, runner, text)
+        await self._patiently(self._error_line, runner, text, data)
 
-    def _error_line(self, runner: Runner, text: str) -> None:
+    def _error_line(self, runner: Runner, text: str, data: dict[str, Any] | None = None) -> None:
         """Show an error line; one the database refuses is logged, then written later."""
         try:
-            self._write_line(runner, text)
+            self._write_line(runner, text, data=data)
         except Exception:  # kept in runner.failure, retried by _next_turn
             log.exception(
                 "conversation %s: could not store the line %r", runner.conversation_id, text
             )
             runner.failure = text
 
-    def _write_line(self, runner: Runner, text: str, level: str = "error") -> None:
+    def _write_line(
+        self,
+        runner: Runner,
+        text: str,
+        level: str = "error",
+        data: dict[str, Any] | None = None,
+    ) -> None:
         """A line in the runner's conversation (an error unless told), in one transaction."""
         with self.session() as session:
             conversation = store.get_conversation(
                 session=session, conversation_id=runner.conversation_id
             )
             if conversation is not None:
-                self._line(session, conversation, text, level=level)
+                self._line(session, conversation, text, level=level, data=data)
 
 
 def _queue_without(queued: list[Entry], page: list[Entry]) -> list[Entry]:

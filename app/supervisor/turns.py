@@ -44,6 +44,7 @@ from app.supervisor.runner import (
     failure_reason,
 )
 from app.supervisor.timeline import rolled_back
+from app.trust import UntrustedSettings
 
 log = logging.getLogger(__name__)
 
@@ -310,8 +311,10 @@ class Turns(SupervisorState):
             agent = await self._ensure_agent(runner)
         except Exception as error:  # noqa: BLE001 - shown to the user, the queue goes on
             log.warning("agent of conversation %s did not start: %s", runner.conversation_id, error)
+            # New project files: the line's button trusts them and sends the message again.
+            trust = {"trust": error.files} if isinstance(error, UntrustedSettings) else None
             await self._error_line_soon(
-                runner, f"The agent could not start: {failure_reason(error)}"
+                runner, f"The agent could not start: {failure_reason(error)}", trust
             )
             if runner.carried_summary is not None:  # the next message carries it instead
                 await self._patiently(self._summary_not_sent, runner)
