@@ -169,7 +169,14 @@ def serve(host: str | None, port: int | None, data_dir: Path | None) -> None:
     if problem is not None:
         sys.exit(problem)
     logging.getLogger(__name__).info("%s.", open_data(settings, alone=True).said())
-    if (problem := port_error(settings)) is not None:  # (after the lock: its line says more)
+    if settings.redis_url:  # (migrated: its table exists) the live nodes on another Redis?
+        from app.cluster.same_redis import start_error
+
+        name = settings.node_id or ""
+        problem = start_error(settings.db_url, settings.redis_url, name, settings.lease_seconds)
+    if problem is None:
+        problem = port_error(settings)  # (after the lock: its line says more)
+    if problem is not None:
         sys.exit(problem)
     app = app_or_exit(settings, create_app)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host

@@ -275,6 +275,18 @@ class Lease(SQLModel, table=True):
     expires_at: datetime = Field(sa_type=DateTime(timezone=True))  # type: ignore[call-overload]
 
 
+class ClusterNode(SQLModel, table=True):
+    """A live relay node's last heartbeat and its Redis's epoch (several nodes only): nodes on
+    different Redis databases are told apart through it (app/cluster/same_redis.py)."""
+
+    __tablename__ = "cluster_node"  # type: ignore[assignment]
+
+    name: str = Field(primary_key=True)
+    epoch: str
+    lease: float  # its OARLOCK_LEASE_SECONDS: it writes its row every third of it
+    seen_at: datetime = Field(sa_type=DateTime(timezone=True))  # type: ignore[call-overload]
+
+
 class HandoffWrite(SQLModel):
     """A handoff the user writes or edits in the 🧠 modal."""
 

@@ -13,8 +13,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,9 @@ import pytest
 import redis
 from websockets.sync.client import ClientConnection, connect
 
-from app.cluster import ENGINE_DOWN
+from app.cluster import ENGINE_DOWN, same_redis
 from app.cluster.node import MOVED_LINE
+from app.db import make_engine
 from app.questions import EXPIRED_TAKEOVER
 from app.supervisor import SHUTDOWN_LINE
 from tests.cluster import LEASE_SECONDS, Nodes, cluster
@@ -564,3 +567,110 @@ def test_a_second_live_node_under_one_name_or_another_token_is_refused(tmp_path:
             "forgotten a lease after it stops)."
         )
         client.close()
+
+
+def node_rows(nodes: Nodes) -> dict[str, str]:
+    """The cluster_node rows: each node's name and its Redis epoch."""
+    with psycopg.connect(nodes.database_url.replace("+psycopg", "")) as db:
+        return dict(db.execute("SELECT name, epoch FROM cluster_node").fetchall())
+
+
+def write_row(nodes: Nodes, name: str, lease: float, age: float) -> None:
+    """Write a node's row with epoch 'x' (another Redis's), as written age seconds ago."""
+    with psycopg.connect(nodes.database_url.replace("+psycopg", "")) as db:
+        db.execute(
+            "INSERT INTO cluster_node (name, epoch, lease, seen_at)"
+            " VALUES (%s, 'x', %s, now() - make_interval(secs => %s))"
+            " ON CONFLICT (name) DO UPDATE SET seen_at = EXCLUDED.seen_at",
+            (name, lease, age),
+        )
+
+
+def test_a_node_on_another_redis_database_is_refused(tmp_path: Path) -> None:
+    # An operator's review: nodes whose OARLOCK_REDIS_URL named different databases (/0 and
+    # /1) started without a word, sharing the conversations but not the events: a tab on one
+    # never saw what the other's agents did.
+    with cluster(tmp_path) as nodes:
+        (first,) = nodes.start(1, OARLOCK_NODE_ID="first")
+        deadline = time.monotonic() + TIMEOUT
+        while "first" not in node_rows(nodes):  # its first heartbeat wrote its row
+            assert time.monotonic() < deadline, "the node never wrote its row"
+            time.sleep(0.1)
+        assert nodes.redis_url.endswith("/0")
+        other = nodes.redis_url.removesuffix("/0") + "/1"
+        # A live node's row counts for its own lease, not the starting node's (a second review:
+        # one with a 30 s lease, writing every 10 s, was not seen by a start with a 2 s lease).
+        keep = threading.Event()
+
+        def write_slow() -> None:
+            while not keep.is_set():
+                write_row(nodes, "slow", lease=8, age=3)  # older than the 3 s lease below
+                time.sleep(0.3)
+
+        def start_as(name: str, redis_url: str) -> str:
+            """A start's refusal (each waits up to 1.5 leases: they run at once)."""
+            command = ["serve", "--port", "1", "--data-dir", str(tmp_path / name)]
+            env = nodes.env(OARLOCK_REDIS_URL=redis_url, OARLOCK_TOKEN=TOKEN, OARLOCK_NODE_ID=name)
+            return refused(command, env, ROOT)
+
+        writer = threading.Thread(target=write_slow)
+        writer.start()
+        try:
+            with ThreadPoolExecutor() as pool:
+                # Another Redis database; the same name on another (a second review: its own
+                # row was left out, and the name check looks in its own Redis only); the right
+                # Redis beside a long-lease node of another.
+                starts = [("second", other), ("first", other), ("fourth", nodes.redis_url)]
+                said = list(pool.map(lambda start: start_as(*start), starts))
+        finally:
+            keep.set()
+            writer.join()
+        assert said[0] == (
+            "OARLOCK_REDIS_URL: node 'first' uses another Redis server or database than node "
+            "'second': give every node the same one (on different ones, a node's tabs never "
+            "see what the others' agents do)."
+        )
+        assert said[1] == (
+            "OARLOCK_REDIS_URL: another live relay runs as node 'first' on another Redis server "
+            "or database: give every node the same Redis and its own name."
+        )
+        assert said[2].startswith(
+            "OARLOCK_REDIS_URL: node 'slow' uses another Redis server or database"
+        )
+        # A Redis that cannot be reached while it checks: one line, no traceback.
+        assert same_redis.start_error(nodes.database_url, "redis://127.0.0.1:1/0", "x", 3) == (
+            "OARLOCK_REDIS_URL cannot be used: Error 111 connecting to 127.0.0.1:1. "
+            "Connection refused."
+        )
+        # Redis losing its data (a restart without persistence) is not another Redis: a start
+        # right after waits for the live node to see the new epoch, then runs.
+        client = redis.Redis.from_url(nodes.redis_url)
+        client.flushall()
+        (second,) = nodes.start(1, OARLOCK_NODE_ID="second")
+        assert second.http.get("/healthz").status_code == 200
+        # Two nodes that started at one moment (neither row written yet) pass the check: the
+        # running ones log it. A row of another Redis, written as a live node writes it:
+        write_row(nodes, "gone", lease=3, age=7200)  # forgotten at the next beat
+        deadline = time.monotonic() + TIMEOUT
+        said = "OARLOCK_REDIS_URL: node 'third' uses another Redis server or database"
+        while said not in first.log.read_text():
+            assert time.monotonic() < deadline, "the other Redis was never logged"
+            write_row(nodes, "third", lease=3, age=0)
+            time.sleep(0.2)
+        assert set(node_rows(nodes)) == {"first", "second", "third", "slow"}
+        client.close()
+        # A row gone an hour that another node writes now (back after an outage) is left to a
+        # later beat: two such nodes each waited on the other's row (a second review).
+        write_row(nodes, "back", lease=3, age=7200)
+        engine = make_engine(nodes.database_url)
+        with psycopg.connect(nodes.database_url.replace("+psycopg", "")) as db:
+            db.execute("UPDATE cluster_node SET lease = 3 WHERE name = 'back'")  # locked
+            began = time.monotonic()
+            same_redis.beat(engine, "fifth", "e", None, 3)
+            assert time.monotonic() - began < 1  # (else: the lock timeout's error)
+        # Two processes under one name on two Redis databases write one row: each beat finds
+        # it holding what it did not write, and names its own name first (logged as a twin).
+        assert "twin" not in same_redis.beat(engine, "twin", "e1", None, 3)
+        assert "twin" not in same_redis.beat(engine, "twin", "e2", None, 3)  # the other one
+        assert same_redis.beat(engine, "twin", "e1", "e1", 3)[0] == "twin"
+        engine.dispose()

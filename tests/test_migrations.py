@@ -25,6 +25,7 @@ def test_upgrade_creates_tables(engine: Engine) -> None:
     assert sorted(name for name in names if not is_search_table(name)) == [
         "alembic_version",
         "attachment",
+        "cluster_node",
         "conversation",
         "entry",
         "handoff",
@@ -39,7 +40,7 @@ def test_upgrade_records_head(url: str, engine: Engine) -> None:
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     with engine.connect() as connection:
         current = MigrationContext.configure(connection).get_current_revision()
-    assert (current, head) == ("0014", "0014")
+    assert (current, head) == ("0016", "0016")
 
 
 def test_upgrade_creates_indexes(engine: Engine) -> None:
@@ -63,7 +64,7 @@ def test_upgrade_creates_indexes(engine: Engine) -> None:
 def test_upgrade_twice_is_a_no_op(url: str, engine: Engine) -> None:
     upgrade(url)
     with engine.connect() as connection:
-        assert MigrationContext.configure(connection).get_current_revision() == "0014"
+        assert MigrationContext.configure(connection).get_current_revision() == "0016"
 
 
 def test_autogenerate_finds_no_difference(engine: Engine) -> None:

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Engine
 from app import store
 from app.agents.base import PermissionDecision
 from app.agents.transcript import config_dir
-from app.cluster import alive, leases
+from app.cluster import alive, leases, same_redis
 from app.cluster.events import PREFIX, TIMEOUT, ClusterHub, cancel_all
 from app.cluster.failures import SharedFailureLimiter
 from app.cluster.held import Held
@@ -129,6 +129,9 @@ class ClusterNode:
         self._stopping: set[tuple[int, str | None]] = set()  # Stops being carried out here
         self._asking = asyncio.Semaphore(ASKING)  # context questions waiting for an answer
         self._claiming: set[int] = set()
+        # Live nodes seen on another Redis: since when (monotonic), None once logged.
+        self._elsewhere: dict[str, float | None] = {}
+        self._wrote: str | None = None  # the epoch this node last wrote in its row
         self.renewed_at = 0.0  # when the last renewal of this node's leases began (monotonic)
         if isinstance(supervisor.hub, ClusterHub):
             supervisor.hub.on_lost = self.resend_text
@@ -547,6 +550,26 @@ class ClusterNode:
         await self._settle_answered()
         if self._chores is None or self._chores.done():  # beside the beat: never holding it
             self._chores = asyncio.create_task(self._redis_chores(), name="cluster-chores")
+        await self._same_redis()
+
+    async def _same_redis(self) -> None:
+        """Write this node's Redis epoch; log a live node that keeps naming another (another
+        Redis database: same_redis.py), once it outlasts SETTLE leases, once per node."""
+        hub = self.supervisor.hub
+        epoch = hub.epoch if isinstance(hub, ClusterHub) else ""
+        found = await self.supervisor.storage.read(
+            same_redis.beat, self.engine, self.node, epoch, self._wrote, self.seconds
+        )
+        self._wrote = epoch
+        now = time.monotonic()
+        for name in list(self._elsewhere):
+            if name not in found:
+                del self._elsewhere[name]
+        for name in found:
+            since = self._elsewhere.setdefault(name, now)
+            if since is not None and now - since >= self.seconds * same_redis.SETTLE:
+                log.error("%s", same_redis.other_redis(self.node, [name]))  # (name: a twin)
+                self._elsewhere[name] = None  # said: not again while it lasts
 
     async def _redis_chores(self) -> None:
         """The heartbeat's Redis part, in a task of its own, bounded: this client waits on
