@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from app import store
 from app.agents.claude_code import RESUME_FAILED
@@ -825,6 +825,39 @@ def test_settings_that_appear_after_the_question_are_asked_about_at_the_next_sta
     live = start()  # trusted for good: the next start asks nothing
     turn(live, cid, "later")
     assert of_kind(live.get(cid), "line")[-1]["id"] == line["id"]
+
+
+def test_a_trust_line_the_database_refused_is_written_later_with_its_button(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # A line the database refuses is kept and written before the next look at the queue; it
+    # was kept as text alone, so the refused start's line came back without the files it names
+    # (data.trust): no Trust and resend button, and the route answered 404.
+    live = start()
+    cid = create_claude(live)  # its folder had no settings then
+    ran = marking_server(Path(live.get(cid)["cwd"]), tmp_path, "pulled")
+    refused: list[str] = []
+
+    def refuse(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        line = statement.startswith("INSERT INTO entry") and "could not start" in str(parameters)
+        if line and not refused:  # the first time only
+            refused.append(statement)
+            raise RuntimeError("injected: the database refused the line")
+
+    engine = live.supervisor.engine
+    event.listen(engine, "before_cursor_execute", refuse)
+    try:
+        assert live.send(cid, "hello").status_code == 202
+        live.wait_idle(cid, timeout=TIMEOUT)
+    finally:
+        event.remove(engine, "before_cursor_execute", refuse)
+    assert refused  # the first write failed; the line is there all the same
+    (line,) = trust_lines(live, cid)
+    assert line["data"]["trust"] == [".mcp.json"]
+    trusted = live.http.post(f"/api/conversations/{cid}/lines/{line['id']}/trust")
+    assert trusted.status_code == 202, trusted.text
+    live.wait_idle(cid, timeout=TIMEOUT)
+    assert ran.exists() and fake.user_texts_sent()[-1] == "hello"
 
 
 def hook_settings(folder: Path, name: str, ran: Path) -> None:

@@ -152,7 +152,8 @@ class Runner:
     last_used: float = field(default_factory=time.monotonic)
     stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)
     carried_summary: str | None = None  # the /compact summary this turn's prompt carries
-    failure: str | None = None  # an error line the database refused: written when it can
+    # An error line the database refused (its text and data): written when it can.
+    failure: tuple[str, dict[str, Any] | None] | None = None
     ending: bool = False  # _end_turn failed (database): finished before the next turn
     archived: bool = False  # the conversation is archived: its agent stops after its turn
     retiring: bool = False  # ... and it is being stopped now (runner.task waits for that)

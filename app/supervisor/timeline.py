@@ -300,7 +300,7 @@ class Timeline(SupervisorState):
             log.exception(
                 "conversation %s: could not store the line %r", runner.conversation_id, text
             )
-            runner.failure = text
+            runner.failure = (text, data)  # its data too: a trust line keeps its button
 
     def _write_line(
         self,

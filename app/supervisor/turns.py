@@ -199,7 +199,8 @@ class Turns(SupervisorState):
             self._end_turn(runner, given)
             runner.ending = False
         if runner.failure is not None:
-            self._write_line(runner, runner.failure)
+            text, data = runner.failure
+            self._write_line(runner, text, data=data)
             runner.failure = None
         with contextlib.nullcontext(given) if given is not None else self.session() as session:
             conversation = read
