@@ -868,7 +868,11 @@ def hook_settings(folder: Path, name: str, ran: Path) -> None:
 
 
 def trust_lines(live: LiveRelay, cid: int) -> list[dict[str, Any]]:
-    return [line for line in of_kind(live.get(cid), "line") if "trust" in line["data"]]
+    return trust_lines_of(live.get(cid))
+
+
+def trust_lines_of(view: dict[str, Any]) -> list[dict[str, Any]]:
+    return [line for line in of_kind(view, "line") if "trust" in line["data"]]
 
 
 def test_settings_written_while_the_agent_lives_stop_it_before_they_act(
@@ -911,6 +915,37 @@ def test_settings_written_while_the_agent_lives_stop_it_before_they_act(
     assert len(fake.message_bodies()) == asked
     turn(live, cid, "later")
     assert ran.exists() and len(trust_lines(live, cid)) == 2
+
+
+def test_settings_written_during_a_running_turn_stop_it_with_its_agent(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # README and docs/security.md: the watch stops the agent "a running turn with it" (the
+    # tests above wrote the settings between turns only).
+    live = start()
+    cid, work = answered_once(live)
+    pid = agent_pid(live, cid)
+    assert live.send(cid, "talk [[LONG:2000]]").status_code == 202  # ~100 s of words
+    live.wait_for(cid, streaming_words, timeout=TIMEOUT)
+    ran = tmp_path / "hook-ran"
+    hook_settings(work, "settings.json", ran)
+    # The turn ends long before its reply would, with the watch's line, not "Interrupted by
+    # the user." (the line a closed agent's turn gave before).
+    live.wait_for(cid, trust_lines_of, timeout=TIMEOUT)
+    view = live.wait_idle(cid, timeout=TIMEOUT)
+    assert [(e["kind"], e["state"]) for e in view["timeline"][-3:]] == [
+        ("user", "sent"),
+        ("agent", "interrupted"),
+        ("line", "done"),
+    ]
+    stopped = view["timeline"][-1]
+    assert "while it runs, so it was stopped" in stopped["text"]
+    assert (stopped["data"]["trust"], stopped["data"]["again"]) == (
+        [".claude/settings.json"],
+        False,
+    )
+    assert len(of_kind(view, "agent")[-1]["text"].split()) < 2000
+    assert view["agent"] == "asleep" and not process_alive(pid) and not ran.exists()
 
 
 def test_a_folder_claude_code_trusts_keeps_its_live_agent_when_settings_appear(

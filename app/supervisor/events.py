@@ -518,7 +518,7 @@ class Events(SupervisorState):
             self._line(session, conversation, event.error, level="error")
         if event.interrupted and self._closing and self._unanswered(session, runner, conversation):
             runner.cut_by_shutdown = True  # its line once the agent stopped (Recovery)
-        elif event.interrupted:
+        elif event.interrupted and not runner.stopped_untrusted:  # (else the watch's line)
             text = SHUTDOWN_LINE if self._closing else "Interrupted by the user."
             self._line(session, conversation, text, data={"type": "interrupted"})
         last = runner.last_agent_entry

@@ -165,6 +165,7 @@ class Pool(SupervisorState):
             ", ".join(new),
         )
         runner.watched = None
+        runner.stopped_untrusted = runner.state != TurnState.IDLE  # (_end_turn clears it)
         await self._close_agent(runner)
         return new
 

@@ -151,6 +151,9 @@ class Runner:
     figure: int | None = None  # a context figure whose backup check waits for its message
     last_used: float = field(default_factory=time.monotonic)
     stop_requested: bool = False  # Stop came for this turn (maybe while its agent started)
+    # The settings watch stopped this turn's agent: its own line says why (not "Interrupted
+    # by the user.").
+    stopped_untrusted: bool = False
     carried_summary: str | None = None  # the /compact summary this turn's prompt carries
     # An error line the database refused (its text and data): written when it can.
     failure: tuple[str, dict[str, Any] | None] | None = None

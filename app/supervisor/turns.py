@@ -492,6 +492,7 @@ class Turns(SupervisorState):
         """
         runner.state = TurnState.RUNNING  # _deliver sets idle once the queue is empty
         runner.stop_requested = False  # a Stop after this point is for the next turn
+        runner.stopped_untrusted = False
         runner.prompt_id = None  # (a Stop for this turn that comes late stops no other)
         runner.image_ids = []
         runner.carried_summary = None
