@@ -150,3 +150,29 @@ def test_deleting_a_conversation_while_its_agent_warms_up_stops_that_agent(
     assert runner.agent is None  # started, then closed with the conversation
     assert marked(live.supervisor.lifetime.marker) == []  # no CLI left behind
     live.stop()  # (checks that no database call ran on the event loop)
+
+
+def test_a_warm_up_starts_no_agent_with_settings_nobody_trusted(
+    start: StartRelay, fake: FakeAnthropic, tmp_path: Path
+) -> None:
+    # README and docs/security.md: a warm-up is an agent start like a message's; a .mcp.json
+    # that came since the conversation was trusted starts nothing, and the message says why.
+    live = start()
+    cid = create_claude(live)
+    view = turn(live, cid, "before")  # a session to resume
+    ran = claude_relay.marking_server(Path(view["cwd"]), tmp_path, "pulled")
+    live.stop()
+    live = start()
+    with live.socket() as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+        assert receive(ws)["type"] == "snapshot"
+        ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+        receive_until(ws, lambda m: m.get("agent") == "starting", timeout=TIMEOUT)
+        receive_until(ws, lambda m: m.get("agent") == "asleep", timeout=TIMEOUT)
+    assert live.supervisor.runners[cid].agent is None and not ran.exists()
+    assert claude_relay.trust_lines(live, cid) == []  # said with the message, not before
+    turn(live, cid, "after")
+    (line,) = claude_relay.trust_lines(live, cid)
+    assert line["data"]["trust"] == [".mcp.json"] and not ran.exists()
+    assert fake.user_texts_sent() == ["before"]

@@ -560,6 +560,8 @@ class Commands(SupervisorState):
             )
         except Exception as error:  # noqa: BLE001 - the message's own turn will say why
             log.info("warming conversation %s failed: %s", runner.conversation_id, error)
+            if not self._dropped(runner):  # refused before its start (its folder, its trust):
+                self.publish_agent(runner.conversation_id)  # the tabs were told "starting"
         if self._dropped(runner) and runner.agent is not None and not self._closing:
             # Deleted (on another node) or handed on while its agent started: nothing else
             # would stop it. (Not waited for there: that would hold the heartbeat.)
