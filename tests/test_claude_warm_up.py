@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from websockets.sync.client import ClientConnection
+
 from app.agents.claude_code import WARM_UP_REASON, ClaudeCodeAgent
 from app.agents.sweep import marker_of
 from tests import test_claude_code as claude_code
@@ -94,6 +96,14 @@ async def test_no_warm_up_without_a_session(
     assert fake.requests == []
 
 
+def subscribe_and_warm(ws: ClientConnection, cid: int) -> None:
+    """Follow the conversation on a new socket, then ask for its warm-up (as a tab does)."""
+    assert receive(ws)["type"] == "hello"
+    ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
+    assert receive(ws)["type"] == "snapshot"
+    ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+
+
 def test_tab_warm_up_runs_the_prompt_path_before_the_message(
     start: StartRelay, fake: FakeAnthropic, home: Path
 ) -> None:
@@ -104,10 +114,7 @@ def test_tab_warm_up_runs_the_prompt_path_before_the_message(
     live = start()
     sent = len(fake.message_bodies())
     with live.socket() as ws:
-        assert receive(ws)["type"] == "hello"
-        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
-        assert receive(ws)["type"] == "snapshot"
-        ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+        subscribe_and_warm(ws, cid)
         receive_until(ws, lambda m: m.get("agent") == "ready", timeout=TIMEOUT)
         deadline = time.monotonic() + TIMEOUT
         while not warm_up_lines(home):
@@ -164,10 +171,7 @@ def test_a_warm_up_starts_no_agent_with_settings_nobody_trusted(
     live.stop()
     live = start()
     with live.socket() as ws:
-        assert receive(ws)["type"] == "hello"
-        ws.send(json.dumps({"type": "subscribe", "conversation_id": cid}))
-        assert receive(ws)["type"] == "snapshot"
-        ws.send(json.dumps({"type": "warm", "conversation_id": cid}))
+        subscribe_and_warm(ws, cid)
         receive_until(ws, lambda m: m.get("agent") == "starting", timeout=TIMEOUT)
         receive_until(ws, lambda m: m.get("agent") == "asleep", timeout=TIMEOUT)
     assert live.supervisor.runners[cid].agent is None and not ran.exists()
